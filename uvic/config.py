@@ -1,0 +1,309 @@
+"""Typed run configuration: one `Config` fully describes a training/sampling/evaluation run.
+
+Config files are Python modules in `configs/` that define `get_config() -> Config`.
+Any field can be overridden from the command line with `--set section.field=value`
+(for example `--set train.batch_size=64 --set model.attention=uvic`). Values are parsed
+with the field's declared type; an unknown key or a value of the wrong type raises a
+`ConfigError` naming the key. The resolved config is saved as JSON next to every run's
+outputs and can be loaded back with `load_config("run/config.json")`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config file, key or value is wrong; the message names it."""
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass
+class ModelConfig:
+    """U-ViT / U-ViC architecture (names follow the U-ViT release)."""
+
+    img_size: int = 32  # spatial size of the network input (pixels or latents)
+    in_chans: int = 3
+    patch_size: int = 2
+    embed_dim: int = 512
+    depth: int = 12
+    num_heads: int = 8
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = False
+    mlp_time_embed: bool = False
+    num_classes: int = -1  # > 0: class-conditional (label token); -1: none
+    clip_dim: int = 0  # > 0: text-conditional with `num_clip_token` context tokens
+    num_clip_token: int = 77
+    conv: bool = True  # final 3x3 conv after unpatchify
+    skip: bool = True  # long skips
+    # Per-block attention: preset "uvit" (all softmax), "uvic" (cog except the first
+    # in-block and the last out-block), or a comma-separated list of "softmax"/"cog",
+    # one per block in order in_blocks, mid_block, out_blocks (depth + 1 entries).
+    attention: str = "uvit"
+    attention_backend: str = "auto"  # auto | triton | torch
+    grad_checkpointing: bool = False
+
+
+@dataclass
+class DataConfig:
+    """Which data the model learns and where it lives on disk."""
+
+    name: str = "cifar10"  # cifar10 | mscoco | shapes
+    root: str = "data/cifar10"  # cifar10: torchvision root; mscoco: feature folder
+    download: bool = False  # cifar10 only: let torchvision download it
+    random_flip: bool = True
+    num_workers: int = 4
+    # shapes (the built-in quickstart dataset): number of images and generator seed
+    num_images: int = 2048
+    # mscoco: latent scale factor of the Stable Diffusion KL-f8 VAE
+    scale_factor: float = 0.23010
+    vae: str = "stabilityai/sd-vae-ft-ema"  # hub name or local folder (diffusers AutoencoderKL)
+    clip_model: str = "ViT-L-14-quickgelu"  # open_clip model name
+    clip_pretrained: str = "openai"  # open_clip tag or a local checkpoint path
+
+
+@dataclass
+class DiffusionConfig:
+    """Noise schedule and objective; the sampler is built from the same definition."""
+
+    # "vp_continuous": beta(t) = beta_min + t (beta_max - beta_min), t ~ U(0, 1), net sees 999 t
+    # "scaled_linear": discrete Stable-Diffusion betas, step n = k + 1 in {1..1000}
+    schedule: str = "vp_continuous"
+    beta_min: float = 0.1
+    beta_max: float = 20.0
+    beta_start: float = 0.00085
+    beta_end: float = 0.012
+    num_train_timesteps: int = 1000
+    p_uncond: float = 0.1  # classifier-free training: caption -> empty context
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up then constant learning rate."""
+
+    lr: float = 2e-4
+    betas: tuple[float, float] = (0.99, 0.999)
+    weight_decay: float = 0.03
+    warmup_steps: int = 2500
+    grad_clip: float = 0.0  # 0: off (the release does not clip)
+
+
+@dataclass
+class TrainConfig:
+    """Loop length, precision, checkpointing and logging."""
+
+    output_dir: str = "runs/default"
+    batch_size: int = 128  # global batch (all processes, after accumulation)
+    max_steps: int = 500_000
+    grad_accum: int = 1
+    mixed_precision: str = "fp16"  # no | fp16 | bf16
+    ema_decay: float = 0.9999
+    seed: int = 1234
+    compile: bool = False
+    log_every: int = 100
+    sample_every: int = 10_000
+    ckpt_every: int = 25_000
+    keep_last: int = 3
+    n_grid: int = 64  # images in the periodic sample grid
+
+
+@dataclass
+class SampleConfig:
+    """DPM-Solver (or another diffusers scheduler) sampling."""
+
+    scheduler: str = "dpm_solver++"  # or a diffusers scheduler class name
+    steps: int = 50
+    order: int = 2
+    cfg_scale: float = 1.0  # eps = c + s (c - u); diffusers' guidance_scale = s + 1
+    batch_size: int = 500
+    decode_batch_size: int = 50
+
+
+@dataclass
+class EvalConfig:
+    """FID protocol."""
+
+    n_samples: int = 50_000
+    mode: str = "clean"  # clean | legacy_pytorch
+    # clean-fid named statistics (dataset, resolution, split) or a local .npz path
+    ref_stats: str = "cifar10"
+    ref_split: str = "train"
+    ref_res: int = 32
+    ref_images: str = ""  # folder/source to build custom statistics from if needed
+    inception_path: str = ""  # local Inception weights (clean-fid's inception-2015-12-05.pt)
+    captions: str = ""  # mscoco: val captions features used to draw prompts
+
+
+@dataclass
+class Config:
+    """Everything about a run. Saved as `config.json` next to its outputs."""
+
+    name: str = "default"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load a `configs/*.py` module (calls its `get_config()`) or a saved `config.json`,
+    then apply `section.field=value` overrides."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}: not valid JSON ({err})") from err
+        cfg = from_dict(data, source=str(path))
+    elif path.suffix == ".py":
+        spec = importlib.util.spec_from_file_location(f"uvic_config_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        assert spec.loader is not None
+        spec.loader.exec_module(module)
+        if not hasattr(module, "get_config"):
+            raise ConfigError(f"{path}: defines no get_config()")
+        cfg = module.get_config()
+        if not isinstance(cfg, Config):
+            raise ConfigError(f"{path}: get_config() must return uvic.config.Config")
+    else:
+        raise ConfigError(f"{path}: config must be a .py module or a saved .json")
+    return apply_overrides(cfg, overrides)
+
+
+def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:
+    """Apply `section.field=value` strings in order; returns a new Config."""
+    cfg = dataclasses.replace(cfg)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.field=value")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        section_name, _, field_name = key.partition(".")
+        if not field_name:  # top-level scalar like name=...
+            section_name, field_name, target = "", section_name, cfg
+        else:
+            if section_name not in _field_types(Config):
+                raise ConfigError(f"unknown config key {key!r} (no section {section_name!r})")
+            target = dataclasses.replace(getattr(cfg, section_name))
+            setattr(cfg, section_name, target)
+        types_ = _field_types(type(target))
+        if field_name not in types_:
+            known = ", ".join(sorted(types_))
+            raise ConfigError(f"unknown config key {key!r}; {section_name or 'top level'} has: {known}")
+        if dataclasses.is_dataclass(types_[field_name]):
+            raise ConfigError(f"config key {key!r} is a section; set one of its fields")
+        setattr(target, field_name, parse_value(raw, types_[field_name], key))
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain JSON-able dict of a Config."""
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as JSON (atomically)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    tmp.replace(path)
+
+
+def from_dict(data: dict[str, Any], source: str = "config") -> Config:
+    """Build a Config from a dict (e.g. a saved config.json); unknown keys are errors."""
+    return _build(Config, data, prefix="", source=source)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str, source: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: {prefix.rstrip('.') or 'config'} must be a mapping")
+    types_ = _field_types(cls)
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if key not in types_:
+            raise ConfigError(f"{source}: unknown config key {full!r}")
+        tp = types_[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, prefix=f"{full}.", source=source)
+        else:
+            kwargs[key] = _check_type(value, tp, full, source)
+    return cls(**kwargs)
+
+
+def _check_type(value: Any, tp: Any, key: str, source: str = "config") -> Any:
+    """Validate a JSON value against a field type (tuples arrive as lists)."""
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, list | tuple) or len(value) != len(args):
+            raise ConfigError(f"{source}: {key} must be a list of {len(args)} values")
+        return tuple(_check_type(v, a, key, source) for v, a in zip(value, args))
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
+        raise ConfigError(
+            f"{source}: {key} must be {tp.__name__}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_value(raw: str, tp: Any, key: str) -> Any:
+    """Parse a command-line string into the field type `tp`; errors name the key."""
+    raw = raw.strip()
+    origin = typing.get_origin(tp)
+    try:
+        if tp is bool:
+            if raw.lower() in _TRUE:
+                return True
+            if raw.lower() in _FALSE:
+                return False
+            raise ValueError
+        if tp is int:
+            return int(raw.replace("_", ""))
+        if tp is float:
+            return float(raw)
+        if tp is str:
+            return raw
+        if origin is tuple:
+            parts = [p for p in raw.strip("()[]").split(",") if p.strip()]
+            args = typing.get_args(tp)
+            if len(parts) != len(args):
+                raise ValueError
+            return tuple(parse_value(p, a, key) for p, a in zip(parts, args))
+        if origin in (types.UnionType, typing.Union):
+            raise ValueError
+    except ValueError:
+        name = getattr(tp, "__name__", str(tp))
+        raise ConfigError(f"config key {key!r} expects {name}, got {raw!r}") from None
+    raise ConfigError(f"config key {key!r} has a type overrides cannot set ({tp})")

@@ -1,0 +1,132 @@
+"""Noise schedules: the one definition that training and sampling share.
+
+Two schedules, as in the U-ViT release (REFERENCE.md section 3):
+
+* ``vp_continuous`` (CIFAR-10): beta(t) = beta_min + t (beta_max - beta_min), so
+  alpha_bar(t) = exp(-t^2 (beta_max - beta_min) / 2 - beta_min t). Training draws
+  t ~ U(0, 1); the network sees ``999 * t``. For diffusers' discrete solvers the
+  schedule is written as a table on the grid t_i = (i + 1) / T (``trained_betas``
+  chosen so that the cumulative product equals alpha_bar(t_i) exactly), and a
+  diffusers timestep i is fed to the network as ``999 * t_i``.
+* ``scaled_linear`` (MS-COCO): Stable Diffusion's discrete betas,
+  linspace(sqrt(beta_start), sqrt(beta_end), T)^2. Training draws k in {0..T-1}
+  and noises with diffusers' ``add_noise``; the network sees the step n = k + 1.
+
+Both use noise prediction with a mean squared error.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import diffusers
+import torch
+from diffusers import DDPMScheduler, DPMSolverMultistepScheduler
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+from uvic.config import DiffusionConfig
+
+SCHEDULES = ("vp_continuous", "scaled_linear")
+# Short names for the DPM-Solver family; any other diffusers scheduler class name works too.
+DPM_SOLVERS = {"dpm_solver++": "dpmsolver++", "dpm_solver": "dpmsolver"}
+
+
+class Diffusion:
+    """Forward process, training inputs and sampler construction for one schedule."""
+
+    def __init__(self, cfg: DiffusionConfig) -> None:
+        if cfg.schedule not in SCHEDULES:
+            raise ValueError(f"diffusion.schedule must be one of {SCHEDULES}, got {cfg.schedule!r}")
+        self.cfg = cfg
+        self.num_timesteps = cfg.num_train_timesteps
+        # The discrete table used by diffusers (training add_noise and every sampler).
+        self.train_scheduler = DDPMScheduler(**self.scheduler_kwargs())
+
+    # ------------------------------------------------------------------ schedule table
+
+    def vp_alpha_bar(self, t: torch.Tensor) -> torch.Tensor:
+        """alpha_bar(t) of the continuous VP schedule (any dtype, t in [0, 1])."""
+        b0, b1 = self.cfg.beta_min, self.cfg.beta_max
+        return torch.exp(-0.5 * t**2 * (b1 - b0) - b0 * t)
+
+    def grid_times(self) -> torch.Tensor:
+        """Continuous times t_i = (i + 1) / T of the discrete grid (float64)."""
+        return torch.arange(1, self.num_timesteps + 1, dtype=torch.float64) / self.num_timesteps
+
+    def alphas_cumprod(self) -> torch.Tensor:
+        """alpha_bar at every discrete timestep, float64, shape (T,)."""
+        if self.cfg.schedule == "vp_continuous":
+            return self.vp_alpha_bar(self.grid_times())
+        betas = torch.linspace(
+            math.sqrt(self.cfg.beta_start), math.sqrt(self.cfg.beta_end), self.num_timesteps,
+            dtype=torch.float64,
+        ) ** 2
+        return torch.cumprod(1.0 - betas, dim=0)
+
+    def scheduler_kwargs(self) -> dict[str, Any]:
+        """Constructor arguments that give any diffusers scheduler this schedule."""
+        kwargs: dict[str, Any] = {
+            "num_train_timesteps": self.num_timesteps,
+            "prediction_type": "epsilon",
+        }
+        if self.cfg.schedule == "vp_continuous":
+            alpha_bar = self.alphas_cumprod()
+            previous = torch.cat([torch.ones(1, dtype=torch.float64), alpha_bar[:-1]])
+            kwargs["trained_betas"] = (1.0 - alpha_bar / previous).tolist()
+        else:
+            kwargs.update(
+                beta_schedule="scaled_linear",
+                beta_start=self.cfg.beta_start,
+                beta_end=self.cfg.beta_end,
+            )
+        return kwargs
+
+    # ------------------------------------------------------------------ network time
+
+    def net_time(self, timesteps: torch.Tensor) -> torch.Tensor:
+        """Network time input for diffusers timesteps k (the release's conventions)."""
+        k = timesteps.to(torch.float32)
+        if self.cfg.schedule == "vp_continuous":
+            return 999.0 * (k + 1.0) / self.num_timesteps
+        return k + 1.0
+
+    # ------------------------------------------------------------------ training
+
+    def training_inputs(
+        self, x0: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Draw a noise level and noise for each sample.
+
+        Returns ``(x_t, net_t, noise)``: the noised input, the network's time input
+        (shape (B,), float32) and the noise the network must predict.
+        """
+        b = x0.shape[0]
+        noise = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+        if self.cfg.schedule == "vp_continuous":
+            t = torch.rand(b, generator=generator, device=x0.device, dtype=torch.float32)
+            alpha_bar = self.vp_alpha_bar(t).view(-1, *([1] * (x0.dim() - 1)))
+            x_t = alpha_bar.sqrt() * x0 + (1.0 - alpha_bar).sqrt() * noise
+            return x_t, 999.0 * t, noise
+        k = torch.randint(0, self.num_timesteps, (b,), generator=generator, device=x0.device)
+        x_t = self.train_scheduler.add_noise(x0, noise, k)
+        return x_t, self.net_time(k), noise
+
+    # ------------------------------------------------------------------ sampling
+
+    def make_scheduler(self, name: str = "dpm_solver++", order: int = 2) -> SchedulerMixin:
+        """A diffusers scheduler with this schedule: "dpm_solver++" (default),
+        "dpm_solver", or any diffusers scheduler class name (e.g. "DDIMScheduler")."""
+        kwargs = self.scheduler_kwargs()
+        if name in DPM_SOLVERS:
+            return DPMSolverMultistepScheduler(
+                **kwargs, algorithm_type=DPM_SOLVERS[name], solver_order=order
+            )
+        cls = getattr(diffusers, name, None)
+        if cls is None or not (isinstance(cls, type) and issubclass(cls, SchedulerMixin)):
+            raise ValueError(
+                f"sample.scheduler {name!r} is neither one of {sorted(DPM_SOLVERS)} "
+                "nor a diffusers scheduler class name"
+            )
+        extra = {"clip_sample": False} if "clip_sample" in cls.__init__.__code__.co_varnames else {}
+        return cls(**kwargs, **extra)
