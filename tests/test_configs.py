@@ -1,0 +1,196 @@
+"""Config files hold the paper's hyper-parameters; overrides and JSON round trips are typed.
+
+Expected values are the U-ViT release's (REFERENCE.md section 3), written out here
+independently of the config files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from uvic.config import (
+    Config,
+    ConfigError,
+    apply_overrides,
+    from_dict,
+    load_config,
+    save_config,
+    to_dict,
+)
+from uvic.uvit import build_model, resolve_attention
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+NAMES = ["cifar10_uvit", "cifar10_uvic", "mscoco_uvit", "mscoco_uvic", "quickstart"]
+
+SHARED = {  # both paper configs (U-ViT-S/2)
+    "model.patch_size": 2, "model.embed_dim": 512, "model.depth": 12, "model.num_heads": 8,
+    "model.mlp_ratio": 4.0, "model.qkv_bias": False, "model.mlp_time_embed": False,
+    "model.conv": True, "model.skip": True, "model.img_size": 32,
+    "optim.lr": 2e-4, "optim.weight_decay": 0.03, "optim.grad_clip": 0.0,
+    "train.ema_decay": 0.9999, "train.seed": 1234, "train.mixed_precision": "fp16",
+    "sample.scheduler": "dpm_solver++", "sample.steps": 50, "eval.mode": "clean",
+}
+PAPER = {
+    "cifar10": {
+        **SHARED, "model.in_chans": 3, "model.num_classes": -1, "model.clip_dim": 0,
+        "data.name": "cifar10", "data.root": "data/cifar10", "data.random_flip": True,
+        "diffusion.schedule": "vp_continuous", "diffusion.beta_min": 0.1,
+        "diffusion.beta_max": 20.0,
+        "optim.betas": (0.99, 0.999), "optim.warmup_steps": 2500,
+        "train.batch_size": 128, "train.max_steps": 500_000,
+        "sample.cfg_scale": 0.0,
+        "eval.n_samples": 50_000, "eval.ref_stats": "cifar10", "eval.ref_split": "train",
+        "eval.ref_res": 32,
+    },
+    "mscoco": {
+        **SHARED, "model.in_chans": 4, "model.clip_dim": 768, "model.num_clip_token": 77,
+        "model.num_classes": -1,
+        "data.name": "mscoco", "data.root": "data/mscoco_features", "data.scale_factor": 0.23010,
+        "diffusion.schedule": "scaled_linear", "diffusion.beta_start": 0.00085,
+        "diffusion.beta_end": 0.012, "diffusion.num_train_timesteps": 1000,
+        "diffusion.p_uncond": 0.1,
+        "optim.betas": (0.9, 0.9), "optim.warmup_steps": 5000,
+        "train.batch_size": 256, "train.max_steps": 1_000_000,
+        "sample.order": 2, "sample.cfg_scale": 1.0, "sample.batch_size": 50,
+        "eval.n_samples": 30_000, "eval.ref_res": 256,
+    },
+}
+
+
+def get(cfg: Config, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_config_loads_and_builds(name: str) -> None:
+    cfg = load_config(CONFIGS / f"{name}.py")
+    assert isinstance(cfg, Config) and cfg.name == name
+    assert cfg.train.output_dir == f"runs/{name}"
+    resolve_attention(cfg.model.attention, cfg.model.depth)
+    if name == "quickstart":  # the paper models are built in test_model.py
+        model = build_model(cfg.model)
+        assert sum(p.numel() for p in model.parameters()) < 1_000_000
+
+
+@pytest.mark.parametrize("name", ["cifar10_uvit", "cifar10_uvic", "mscoco_uvit", "mscoco_uvic"])
+def test_paper_hyperparameters(name: str) -> None:
+    cfg = load_config(CONFIGS / f"{name}.py")
+    expected = PAPER[name.split("_")[0]]
+    wrong = {k: (get(cfg, k), v) for k, v in expected.items() if get(cfg, k) != v}
+    assert wrong == {}
+    assert cfg.model.attention == name.split("_")[1]
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "mscoco"])
+def test_uvic_differs_from_uvit_only_in_attention(dataset: str) -> None:
+    uvit = load_config(CONFIGS / f"{dataset}_uvit.py")
+    uvic = load_config(CONFIGS / f"{dataset}_uvic.py")
+    same = dataclasses.replace(
+        uvic, name=uvit.name,
+        model=dataclasses.replace(uvic.model, attention="uvit"),
+        train=dataclasses.replace(uvic.train, output_dir=uvit.train.output_dir),
+    )
+    assert same == uvit and uvic.model.attention == "uvic"
+
+
+def test_quickstart_is_small_and_cpu_friendly() -> None:
+    cfg = load_config(CONFIGS / "quickstart.py")
+    assert cfg.data.name == "shapes" and cfg.train.mixed_precision == "no"
+    assert (cfg.model.img_size, cfg.model.in_chans) == (32, 3)
+    assert cfg.train.max_steps <= 1000 and cfg.train.batch_size <= 64
+    assert cfg.optim.warmup_steps < cfg.train.max_steps
+    assert cfg.eval.n_samples <= 1000 and cfg.sample.steps <= 50
+    # The EMA must move within the run: its horizon 1/(1-decay) is below the step count.
+    assert 1 / (1 - cfg.train.ema_decay) < cfg.train.max_steps
+
+
+def test_overrides_parse_declared_types() -> None:
+    base = load_config(CONFIGS / "cifar10_uvit.py")
+    cfg = apply_overrides(base, [
+        "train.batch_size=64", "train.max_steps=1_000", "optim.lr=1e-4",
+        "model.qkv_bias=true", "train.compile=0", "optim.betas=(0.9, 0.95)",
+        "model.attention=uvic", "name=my run",
+    ])
+    assert cfg.train.batch_size == 64 and cfg.train.max_steps == 1000
+    assert cfg.optim.lr == 1e-4 and isinstance(cfg.optim.lr, float)
+    assert cfg.model.qkv_bias is True and cfg.train.compile is False
+    assert cfg.optim.betas == (0.9, 0.95) and cfg.model.attention == "uvic"
+    assert cfg.name == "my run"
+    assert base.train.batch_size == 128 and base.model.attention == "uvit"  # not mutated
+    # Overrides also apply through load_config, and the last one wins.
+    cfg = load_config(CONFIGS / "quickstart.py", ["train.seed=1", "train.seed=7"])
+    assert cfg.train.seed == 7
+
+
+@pytest.mark.parametrize(("override", "needle"), [
+    ("train.batchsize=64", "'train.batchsize'"),
+    ("training.batch_size=64", "'training.batch_size'"),
+    ("train.batch_size=abc", "'train.batch_size' expects int, got 'abc'"),
+    ("train.batch_size=1.5", "'train.batch_size' expects int"),
+    ("model.qkv_bias=maybe", "'model.qkv_bias' expects bool"),
+    ("optim.lr=fast", "'optim.lr' expects float"),
+    ("optim.betas=(0.9)", "'optim.betas'"),
+    ("optim.betas=(0.9,x)", "'optim.betas'"),
+    ("model=3", "'model' is a section"),
+    ("train.batch_size", "must look like section.field=value"),
+])
+def test_bad_overrides_name_the_key(override: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        apply_overrides(Config(), [override])
+    assert needle in str(err.value)
+
+
+def test_bad_attention_override_fails_at_build() -> None:
+    cfg = apply_overrides(Config(), ["model.depth=2", "model.attention=cog,cog"])
+    with pytest.raises(ValueError, match="'cog,cog'"):
+        build_model(cfg.model)
+    cfg = apply_overrides(cfg, ["model.attention=cog,softmax,cog", "model.embed_dim=32",
+                                "model.num_heads=2"])
+    assert build_model(cfg.model).attention_modes == ["cog", "softmax", "cog"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_save_load_round_trip(name: str, tmp_path: Path) -> None:
+    cfg = load_config(CONFIGS / f"{name}.py")
+    save_config(cfg, tmp_path / "run" / "config.json")
+    back = load_config(tmp_path / "run" / "config.json")
+    assert back == cfg and isinstance(back.optim.betas, tuple)
+    assert json.loads((tmp_path / "run" / "config.json").read_text()) == json.loads(
+        json.dumps(to_dict(cfg)))
+    assert list((tmp_path / "run").iterdir()) == [tmp_path / "run" / "config.json"]
+
+
+def test_bad_json_and_files(tmp_path: Path) -> None:
+    data = to_dict(Config())
+    data["train"]["epochs"] = 3
+    with pytest.raises(ConfigError, match=r"'train\.epochs'"):
+        from_dict(data)
+    data = to_dict(Config())
+    data["train"]["batch_size"] = "64"
+    with pytest.raises(ConfigError, match=r"train\.batch_size must be int"):
+        from_dict(data)
+    data = to_dict(Config())
+    data["optim"]["betas"] = [0.9]
+    with pytest.raises(ConfigError, match=r"optim\.betas must be a list of 2 values"):
+        from_dict(data)
+    assert from_dict({"optim": {"lr": 1}}).optim.lr == 1.0  # JSON ints are fine for floats
+
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.py")
+    (tmp_path / "empty.py").write_text("X = 1\n")
+    with pytest.raises(ConfigError, match="defines no get_config"):
+        load_config(tmp_path / "empty.py")
+    (tmp_path / "wrong.py").write_text("def get_config():\n    return {}\n")
+    with pytest.raises(ConfigError, match=r"must return uvic\.config\.Config"):
+        load_config(tmp_path / "wrong.py")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_config(tmp_path / "bad.json")
+    (tmp_path / "c.yaml").write_text("a: 1\n")
+    with pytest.raises(ConfigError, match=r"must be a \.py module or a saved \.json"):
+        load_config(tmp_path / "c.yaml")
