@@ -1,0 +1,360 @@
+"""Training data: CIFAR-10 pixels, the built-in Shapes quickstart set, MS-COCO latent features.
+
+Every dataset yields dicts ``{"x": FloatTensor (C, H, W)}`` in the model's input space:
+pixels in [-1, 1] for CIFAR-10 and Shapes, scaled Stable Diffusion latents for MS-COCO,
+which also carries ``"context": FloatTensor (77, 768)`` (CLIP token states of one of the
+image's captions, drawn at random each time).
+
+MS-COCO features are written by ``scripts/extract_mscoco_features.py`` in this layout::
+
+    <root>/meta.json                      VAE, CLIP model, padding, resolution, versions
+    <root>/empty_context.npy              (77, D) float32, the empty prompt ""
+    <root>/sample_prompts.json            prompts for sample grids
+    <root>/sample_contexts.npy            (P, 77, D) float32
+    <root>/<split>/moments.npy            (N, 8, h, w) VAE posterior [mean, logvar]
+    <root>/<split>/contexts.npy           (M, 77, D) caption token states
+    <root>/<split>/caption_offsets.npy    (N + 1,) int64: image i has rows offsets[i]:offsets[i+1]
+    <root>/<split>/captions.json          the M caption texts
+    <root>/<split>/image_ids.npy          (N,) int64 COCO image ids (sorted)
+    <root>/<split>/progress.json          extraction progress; "complete": true when done
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+from torch.utils.data import Dataset, get_worker_info
+from torchvision import datasets, transforms
+
+from uvic.autoencoder import sample_from_moments
+from uvic.config import Config, ConfigError
+
+DATASETS = ("cifar10", "mscoco", "shapes")
+SPLITS = ("train", "val", "test")
+
+# MS-COCO feature folder layout (shared with scripts/extract_mscoco_features.py).
+META_FILE = "meta.json"
+EMPTY_CONTEXT_FILE = "empty_context.npy"
+SAMPLE_PROMPTS_FILE = "sample_prompts.json"
+SAMPLE_CONTEXTS_FILE = "sample_contexts.npy"
+MOMENTS_FILE = "moments.npy"
+CONTEXTS_FILE = "contexts.npy"
+OFFSETS_FILE = "caption_offsets.npy"
+CAPTIONS_FILE = "captions.json"
+IMAGE_IDS_FILE = "image_ids.npy"
+PROGRESS_FILE = "progress.json"
+EXTRACT_HINT = "run `python scripts/extract_mscoco_features.py --coco data/coco --out {root}`"
+
+CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
+
+
+class DatasetError(FileNotFoundError):
+    """Data files are missing or unusable; the message names the path and the fix."""
+
+
+def to_signed(images_uint8: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """uint8 (..., H, W, C) -> float32 (..., C, H, W) in [-1, 1]."""
+    x = torch.tensor(np.asarray(images_uint8), dtype=torch.float32)  # a copy
+    return (x / 127.5 - 1.0).movedim(-1, -3).contiguous()
+
+
+# --------------------------------------------------------------------------- CIFAR-10
+
+
+class CIFAR10Images(Dataset):
+    """CIFAR-10 through torchvision: pixels in [-1, 1], optional random horizontal flip.
+
+    split "train" is the 50k training set; "val" and "test" are the 10k test set.
+    """
+
+    def __init__(self, root: str | Path, split: str = "train", flip: bool = False,
+                 download: bool = False) -> None:
+        root = Path(root)
+        train = split == "train"
+        try:
+            self.data = datasets.CIFAR10(root=str(root), train=train, download=download)
+        except (RuntimeError, OSError) as err:  # torchvision: not found/corrupted; no network
+            raise DatasetError(_cifar10_problem(root, download, err)) from err
+        ops: list[Any] = [transforms.RandomHorizontalFlip()] if flip else []
+        ops += [transforms.ToTensor(), transforms.Normalize((0.5,) * 3, (0.5,) * 3)]
+        self.transform = transforms.Compose(ops)
+        self.item_shape = (3, 32, 32)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        image, _label = self.data[index]  # PIL image, 32 x 32 RGB
+        return {"x": self.transform(image)}
+
+
+def _cifar10_problem(root: Path, download: bool, err: Exception) -> str:
+    folder = root / "cifar-10-batches-py"
+    missing = [name for name in CIFAR10_FILES if not (folder / name).is_file()]
+    how = "pass --set data.download=true or copy the extracted cifar-10-batches-py folder there"
+    if download:
+        return f"CIFAR-10 download to {root} failed ({err}); {how}"
+    if missing:
+        return (f"CIFAR-10 not found: {folder} lacks {', '.join(missing)} (expected "
+                f"data_batch_1..5, test_batch, batches.meta); {how}")
+    return (f"CIFAR-10 files in {folder} fail torchvision's MD5 check (corrupted or not the "
+            f"official python version); {how}")
+
+
+# --------------------------------------------------------------------------- Shapes
+
+SHAPES_SEEDS = {"train": 0, "val": 1, "test": 1}  # val/test are held out from train
+SHAPE_KINDS = ("circle", "square", "triangle")
+
+
+def _contrasting_colours(rng: np.random.Generator, count: int) -> list[tuple[int, int, int]]:
+    """A background colour and `count` shape colours, each far from the background in RGB."""
+    background = rng.integers(0, 256, size=3)
+    colours = [tuple(int(c) for c in background)]
+    while len(colours) < count + 1:
+        candidate = rng.integers(0, 256, size=3)
+        if np.linalg.norm(candidate - background) > 160.0:
+            colours.append(tuple(int(c) for c in candidate))
+    return colours
+
+
+def render_shapes_image(seed: int, index: int, size: int = 32, supersample: int = 4) -> np.ndarray:
+    """Image `index` of the Shapes set with `seed`: (size, size, 3) uint8.
+
+    One or two filled circles / squares / triangles of random size, position and colour on
+    a plain background of a contrasting colour. Drawn at `supersample` x resolution and
+    downsampled (anti-aliased edges). Depends only on (seed, index).
+    """
+    rng = np.random.default_rng([seed, index])
+    n_shapes = int(rng.integers(1, 3))
+    background, *colours = _contrasting_colours(rng, n_shapes)
+    big = size * supersample
+    canvas = Image.new("RGB", (big, big), background)
+    draw = ImageDraw.Draw(canvas)
+    for colour in colours:
+        kind = SHAPE_KINDS[int(rng.integers(len(SHAPE_KINDS)))]
+        radius = rng.uniform(0.12, 0.28) * big
+        cx, cy = rng.uniform(radius, big - radius, size=2)
+        box = (cx - radius, cy - radius, cx + radius, cy + radius)
+        if kind == "circle":
+            draw.ellipse(box, fill=colour)
+        elif kind == "square":
+            draw.rectangle(box, fill=colour)
+        else:  # upright triangle inscribed in the box
+            draw.polygon([(cx, cy - radius), (cx + radius, cy + radius),
+                          (cx - radius, cy + radius)], fill=colour)
+    return np.asarray(canvas.resize((size, size), Image.Resampling.LANCZOS), dtype=np.uint8)
+
+
+class ShapesDataset(Dataset):
+    """Built-in quickstart data: coloured shapes on plain backgrounds, no download needed.
+
+    All `num_images` images are rendered once (uint8, in memory); image i depends only on
+    (seed, i). Items are ``{"x": (3, size, size) in [-1, 1]}``, randomly h-flipped if `flip`.
+    """
+
+    def __init__(self, num_images: int, size: int = 32, seed: int = 0, flip: bool = False) -> None:
+        if num_images < 1:
+            raise ValueError(f"Shapes num_images must be >= 1, got {num_images}")
+        self.seed, self.size, self.flip = seed, size, flip
+        self.item_shape = (3, size, size)
+        self.images = np.stack([render_shapes_image(seed, i, size) for i in range(num_images)])
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        x = to_signed(self.images[index])
+        if self.flip and torch.rand(()) < 0.5:
+            x = x.flip(-1)
+        return {"x": x}
+
+
+def save_shapes_folder(path: str | Path, n: int, seed: int = SHAPES_SEEDS["train"],
+                       size: int = 32) -> Path:
+    """Write Shapes images 0..n-1 as PNGs (``000000.png``...), e.g. for FID reference stats."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        Image.fromarray(render_shapes_image(seed, i, size)).save(path / f"{i:06d}.png")
+    return path
+
+
+# --------------------------------------------------------------------------- MS-COCO
+
+
+def center_crop_resize(image: Image.Image, resolution: int) -> Image.Image:
+    """The U-ViT release's COCO crop: the central min(h, w) square, then a LANCZOS resize.
+
+    Used for feature extraction and for the FID reference images of MS-COCO 256.
+    """
+    w, h = image.size
+    side = min(w, h)
+    top, left = (h - side) // 2, (w - side) // 2
+    square = image.crop((left, top, left + side, top + side))
+    return square.resize((resolution, resolution), Image.Resampling.LANCZOS)
+
+
+def _require(path: Path, root: Path) -> Path:
+    if not path.exists():
+        raise DatasetError(f"MS-COCO features missing: {path}; {EXTRACT_HINT.format(root=root)}")
+    return path
+
+
+class MSCOCOFeatures(Dataset):
+    """MS-COCO latents + caption contexts from the extraction script's memory-mapped arrays.
+
+    Item i: a fresh latent sample ``(mean + exp(logvar/2) * noise) * scale_factor`` of image
+    i and the context of one of its captions, both drawn at random on every access. The
+    arrays are opened lazily in each DataLoader worker; randomness comes from the global
+    torch RNG in the main process and from a generator seeded with the worker's seed
+    (DataLoader's base seed + worker id) in workers, so a seeded loader is reproducible.
+    """
+
+    def __init__(self, root: str | Path, split: str = "train",
+                 scale_factor: float = 0.23010) -> None:
+        self.root = Path(root)
+        self.folder = _require(self.root / split, self.root)
+        for name in (MOMENTS_FILE, CONTEXTS_FILE, OFFSETS_FILE, IMAGE_IDS_FILE, PROGRESS_FILE):
+            _require(self.folder / name, self.root)
+        progress = json.loads((self.folder / PROGRESS_FILE).read_text())
+        if not progress.get("complete", False):
+            done, total = len(progress.get("done_chunks", [])), progress.get("num_chunks", "?")
+            raise DatasetError(
+                f"MS-COCO features in {self.folder} are incomplete ({done}/{total} chunks); "
+                f"rerun the extraction script to resume: {EXTRACT_HINT.format(root=self.root)}"
+            )
+        self.scale_factor = scale_factor
+        self.offsets = np.load(self.folder / OFFSETS_FILE)
+        self.image_ids = np.load(self.folder / IMAGE_IDS_FILE)
+        skipped = {int(s["index"]) for s in progress.get("skipped", [])}
+        self.indices = np.array([i for i in range(len(self.image_ids)) if i not in skipped],
+                                dtype=np.int64)
+        moments = np.load(self.folder / MOMENTS_FILE, mmap_mode="r")
+        contexts = np.load(self.folder / CONTEXTS_FILE, mmap_mode="r")
+        self.item_shape = (moments.shape[1] // 2, *moments.shape[2:])  # latent (C, h, w)
+        self.context_dim = int(contexts.shape[-1])
+        self._moments: np.ndarray | None = None  # reopened lazily (per worker)
+        self._contexts: np.ndarray | None = None
+        self._captions: list[str] | None = None
+        self._generator: torch.Generator | None = None
+        self._worker_id: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getstate__(self) -> dict[str, Any]:  # workers reopen the memmaps themselves
+        state = self.__dict__.copy()
+        state.update(_moments=None, _contexts=None, _generator=None, _worker_id=None)
+        return state
+
+    def _open(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._moments is None or self._contexts is None:
+            self._moments = np.load(self.folder / MOMENTS_FILE, mmap_mode="r")
+            self._contexts = np.load(self.folder / CONTEXTS_FILE, mmap_mode="r")
+        return self._moments, self._contexts
+
+    def _rng(self) -> torch.Generator | None:
+        info = get_worker_info()
+        if info is None:
+            return None  # main process: the global torch RNG (seeded by the caller)
+        if self._generator is None or self._worker_id != info.id:
+            self._generator = torch.Generator().manual_seed(info.seed)
+            self._worker_id = info.id
+        return self._generator
+
+    def image_index(self, index: int) -> int:
+        """Row of item `index` in the stored arrays (differs when images were skipped)."""
+        return int(self.indices[index])
+
+    def moments(self, index: int) -> torch.Tensor:
+        """Stored VAE moments of item `index`, float32 (8, h, w)."""
+        moments, _ = self._open()
+        return torch.from_numpy(np.array(moments[self.image_index(index)], dtype=np.float32))
+
+    def contexts(self, index: int) -> torch.Tensor:
+        """All caption contexts of item `index`, float32 (k, 77, D)."""
+        _, contexts = self._open()
+        i = self.image_index(index)
+        rows = contexts[self.offsets[i] : self.offsets[i + 1]]
+        return torch.from_numpy(np.array(rows, dtype=np.float32))
+
+    def captions(self, index: int) -> list[str]:
+        """Caption texts of item `index`."""
+        if self._captions is None:
+            self._captions = json.loads((self.folder / CAPTIONS_FILE).read_text())
+        i = self.image_index(index)
+        return self._captions[self.offsets[i] : self.offsets[i + 1]]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        generator = self._rng()
+        _, contexts = self._open()
+        i = self.image_index(index)
+        x = sample_from_moments(self.moments(index), self.scale_factor, generator)
+        row = int(torch.randint(int(self.offsets[i]), int(self.offsets[i + 1]), (),
+                                generator=generator))
+        context = torch.from_numpy(np.array(contexts[row], dtype=np.float32))
+        return {"x": x, "context": context}
+
+
+def _features_root(cfg: Config) -> Path:
+    return Path(cfg.data.root)
+
+
+def load_empty_context(cfg: Config) -> torch.Tensor:
+    """Context of the empty prompt "" (77, D) float32: the classifier-free 'unconditional'."""
+    root = _features_root(cfg)
+    return torch.from_numpy(np.load(_require(root / EMPTY_CONTEXT_FILE, root)).astype(np.float32))
+
+
+def load_sample_prompts(cfg: Config) -> tuple[list[str], torch.Tensor]:
+    """The fixed prompts for sample grids and their contexts (P, 77, D) float32."""
+    root = _features_root(cfg)
+    prompts = json.loads(_require(root / SAMPLE_PROMPTS_FILE, root).read_text())
+    contexts = np.load(_require(root / SAMPLE_CONTEXTS_FILE, root)).astype(np.float32)
+    if len(prompts) != len(contexts):
+        raise DatasetError(f"{root}: {len(prompts)} sample prompts but {len(contexts)} contexts")
+    return prompts, torch.from_numpy(contexts)
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def build_dataset(cfg: Config, split: str = "train") -> Dataset:
+    """The dataset named by ``cfg.data.name`` for `split` ("train", "val" or "test").
+
+    Checks that its items fit the model (``model.in_chans``, ``model.img_size``,
+    ``model.clip_dim``) so a wrong config fails here with the key named.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    data, model = cfg.data, cfg.model
+    flip = data.random_flip and split == "train"
+    if data.name == "cifar10":
+        dataset: Dataset = CIFAR10Images(data.root, split, flip=flip, download=data.download)
+    elif data.name == "shapes":
+        dataset = ShapesDataset(data.num_images, size=model.img_size, seed=SHAPES_SEEDS[split],
+                                flip=flip)
+    elif data.name == "mscoco":
+        dataset = MSCOCOFeatures(data.root, "val" if split == "test" else split,
+                                 scale_factor=data.scale_factor)
+    else:
+        raise ConfigError(f"data.name must be one of {DATASETS}, got {data.name!r}")
+    _check_fits_model(dataset, cfg)
+    return dataset
+
+
+def _check_fits_model(dataset: Any, cfg: Config) -> None:
+    expected = (cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size)
+    if tuple(dataset.item_shape) != expected:
+        raise ConfigError(f"data.name={cfg.data.name!r} gives inputs of shape "
+                          f"{tuple(dataset.item_shape)} but model.in_chans/img_size expect "
+                          f"{expected}")
+    if isinstance(dataset, MSCOCOFeatures) and cfg.model.clip_dim != dataset.context_dim:
+        raise ConfigError(f"model.clip_dim={cfg.model.clip_dim} but {dataset.folder} stores "
+                          f"contexts of width {dataset.context_dim}")
