@@ -1,0 +1,21 @@
+"""Fused softmax / Cog attention kernels for U-ViT and U-ViC (import name ``uvic_kernels``).
+
+``attention(q, k, v, mode="cog")`` is the entry point; ``reference`` holds the plain
+PyTorch formulas used as test oracles.  See ``triton_attention`` for the algorithm.
+"""
+
+from uvic_kernels.fused_attention import MODES, FusedAttention, attention
+from uvic_kernels.reference import (
+    cog_attention_eq3,
+    cog_attention_reference,
+    softmax_attention_reference,
+)
+
+__all__ = [
+    "MODES",
+    "FusedAttention",
+    "attention",
+    "cog_attention_eq3",
+    "cog_attention_reference",
+    "softmax_attention_reference",
+]

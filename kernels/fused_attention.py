@@ -1,0 +1,228 @@
+"""Public entry point: ``attention(q, k, v, mode="cog")`` with autograd and dispatch.
+
+Backends:
+
+* ``"triton"``: the fused kernels of :mod:`uvic_kernels.triton_attention`, compiled
+  on CUDA, or run by Triton's interpreter on the CPU when ``TRITON_INTERPRET=1``
+  was set before the kernels were first used (slow, for testing);
+* ``"torch"``: :mod:`uvic_kernels.torch_attention`, the same algorithm in PyTorch
+  (chunked over query rows, fp32 internally), for CPUs and other devices.
+
+The kernel module is imported lazily, so ``import uvic_kernels`` neither needs
+Triton nor fixes the interpreter setting.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+from types import ModuleType
+
+import torch
+from torch.autograd.function import once_differentiable
+
+MODES = ("cog", "softmax")
+BACKENDS = ("triton", "torch")
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 128
+_KERNEL_MODULE = "uvic_kernels.triton_attention"
+
+
+def _interpret_requested() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+_TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
+
+
+def _triton_available() -> bool:
+    return _TRITON_AVAILABLE
+
+
+def _kernels_interpreted() -> bool:
+    """Whether the Triton kernels run (or, once imported, will run) in the interpreter.
+
+    Triton fixes this when the kernels are defined, i.e. when the kernel module is
+    first imported; later changes of ``TRITON_INTERPRET`` do not affect it.
+    """
+    module = sys.modules.get(_KERNEL_MODULE)
+    if module is not None:
+        return bool(module.INTERPRET)
+    return _interpret_requested()
+
+
+def _backend_for(q: torch.Tensor) -> str:
+    """Default backend for tensors on ``q.device``: ``"triton"`` or ``"torch"``."""
+    if not _triton_available():
+        return "torch"
+    if q.device.type == "cuda":
+        return "triton"
+    if q.device.type == "cpu" and _interpret_requested() and _kernels_interpreted():
+        return "triton"
+    return "torch"
+
+
+def _implementation(backend: str, device: torch.device) -> ModuleType:
+    if backend == "torch":
+        from uvic_kernels import torch_attention
+
+        return torch_attention
+    if not _triton_available():
+        raise RuntimeError("backend='triton' needs the triton package, which is not installed")
+    if device.type != "cuda" and not _kernels_interpreted():
+        raise ValueError(
+            f"backend='triton' needs CUDA tensors or TRITON_INTERPRET=1 (set before the kernels "
+            f"are first used); got tensors on {device}"
+        )
+    from uvic_kernels import triton_attention
+
+    return triton_attention
+
+
+def _check_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mode: str,
+    scale: float | None,
+    backend: str | None,
+) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 4:
+            raise ValueError(f"{name} must be a 4-D (B, H, N, D) tensor, got ndim={t.ndim}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes mismatch: {tuple(k.shape)} vs {tuple(v.shape)}")
+    if q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(
+            f"q and k shapes mismatch: {tuple(q.shape)} vs {tuple(k.shape)} "
+            "(batch, heads and head dim must agree)"
+        )
+    if not 1 <= q.shape[3] <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim D={q.shape[3]} must be between 1 and {MAX_HEAD_DIM}")
+    if k.shape[2] < 1:
+        raise ValueError("k and v need at least one key (N >= 1)")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if scale is not None and (
+        isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale)
+    ):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+
+
+# The kernels are wrapped as PyTorch custom ops, so torch.compile treats them as opaque
+# calls (no tracing into Triton launchers or Python dispatch) and fake tensors know
+# the output shapes.  The autograd.Function below wires them together.
+
+
+@torch.library.custom_op("uvic_kernels::attention_forward", mutates_args=())
+def _forward_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cog: bool, scale: float, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _implementation(backend, q.device).forward(q, k, v, cog, scale)
+
+
+@_forward_op.register_fake
+def _forward_fake(q, k, v, cog, scale, backend):
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    return o, torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+
+
+@torch.library.custom_op("uvic_kernels::attention_backward", mutates_args=())
+def _backward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor,
+    cog: bool,
+    scale: float,
+    backend: str,
+    need_dq: bool,
+    need_dkdv: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    grads = _implementation(backend, q.device).backward(
+        q, k, v, o, lse, do, cog, scale, need_dq=need_dq, need_dkdv=need_dkdv
+    )
+    # custom ops return tensors only: an empty tensor stands for "not computed"
+    return tuple(q.new_empty(0) if g is None else g for g in grads)
+
+
+@_backward_op.register_fake
+def _backward_fake(q, k, v, o, lse, do, cog, scale, backend, need_dq, need_dkdv):
+    def like(x: torch.Tensor, needed: bool) -> torch.Tensor:
+        return torch.empty(x.shape if needed else (0,), dtype=x.dtype, device=x.device)
+
+    return like(q, need_dq), like(k, need_dkdv), like(v, need_dkdv)
+
+
+class FusedAttention(torch.autograd.Function):
+    """Autograd wrapper: saves q, k, v, O and the row LSE; the backward recomputes P.
+
+    ``FusedAttention.apply(q, k, v, cog, scale, backend)`` with validated inputs;
+    use :func:`attention` instead.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, cog: bool, scale: float, backend: str):
+        o, lse = _forward_op(q, k, v, cog, scale, backend)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.cog, ctx.scale, ctx.backend = cog, scale, backend
+        return o
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        dq, dk, dv = _backward_op(
+            q, k, v, o, lse, do, ctx.cog, ctx.scale, ctx.backend, need_q, need_k or need_v
+        )
+        return (
+            dq if need_q else None,
+            dk if need_k else None,
+            dv if need_v else None,
+            None,
+            None,
+            None,
+        )
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mode: str = "cog",
+    scale: float | None = None,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Fused non-causal attention over (B, H, N, D) tensors, differentiable.
+
+    ``mode="cog"``: ``sign(S) * softmax(|S|) @ v``; ``mode="softmax"``: ``softmax(S) @ v``,
+    with ``S = scale * q k^T`` and ``scale`` defaulting to ``D ** -0.5``.  k and v may have
+    a different sequence length than q.  Inputs are fp16, bf16 or fp32 (any strides,
+    D <= 128); the output has q's dtype and is contiguous.  ``backend`` forces
+    ``"triton"`` or ``"torch"``; by default Triton runs on CUDA (and on the CPU under
+    ``TRITON_INTERPRET=1``), PyTorch elsewhere.
+    """
+    _check_inputs(q, k, v, mode, scale, backend)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    backend = backend or _backend_for(q)
+    cog = mode == "cog"
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return FusedAttention.apply(q, k, v, cog, float(scale), backend)
+    return _forward_op(q, k, v, cog, float(scale), backend)[0]

@@ -1,0 +1,71 @@
+"""Plain PyTorch reference formulas for softmax and Cog attention (test oracles).
+
+All three functions take (..., N, D) tensors, build the full N x N score matrix
+and are differentiated by autograd; run them in float64 to check the kernels.
+
+Cog attention has two published forms (Lv et al., eq. 3 and Figure 3) that agree
+everywhere except at scores that are exactly zero:
+
+* ``cog_attention_eq3`` is eq. 3 literally::
+
+      SignExp(p) = sign(p) * exp(sign(p) * p - max|p|)
+      phi(p)_j   = SignExp(p_j) / sum_k |SignExp(p_k)|
+
+  A zero score has ``SignExp(0) = sign(0) * ... = 0``: it gets weight 0 **and adds
+  nothing to the denominator**.
+
+* ``cog_attention_reference`` is the "faster" form, ``sign(p) * softmax(|p|)``: a
+  zero score still gets weight 0 (``sign(0) = 0``), but ``exp(|0| - max|p|)`` **is
+  counted in the denominator**.
+
+For a row without exact zeros ``|SignExp(p)| = exp(|p| - max|p|)`` and the two are
+equal.  The fused kernels implement the second form (the one the paper's code and
+``REFERENCE.md`` use); the difference only shows on exact ties at 0, e.g. an
+all-zero query row or key.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: float | None) -> torch.Tensor:
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    return scale * (q @ k.transpose(-2, -1))
+
+
+def softmax_attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """``softmax(scale * q k^T) v`` (scale defaults to ``D ** -0.5``)."""
+    return torch.softmax(_scores(q, k, scale), dim=-1) @ v
+
+
+def cog_attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """Cog attention as ``sign(S) * softmax(|S|) @ v`` (the paper's Figure 3, faster form).
+
+    A score of exactly 0 gets weight 0 but still counts ``exp(-max|S|)`` in the
+    denominator; this is the definition the fused kernels follow.
+    """
+    s = _scores(q, k, scale)
+    return (torch.sign(s) * torch.softmax(s.abs(), dim=-1)) @ v
+
+
+def cog_attention_eq3(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """Cog attention as the literal eq. 3: ``SignExp(S) / sum |SignExp(S)|``.
+
+    ``SignExp(p) = sign(p) * exp(sign(p) * p - max|p|)``.  A score of exactly 0 gives
+    ``SignExp(0) = 0``, which adds nothing to the denominator, so rows with exact
+    zeros differ from :func:`cog_attention_reference`; elsewhere the two are equal.
+    A row whose scores are all exactly 0 gives 0 / 0 = NaN here.
+    """
+    s = _scores(q, k, scale)
+    sign = torch.sign(s)
+    max_abs = s.abs().amax(dim=-1, keepdim=True)
+    e = sign * torch.exp(sign * s - max_abs)
+    return (e / e.abs().sum(dim=-1, keepdim=True)) @ v

@@ -1,0 +1,609 @@
+"""Fused Cog / softmax attention in Triton (FlashAttention-2 structure).
+
+For one head with scores ``S = scale * Q K^T`` the two modes are
+
+* softmax: ``A = softmax(S)``, ``O = A V``;
+* cog:     ``P = softmax(|S|)``, ``A = sign(S) * P``, ``O = A V``   (sign(0) = 0).
+
+Cog attention (Lv et al., eq. 3, "faster" form of Figure 3) only changes what the
+online softmax runs over: the running max and the running denominator are taken
+over ``|s|`` instead of ``s``, and the value accumulator receives
+``sign(s) * exp(|s| - m)`` instead of ``exp(s - m)``.  Because ``|s| >= 0`` the
+running max starts at 0, so the denominator is always >= 1.  Both modes share
+the same kernels; ``COG`` is a ``tl.constexpr``, so each mode compiles to its own
+specialisation with no run-time branch.
+
+Forward (one program per query block of one head)::
+
+    m = 0 (cog) or -inf (softmax);  l = 0;  acc = 0
+    for each key block K_j, V_j:
+        s   = q K_j^T * scale * log2(e)            # exp2 is cheaper than exp
+        t   = |s| (cog) or s (softmax)
+        m'  = max(m, rowmax(t))
+        p   = exp2(t - m')
+        l   = l * exp2(m - m') + rowsum(p)
+        acc = acc * exp2(m - m') + (sign(s) * p  or  p) @ V_j
+    O   = acc / l
+    LSE = (m + log2 l) * ln 2                      # natural log-sum-exp of |S| or S
+
+Only O and the fp32 row LSE are written: O(N) extra memory.
+
+Backward recomputes ``P = exp(|S| - LSE)`` (or ``exp(S - LSE)``) block by block::
+
+    dV = A^T dO            dA = dO V^T            Delta = rowsum(dO * O)
+    cog:      dS = sign(S) * P * (sign(S) * dA - Delta)
+    softmax:  dS = P * (dA - Delta)
+    dQ = scale * dS K      dK = scale * dS^T Q
+
+For cog, ``dP = sign(S) * dA`` and the softmax Jacobian gives
+``d|S| = P * (dP - rowsum(P * dP))``; ``rowsum(P * sign(S) * dA) = rowsum(A * dA)
+= rowsum(dO * O) = Delta`` as for softmax, and the chain rule through ``|S|``
+multiplies by ``sign(S)``.  The unsimplified product above is exactly 0 where
+``S == 0``, as autograd of ``sign(S) * softmax(|S|)`` is (the algebraically equal
+``P * dA - A * Delta`` is not).
+
+Kernels, as in Triton's fused-attention tutorial:
+
+* ``_attn_fwd``            O and LSE, one program per (head, query block);
+* ``_attn_bwd_preprocess`` Delta = rowsum(dO * O);
+* ``_attn_bwd_dkdv``       dK, dV, one program per (head, key block), looping over queries;
+* ``_attn_bwd_dq``         dQ, one program per (head, query block), looping over keys
+                           (a separate pass, so no atomics are needed).
+
+All tensors are (B, H, N, D) with arbitrary strides.  Sequence lengths need not be
+multiples of the block sizes: full blocks run unmasked, the last partial block runs
+a masked copy of the loop body (``MASK_*`` constexprs).  Head dims that are not
+powers of two (e.g. 72) are padded to ``BLOCK_D`` with masked loads.  The grid is
+one-dimensional (``B * H * number of blocks``), so any number of heads fits within
+CUDA's grid limits; consecutive programs share a head, so K and V stay in L2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# fmt: off
+# (kernel argument lists are grouped by tensor, one stride group per line, as in
+# Triton's fused-attention tutorial; a formatter would put each on its own line)
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
+LN2 = 0.6931471805599453  # ln(2): converts a base-2 log-sum-exp to natural units
+MIN_BLOCK = 16  # tl.dot needs every block dimension to be at least 16
+
+try:  # triton >= 3.3 reads the environment through knobs; older releases read it directly
+    INTERPRET: bool = bool(triton.knobs.runtime.interpret)
+except AttributeError:  # pragma: no cover - depends on the installed triton
+    INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# Block sizes.  The interpreter runs a single fixed configuration (autotuning with
+# more than one config needs a GPU).  On a GPU the kernels are autotuned over a few
+# FlashAttention-2 style tiles, keyed on the sequence lengths, head dim, mode and
+# dtype; with UVIC_KERNELS_AUTOTUNE=0 the first tile that fits is used directly.
+INTERPRET_FWD = {"BLOCK_M": 64, "BLOCK_N": 64}
+INTERPRET_BWD_DKDV = {"BLOCK_M": 32, "BLOCK_N": 64}
+INTERPRET_BWD_DQ = {"BLOCK_M": 64, "BLOCK_N": 32}
+PREPROCESS_BLOCK_M = 64
+AUTOTUNE = os.environ.get("UVIC_KERNELS_AUTOTUNE", "1") != "0"
+# (BLOCK_M, BLOCK_N, num_stages, num_warps), preferred first; BLOCK_M tiles queries
+# and BLOCK_N keys in every kernel.  The backward tiles follow Triton's tutorial:
+# dK/dV keeps a wide key block resident, dQ a tall query block.
+GPU_FWD_TILES = [(128, 64, 3, 4), (128, 64, 3, 8), (64, 64, 3, 4), (128, 128, 3, 8), (64, 32, 4, 4)]
+GPU_BWD_DKDV_TILES = [(32, 128, 3, 4), (64, 128, 3, 8), (32, 64, 3, 4), (64, 64, 2, 4)]
+GPU_BWD_DQ_TILES = [(128, 32, 3, 4), (128, 64, 3, 8), (64, 32, 3, 4), (64, 64, 2, 4)]
+FP32_MAX_TILE = 64 * 32  # fp32 operands take twice the registers / shared memory
+
+
+def _configs(interpret_tile: dict[str, int], gpu_tiles: list[tuple[int, int, int, int]]):
+    """One fixed config in the interpreter, a small autotuning space on a GPU."""
+    if INTERPRET:
+        return [triton.Config(dict(interpret_tile), num_warps=4, num_stages=1)]
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
+        for bm, bn, s, w in gpu_tiles
+    ]
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop tiles larger than the problem and large fp32 tiles (keep at least one)."""
+    n_q = max(MIN_BLOCK, triton.next_power_of_2(named_args["N_Q"]))
+    n_kv = max(MIN_BLOCK, triton.next_power_of_2(named_args["N_KV"]))
+    fp32 = named_args["Q"].dtype == torch.float32
+    kept = [
+        c
+        for c in configs
+        if c.kwargs["BLOCK_M"] <= n_q
+        and c.kwargs["BLOCK_N"] <= n_kv
+        and not (fp32 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > FP32_MAX_TILE)
+    ]
+    if not kept:
+        kept = [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+    return kept if AUTOTUNE else kept[:1]
+
+
+# --------------------------------------------------------------------------------------
+# Device helpers
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_tile(ptrs, offs_a, bound_a, offs_b, bound_b, MASK_A: tl.constexpr, MASK_B: tl.constexpr):
+    """Load a 2-D tile; positions with ``offs_a >= bound_a`` / ``offs_b >= bound_b`` read 0."""
+    if MASK_A:
+        if MASK_B:
+            mask = (offs_a[:, None] < bound_a) & (offs_b[None, :] < bound_b)
+            x = tl.load(ptrs, mask=mask, other=0.0)
+        else:
+            x = tl.load(ptrs, mask=offs_a[:, None] < bound_a, other=0.0)
+    else:
+        if MASK_B:
+            x = tl.load(ptrs, mask=offs_b[None, :] < bound_b, other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _signum(x):
+    """sign(x) in fp32 with sign(0) = 0 (NaN maps to 0, but is kept by the product with p)."""
+    return (x > 0).to(tl.float32) - (x < 0).to(tl.float32)
+
+
+@triton.jit
+def _head_offset(off_hz, H, stride_z, stride_h):
+    """Element offset of head ``off_hz`` (flattened B*H index), in int64."""
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
+    return off_z * stride_z + off_h * stride_h
+
+
+# --------------------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attn_fwd_inner(
+    acc, l_i, m_i, q, kT_ptrs, v_ptrs, lo, hi, N_KV, stride_kn, stride_vn, qk_scale,
+    offs_n, offs_d,
+    COG: tl.constexpr, MASK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Online softmax over key blocks [lo, hi); MASK_N masks keys >= N_KV."""
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kT = _load_tile(kT_ptrs + start_n * stride_kn, offs_d, HEAD_DIM, cols, N_KV, PAD_D, MASK_N)
+        # scores in log2 units: s * log2(e)
+        qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
+        if COG:
+            t = tl.abs(qk)
+            if MASK_N:
+                # 0 is neutral for the running max (which starts at 0 for cog)
+                t = tl.where(cols[None, :] < N_KV, t, 0.0)
+        else:
+            t = qk
+            if MASK_N:
+                t = tl.where(cols[None, :] < N_KV, t, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(t, 1))
+        p = tl.math.exp2(t - m_new[:, None])
+        if MASK_N:
+            # masked keys contribute neither to the denominator nor to the output
+            p = tl.where(cols[None, :] < N_KV, p, 0.0)
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if COG:
+            # sign(s) * exp(|s| - m); a multiplication keeps NaN (a where() would drop it)
+            p = p * _signum(qk)
+        v = _load_tile(v_ptrs + start_n * stride_vn, cols, N_KV, offs_d, HEAD_DIM, MASK_N, PAD_D)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.autotune(
+    configs=_configs(INTERPRET_FWD, GPU_FWD_TILES),
+    key=["N_Q", "N_KV", "HEAD_DIM", "COG"],
+    prune_configs_by={"early_config_prune": _prune},
+)
+@triton.jit
+def _attn_fwd(
+    Q, K, V, Out, Lse,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_oz, stride_oh, stride_om, stride_od,
+    H, N_Q, N_KV, qk_scale,
+    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """O and the row LSE for one (head, query block)."""
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(N_Q, BLOCK_M)
+    off_hz = pid // num_m
+    start_m = pid % num_m
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_ptrs = (Q + _head_offset(off_hz, H, stride_qz, stride_qh)
+              + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
+    kT_ptrs = (K + _head_offset(off_hz, H, stride_kz, stride_kh)
+               + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn)
+    v_ptrs = (V + _head_offset(off_hz, H, stride_vz, stride_vh)
+              + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
+
+    q = _load_tile(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, True, PAD_D)
+    if COG:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # max of |s| is >= 0
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    n_full = (N_KV // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, kT_ptrs, v_ptrs, 0, n_full, N_KV, stride_kn, stride_vn, qk_scale,
+        offs_n, offs_d, COG, False, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
+    )
+    # the last, partial key block (at most one iteration)
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, kT_ptrs, v_ptrs, n_full, N_KV, N_KV, stride_kn, stride_vn, qk_scale,
+        offs_n, offs_d, COG, True, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
+    )
+
+    acc = acc / l_i[:, None]
+    lse = (m_i + tl.math.log2(l_i)) * LN2
+    row_ok = offs_m < N_Q
+    tl.store(Lse + off_hz.to(tl.int64) * N_Q + offs_m, lse, mask=row_ok)
+    o_ptrs = (Out + _head_offset(off_hz, H, stride_oz, stride_oh)
+              + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
+    if PAD_D:
+        o_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    else:
+        o_mask = row_ok[:, None]
+    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=o_mask)
+
+
+# --------------------------------------------------------------------------------------
+# Backward
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attn_bwd_preprocess(
+    O, DO, Delta,
+    stride_oz, stride_oh, stride_om, stride_od,
+    stride_dz, stride_dh, stride_dm, stride_dd,
+    H, N_Q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """Delta = rowsum(dO * O) in fp32."""
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(N_Q, BLOCK_M)
+    off_hz = pid // num_m
+    offs_m = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o_ptrs = (O + _head_offset(off_hz, H, stride_oz, stride_oh)
+              + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
+    do_ptrs = (DO + _head_offset(off_hz, H, stride_dz, stride_dh)
+               + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd)
+    o = _load_tile(o_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, True, PAD_D).to(tl.float32)
+    do = _load_tile(do_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, True, PAD_D).to(tl.float32)
+    delta = tl.sum(o * do, 1)
+    tl.store(Delta + off_hz.to(tl.int64) * N_Q + offs_m, delta, mask=offs_m < N_Q)
+
+
+@triton.jit
+def _attn_bwd_dkdv_inner(
+    dk, dv, k, v, qT_ptrs, do_ptrs, Lse, Delta, lo, hi, N_Q, stride_qm, stride_dom, qk_scale,
+    offs_m, offs_d,
+    COG: tl.constexpr, MASK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Accumulate dK and dV of one key block over query blocks [lo, hi)."""
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m
+        qT = _load_tile(qT_ptrs + start_m * stride_qm, offs_d, HEAD_DIM, rows, N_Q, PAD_D, MASK_M)
+        do = _load_tile(do_ptrs + start_m * stride_dom, rows, N_Q, offs_d, HEAD_DIM, MASK_M, PAD_D)
+        if MASK_M:
+            lse2 = tl.load(Lse + rows, mask=rows < N_Q, other=0.0) * LOG2E
+            delta = tl.load(Delta + rows, mask=rows < N_Q, other=0.0)
+        else:
+            lse2 = tl.load(Lse + rows) * LOG2E
+            delta = tl.load(Delta + rows)
+        # transposed scores (keys x queries), log2 units
+        qkT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale
+        if COG:
+            sgn = _signum(qkT)
+            pT = tl.math.exp2(tl.abs(qkT) - lse2[None, :])
+        else:
+            pT = tl.math.exp2(qkT - lse2[None, :])
+        if MASK_M:
+            pT = tl.where(rows[None, :] < N_Q, pT, 0.0)
+        if COG:
+            aT = pT * sgn
+        else:
+            aT = pT
+        dv = tl.dot(aT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV += A^T dO
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # dA^T = V dO^T
+        if COG:
+            dsT = sgn * pT * (sgn * dpT - delta[None, :])
+        else:
+            dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.autotune(
+    configs=_configs(INTERPRET_BWD_DKDV, GPU_BWD_DKDV_TILES),
+    key=["N_Q", "N_KV", "HEAD_DIM", "COG"],
+    prune_configs_by={"early_config_prune": _prune},
+)
+@triton.jit
+def _attn_bwd_dkdv(
+    Q, K, V, DO, DK, DV, Lse, Delta,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_doz, stride_doh, stride_dom, stride_dod,
+    stride_dkz, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvz, stride_dvh, stride_dvn, stride_dvd,
+    H, N_Q, N_KV, sm_scale, qk_scale,
+    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dK and dV for one (head, key block); loops over all query blocks."""
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N_KV, BLOCK_N)
+    off_hz = pid // num_n
+    start_n = pid % num_n
+
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    k_off = _head_offset(off_hz, H, stride_kz, stride_kh)
+    v_off = _head_offset(off_hz, H, stride_vz, stride_vh)
+    k = _load_tile(K + k_off + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                   offs_n, N_KV, offs_d, HEAD_DIM, True, PAD_D)
+    v = _load_tile(V + v_off + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                   offs_n, N_KV, offs_d, HEAD_DIM, True, PAD_D)
+    qT_ptrs = (Q + _head_offset(off_hz, H, stride_qz, stride_qh)
+               + offs_d[:, None] * stride_qd + offs_m[None, :] * stride_qm)
+    do_ptrs = (DO + _head_offset(off_hz, H, stride_doz, stride_doh)
+               + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod)
+    Lse += off_hz.to(tl.int64) * N_Q
+    Delta += off_hz.to(tl.int64) * N_Q
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    m_full = (N_Q // BLOCK_M) * BLOCK_M
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, qT_ptrs, do_ptrs, Lse, Delta, 0, m_full, N_Q, stride_qm, stride_dom,
+        qk_scale, offs_m, offs_d, COG, False, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION,
+    )
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, qT_ptrs, do_ptrs, Lse, Delta, m_full, N_Q, N_Q, stride_qm, stride_dom,
+        qk_scale, offs_m, offs_d, COG, True, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION,
+    )
+    dk = dk * sm_scale
+
+    if PAD_D:
+        mask = (offs_n[:, None] < N_KV) & (offs_d[None, :] < HEAD_DIM)
+    else:
+        mask = offs_n[:, None] < N_KV
+    dk_ptrs = (DK + _head_offset(off_hz, H, stride_dkz, stride_dkh)
+               + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
+    dv_ptrs = (DV + _head_offset(off_hz, H, stride_dvz, stride_dvh)
+               + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=mask)
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _attn_bwd_dq_inner(
+    dq, q, do, lse2, delta, kT_ptrs, vT_ptrs, lo, hi, N_KV, stride_kn, stride_vn, qk_scale,
+    offs_n, offs_d,
+    COG: tl.constexpr, MASK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Accumulate dQ of one query block over key blocks [lo, hi)."""
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kT = _load_tile(kT_ptrs + start_n * stride_kn, offs_d, HEAD_DIM, cols, N_KV, PAD_D, MASK_N)
+        vT = _load_tile(vT_ptrs + start_n * stride_vn, offs_d, HEAD_DIM, cols, N_KV, PAD_D, MASK_N)
+        qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
+        if COG:
+            sgn = _signum(qk)
+            p = tl.math.exp2(tl.abs(qk) - lse2[:, None])
+        else:
+            p = tl.math.exp2(qk - lse2[:, None])
+        if MASK_N:
+            p = tl.where(cols[None, :] < N_KV, p, 0.0)
+        dp = tl.dot(do, vT, input_precision=DOT_PRECISION)  # dA = dO V^T
+        if COG:
+            ds = sgn * p * (sgn * dp - delta[:, None])
+        else:
+            ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.autotune(
+    configs=_configs(INTERPRET_BWD_DQ, GPU_BWD_DQ_TILES),
+    key=["N_Q", "N_KV", "HEAD_DIM", "COG"],
+    prune_configs_by={"early_config_prune": _prune},
+)
+@triton.jit
+def _attn_bwd_dq(
+    Q, K, V, DO, DQ, Lse, Delta,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_doz, stride_doh, stride_dom, stride_dod,
+    stride_dqz, stride_dqh, stride_dqm, stride_dqd,
+    H, N_Q, N_KV, sm_scale, qk_scale,
+    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dQ for one (head, query block); loops over all key blocks."""
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(N_Q, BLOCK_M)
+    off_hz = pid // num_m
+    start_m = pid % num_m
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_off = _head_offset(off_hz, H, stride_qz, stride_qh)
+    do_off = _head_offset(off_hz, H, stride_doz, stride_doh)
+    q = _load_tile(Q + q_off + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                   offs_m, N_Q, offs_d, HEAD_DIM, True, PAD_D)
+    do = _load_tile(DO + do_off + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                    offs_m, N_Q, offs_d, HEAD_DIM, True, PAD_D)
+    row_ok = offs_m < N_Q
+    lse2 = tl.load(Lse + off_hz.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0) * LOG2E
+    delta = tl.load(Delta + off_hz.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
+    kT_ptrs = (K + _head_offset(off_hz, H, stride_kz, stride_kh)
+               + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn)
+    vT_ptrs = (V + _head_offset(off_hz, H, stride_vz, stride_vh)
+               + offs_d[:, None] * stride_vd + offs_n[None, :] * stride_vn)
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    n_full = (N_KV // BLOCK_N) * BLOCK_N
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, lse2, delta, kT_ptrs, vT_ptrs, 0, n_full, N_KV, stride_kn, stride_vn,
+        qk_scale, offs_n, offs_d, COG, False, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
+    )
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, lse2, delta, kT_ptrs, vT_ptrs, n_full, N_KV, N_KV, stride_kn, stride_vn,
+        qk_scale, offs_n, offs_d, COG, True, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
+    )
+    dq = dq * sm_scale
+
+    if PAD_D:
+        mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    else:
+        mask = row_ok[:, None]
+    dq_ptrs = (DQ + _head_offset(off_hz, H, stride_dqz, stride_dqh)
+               + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd)
+    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------------------
+# Host wrappers
+# --------------------------------------------------------------------------------------
+
+
+def _block_d(head_dim: int) -> int:
+    return max(MIN_BLOCK, triton.next_power_of_2(head_dim))
+
+
+def _dot_precision(dtype: torch.dtype) -> str | None:
+    """fp32 products in full precision (TF32 would lose ~3 of the digits the tests
+    check); fp16 / bf16 operands use Triton's default tensor-core path."""
+    return "ieee" if dtype == torch.float32 else None
+
+
+def _device_guard(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Launch on the tensors' GPU, not on the current one."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cog: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(O, LSE)``: O (B, H, Nq, D) in the input dtype, LSE (B, H, Nq) in fp32.
+
+    LSE is the natural log-sum-exp of ``|S|`` (cog) or ``S`` (softmax) per query row.
+    Inputs are assumed validated (see ``uvic_kernels.attention``).
+    """
+    B, H, n_q, head_dim = q.shape
+    n_kv = k.shape[2]
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
+    if o.numel() == 0:
+        return o, lse
+
+    def grid(meta):
+        return (triton.cdiv(n_q, meta["BLOCK_M"]) * B * H,)
+
+    with _device_guard(q):
+        _attn_fwd[grid](
+            q, k, v, o, lse,
+            *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+            H, n_q, n_kv, scale * LOG2E,
+            COG=cog, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
+            DOT_PRECISION=_dot_precision(q.dtype),
+        )
+    return o, lse
+
+
+def backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor,
+    cog: bool,
+    scale: float,
+    need_dq: bool = True,
+    need_dkdv: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Return ``(dQ, dK, dV)`` (None where not needed), in the input dtype."""
+    B, H, n_q, head_dim = q.shape
+    n_kv = k.shape[2]
+    block_d = _block_d(head_dim)
+    precision = _dot_precision(q.dtype)
+    # every element of dq / dk / dv is written by the kernels (nothing is accumulated)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if need_dq else None
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if need_dkdv else None
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if need_dkdv else None
+    if q.numel() == 0 or k.numel() == 0:
+        return tuple(None if g is None else g.zero_() for g in (dq, dk, dv))
+    if not (need_dq or need_dkdv):
+        return dq, dk, dv
+
+    delta = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
+
+    def grid_kv(meta):
+        return (triton.cdiv(n_kv, meta["BLOCK_N"]) * B * H,)
+
+    def grid_q(meta):
+        return (triton.cdiv(n_q, meta["BLOCK_M"]) * B * H,)
+
+    with _device_guard(q):
+        _attn_bwd_preprocess[(triton.cdiv(n_q, PREPROCESS_BLOCK_M) * B * H,)](
+            o, do, delta, *o.stride(), *do.stride(), H, n_q,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=PREPROCESS_BLOCK_M,
+        )
+        if need_dkdv:
+            _attn_bwd_dkdv[grid_kv](
+                q, k, v, do, dk, dv, lse, delta,
+                *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+                H, n_q, n_kv, scale, scale * LOG2E,
+                COG=cog, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision,
+            )
+        if need_dq:
+            _attn_bwd_dq[grid_q](
+                q, k, v, do, dq, lse, delta,
+                *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+                H, n_q, n_kv, scale, scale * LOG2E,
+                COG=cog, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision,
+            )
+    return dq, dk, dv
+
+
+# fmt: on

@@ -1,0 +1,402 @@
+"""Fused Cog / softmax attention kernels against float64 autograd references.
+
+Without CUDA the Triton kernels run in Triton's CPU interpreter (tests/conftest.py
+sets TRITON_INTERPRET=1 before anything imports triton); with CUDA the same tests
+run the compiled kernels, plus bf16 and a larger grid.  The interpreter costs
+~10 ms per program, so CPU shapes stay small.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # no-op when conftest.py already set it
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import uvic_kernels
+from uvic_kernels import (
+    attention,
+    cog_attention_eq3,
+    cog_attention_reference,
+    fused_attention,
+    softmax_attention_reference,
+)
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+REFERENCES = {"cog": cog_attention_reference, "softmax": softmax_attention_reference}
+MODES = ["cog", "softmax"]
+# bf16 tl.dot is wrong in the interpreter: bf16 kernels are checked on a GPU only
+KERNEL_DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if CUDA else [])
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| (Frobenius); absolute when the reference is exactly 0."""
+    x, ref = x.double(), ref.double()
+    denom = ref.norm().item()
+    return (x - ref).norm().item() / (denom if denom > 0 else 1.0)
+
+
+def randn(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen).to(device=DEVICE, dtype=dtype)
+
+
+def run(q, k, v, do, mode, scale=None, backend="triton"):
+    """Output and (dq, dk, dv) of uvic_kernels.attention."""
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    out = attention(q, k, v, mode, scale, backend=backend)
+    return out, torch.autograd.grad(out, (q, k, v), do)
+
+
+def run_reference(q, k, v, do, mode, scale=None):
+    """Float64 output and gradients of the reference formula (autograd)."""
+    q, k, v = (x.detach().double().requires_grad_() for x in (q, k, v))
+    out = REFERENCES[mode](q, k, v, scale)
+    return out, torch.autograd.grad(out, (q, k, v), do.double())
+
+
+def assert_close_to_reference(q, k, v, do, mode, tol, scale=None, backend="triton"):
+    out, grads = run(q, k, v, do, mode, scale, backend)
+    ref_out, ref_grads = run_reference(q, k, v, do, mode, scale)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    errors = [rel_err(out, ref_out)] + [rel_err(g, r) for g, r in zip(grads, ref_grads)]
+    assert max(errors) < tol, f"rel. errors (o, dq, dk, dv) = {errors}"
+    return errors
+
+
+# ---------------------------------------------------------------------------------------
+# Accuracy against float64 autograd
+# ---------------------------------------------------------------------------------------
+
+# (B, H, Nq, Nkv, D, scale): N = 1, N off every block size, D not a power of two, D < 16
+SHAPES = [
+    (1, 1, 1, 1, 32, None),
+    (1, 2, 17, 17, 64, None),
+    (2, 1, 77, 77, 72, None),
+    (1, 1, 257, 257, 128, None),
+    (1, 2, 64, 64, 32, 0.5),
+    (1, 1, 40, 40, 8, None),
+    (1, 2, 33, 70, 64, None),  # cross-attention lengths
+    (1, 1, 20, 20, 24, -0.3),  # a negative scale flips every sign
+]
+FP16_SHAPES = [(1, 2, 77, 77, 64, None), (1, 1, 257, 257, 72, None), (2, 1, 17, 17, 128, None)]
+CASES = [(torch.float32, s) for s in SHAPES] + [
+    (dt, s) for dt in KERNEL_DTYPES if dt != torch.float32 for s in FP16_SHAPES
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("dtype", "shape"), CASES, ids=[f"{str(dt)[6:]}-{s[:5]}" for dt, s in CASES]
+)
+def test_kernel_matches_reference(mode, dtype, shape):
+    b, h, nq, nkv, d, scale = shape
+    q, k, v = (randn(b, h, n, d, dtype=dtype, seed=i) for i, n in enumerate((nq, nkv, nkv)))
+    do = randn(b, h, nq, d, dtype=dtype, seed=3)
+    assert_close_to_reference(q, k, v, do, mode, TOL[dtype], scale)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_torch_backend_matches_reference(mode, dtype):
+    q, k, v = (randn(2, 2, 77, 72, dtype=dtype, seed=i) for i in range(3))
+    do = randn(2, 2, 77, 72, dtype=dtype, seed=3)
+    assert_close_to_reference(q, k, v, do, mode, TOL[dtype], backend="torch")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torch_backend_equals_kernel(mode):
+    q, k, v, do = (randn(1, 2, 77, 72, seed=i) for i in range(4))
+    out_t, grads_t = run(q, k, v, do, mode, backend="triton")
+    out_p, grads_p = run(q, k, v, do, mode, backend="torch")
+    assert rel_err(out_t, out_p) < 1e-5
+    for g_t, g_p in zip(grads_t, grads_p):
+        assert rel_err(g_t, g_p) < 1e-5
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_lse_is_row_logsumexp(mode):
+    from uvic_kernels import triton_attention
+
+    q, k, v = (randn(1, 2, 77, 32, seed=i) for i in range(3))
+    _, lse = triton_attention.forward(q, k, v, mode == "cog", 0.25)
+    s = 0.25 * q.double() @ k.double().transpose(-2, -1)
+    ref = torch.logsumexp(s.abs() if mode == "cog" else s, dim=-1)
+    assert lse.dtype == torch.float32 and lse.shape == (1, 2, 77)
+    assert rel_err(lse, ref) < 1e-6
+
+
+# ---------------------------------------------------------------------------------------
+# Edge cases
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("mode", MODES)
+def test_exact_zero_scores(mode, backend):
+    """Zero query rows and zero keys give S == 0 exactly: weight 0 (cog) but counted in
+    the denominator; gradients match autograd of sign(S) * softmax(|S|)."""
+    q, k, v, do = (randn(1, 2, 37, 32, seed=i) for i in range(4))
+    q[0, 0, 3] = 0.0  # one zero query row
+    k[0, 0, 5] = 0.0  # one zero key (a zero score column)
+    k[0, 0, 30] = 0.0  # ... also in the masked tail block of the kernel
+    q[0, 1] = 0.0  # a head whose scores are all exactly 0
+    errors = assert_close_to_reference(q, k, v, do, mode, TOL[torch.float32], backend=backend)
+    assert all(math.isfinite(e) for e in errors)
+
+
+def _huge_score_inputs(n: int = 70, d: int = 32) -> tuple[torch.Tensor, ...]:
+    """Scores of about +-1e4 with O(1) spread (and random signs), so the weights and
+    gradients are not degenerate: exp(|s|) overflows without the max subtraction."""
+    q, k, v, do = (randn(1, 2, n, d, seed=i) for i in range(4))
+    sign = torch.where(randn(1, 2, n, seed=5) > 0, 1.0, -1.0)
+    q[..., 0] = 100.0
+    k[..., 0] = 100.0 * math.sqrt(d) * sign  # scale * q.k = +-1e4 + O(1)
+    return q, k, v, do
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("mode", MODES)
+def test_huge_scores(mode, backend):
+    q, k, v, do = _huge_score_inputs()
+    s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    assert s.abs().max() > 9e3
+    out, grads = run(q, k, v, do, mode, backend=backend)
+    ref_out, ref_grads = run_reference(q, k, v, do, mode)
+    assert all(torch.isfinite(x).all() for x in (out, *grads))
+    # A fp32 score of size 1e4 is only known to ~1e-3 absolute (ulp 1e-3), which moves
+    # every weight by ~1e-3 relative: compare with PyTorch's own fp32 autograd error.
+    q32, k32, v32 = (x.detach().requires_grad_() for x in (q, k, v))
+    o32 = REFERENCES[mode](q32, k32, v32)
+    g32 = torch.autograd.grad(o32, (q32, k32, v32), do)
+    for x, x32, ref in zip((out, *grads), (o32, *g32), (ref_out, *ref_grads)):
+        assert rel_err(x, ref) <= max(2 * rel_err(x32, ref), 1e-5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_single_sign_rows(mode, sign):
+    """All scores of every row positive (cog = softmax) or all negative (cog = -softmax(-S))."""
+    q = randn(1, 2, 77, 32, seed=0).abs()
+    k = sign * randn(1, 2, 77, 32, seed=1).abs()
+    v, do = randn(1, 2, 77, 32, seed=2), randn(1, 2, 77, 32, seed=3)
+    assert_close_to_reference(q, k, v, do, mode, TOL[torch.float32])
+    if mode == "cog":
+        out = attention(q, k, v, "cog", backend="triton")
+        same = sign * attention(q, sign * k, v, "softmax", backend="triton")
+        assert rel_err(out, same) < 1e-5
+
+
+@pytest.mark.filterwarnings("ignore:.*(NaN|invalid value):RuntimeWarning")  # numpy, interpreter
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("row", [5, 70], ids=["full-block", "tail-block"])
+def test_nan_propagates(where, row, mode, backend):
+    """A NaN in q, k or v reaches the output (max / where must not swallow it)."""
+    q, k, v = (randn(1, 1, 77, 32, seed=i) for i in range(3))
+    {"q": q, "k": k, "v": v}[where][0, 0, row, 7] = float("nan")
+    out = attention(q, k, v, mode, backend=backend)[0, 0]
+    nan = torch.isnan(out)
+    if where == "q":  # one query row
+        assert nan[row].all() and not nan[torch.arange(77) != row].any()
+    elif where == "k":  # one key: every score row
+        assert nan.all()
+    else:  # one value entry: one output column
+        assert nan[:, 7].all() and nan.sum() == 77
+
+
+# ---------------------------------------------------------------------------------------
+# The two reference forms of Cog attention
+# ---------------------------------------------------------------------------------------
+
+
+def test_references_agree_without_zero_scores():
+    q, k, v = (randn(2, 3, 50, 16, dtype=torch.float64, seed=i) for i in range(3))
+    a, b = cog_attention_reference(q, k, v), cog_attention_eq3(q, k, v)
+    assert rel_err(a, b) < 1e-13
+    # with all scores positive, Cog attention is softmax attention
+    q, k = q.abs(), k.abs()
+    assert rel_err(cog_attention_reference(q, k, v), softmax_attention_reference(q, k, v)) < 1e-13
+
+
+def test_references_differ_at_exact_zero_score():
+    """eq. 3 drops SignExp(0) = 0 from the denominator; sign * softmax(|S|) counts exp(-max)."""
+    q, k, v = (randn(1, 1, 6, 4, dtype=torch.float64, seed=i) for i in range(3))
+    k[0, 0, 2] = 0.0  # column 2 of every row is an exact zero score
+    a, b = cog_attention_reference(q, k, v), cog_attention_eq3(q, k, v)
+    assert not torch.allclose(a, b, rtol=1e-6, atol=0)
+    # eq. 3 renormalises over the 5 non-zero keys: dropping the key changes nothing there
+    keep = [0, 1, 3, 4, 5]
+    assert rel_err(b, cog_attention_eq3(q, k[..., keep, :], v[..., keep, :])) < 1e-13
+    # an all-zero score row: weight 0 everywhere (output 0) vs 0 / 0 in eq. 3
+    q[0, 0, 0] = 0.0
+    assert (cog_attention_reference(q, k, v)[0, 0, 0] == 0).all()
+    assert torch.isnan(cog_attention_eq3(q, k, v)[0, 0, 0]).all()
+
+
+# ---------------------------------------------------------------------------------------
+# Layouts, grid size, gradients subsets, autocast
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_non_contiguous_inputs(mode):
+    """q, k, v as views of a (B, N, 3, H, D) qkv tensor, dO transposed in memory."""
+    b, n, h, d = 2, 45, 2, 40
+    qkv = randn(b, n, 3, h, d, seed=0).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    do = randn(b, h, d, n, seed=1).transpose(-2, -1)
+    assert not any(x.is_contiguous() for x in (q, k, v, do))
+    assert_close_to_reference(q, k, v, do, mode, TOL[torch.float32])
+
+
+def test_many_heads_small_sequences():
+    """A large B*H (the grid is 1-D, so it is not bounded by CUDA's 65535 on axis 1)."""
+    b, h = (1024, 80) if CUDA else (32, 8)  # the interpreter runs every program: 256 heads
+    q, k, v, do = (randn(b, h, 4, 32, seed=i) for i in range(4))
+    out, grads = run(q, k, v, do, "cog")
+    ref_out, ref_grads = run(q, k, v, do, "cog", backend="torch")
+    assert rel_err(out, ref_out) < 1e-5
+    for g, r in zip(grads, ref_grads):
+        assert rel_err(g, r) < 1e-5
+    # every head really was computed: spot-check the last one against float64
+    last = run_reference(q[-1:, -1:], k[-1:, -1:], v[-1:, -1:], do[-1:, -1:], "cog")[0]
+    assert rel_err(out[-1:, -1:], last) < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_gradient_subsets_and_no_grad(backend):
+    q, k, v, do = (randn(1, 2, 20, 16, seed=i) for i in range(4))
+    v_leaf = v.clone().requires_grad_()
+    out = attention(q, k, v_leaf, "cog", backend=backend)
+    (dv,) = torch.autograd.grad(out, (v_leaf,), do)
+    _, ref_grads = run_reference(q, k, v, do, "cog")
+    assert rel_err(dv, ref_grads[2]) < 1e-5
+    with torch.no_grad():
+        assert torch.equal(attention(q, k, v, "cog", backend=backend), out.detach())
+
+
+def test_empty_batch():
+    q = torch.empty(0, 2, 10, 16, device=DEVICE)
+    assert attention(q, q, q, backend="triton").shape == (0, 2, 10, 16)
+
+
+def test_torch_backend_under_autocast():
+    """Autocast does not leak into the fallback: fp32 stays fp32-accurate, bf16 stays bf16."""
+    q, k, v = (randn(1, 2, 30, 24, seed=i) for i in range(3))
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        out32 = attention(q, k, v, "cog", backend="torch")
+        out16 = attention(*(x.bfloat16() for x in (q, k, v)), "cog", backend="torch")
+    ref = cog_attention_reference(q.double(), k.double(), v.double())
+    assert out32.dtype == torch.float32 and rel_err(out32, ref) < 1e-5
+    ref16 = cog_attention_reference(*(x.bfloat16().double() for x in (q, k, v)))
+    assert out16.dtype == torch.bfloat16 and rel_err(out16, ref16) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_torch_compile_fullgraph(backend):
+    """The kernels are custom ops: torch.compile captures attention without graph breaks."""
+    q, k, v, do = (randn(1, 2, 20, 16, seed=i) for i in range(4))
+
+    def loss(q, k, v):
+        return (attention(q, k, v, "cog", backend=backend) * do).sum()
+
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    grads = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    eager_grads = torch.autograd.grad(loss(q, k, v), (q, k, v))
+    for g, e in zip(grads, eager_grads):
+        assert torch.equal(g, e)
+
+
+def test_gpu_config_pruning():
+    """Tile selection on a GPU (pure Python, so it is checked here as well)."""
+    import triton
+
+    from uvic_kernels import triton_attention as ta
+
+    configs = [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_stages=s, num_warps=w)
+        for m, n, s, w in ta.GPU_FWD_TILES
+    ]
+
+    def tiles(n_q, n_kv, dtype):
+        args = {"Q": torch.empty(0, dtype=dtype), "N_Q": n_q, "N_KV": n_kv}
+        return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in ta._prune(configs, args)]
+
+    assert len(tiles(4096, 4096, torch.bfloat16)) == (len(configs) if ta.AUTOTUNE else 1)
+    assert all(m <= 64 and n <= 64 for m, n in tiles(40, 50, torch.float16))
+    assert tiles(5, 5, torch.float16) == [(64, 32)]  # nothing fits: the smallest tile
+    assert all(m * n <= ta.FP32_MAX_TILE for m, n in tiles(4096, 4096, torch.float32))
+
+
+def test_default_backend(monkeypatch):
+    x = torch.zeros(1, 1, 2, 16, device=DEVICE)
+    if CUDA:
+        assert fused_attention._backend_for(x) == "triton"
+    else:
+        assert os.environ["TRITON_INTERPRET"] == "1"
+        assert fused_attention._backend_for(x) == "triton"
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        assert fused_attention._backend_for(x) == "torch"
+    assert fused_attention._backend_for(torch.zeros(1, 1, 2, 16, device="meta")) == "torch"
+
+
+# ---------------------------------------------------------------------------------------
+# Input validation
+# ---------------------------------------------------------------------------------------
+
+
+def _bad_inputs():
+    x = torch.zeros(1, 2, 8, 16)
+    yield "ndim", (x[0], x, x), {}
+    yield "shapes mismatch", (x, x, torch.zeros(1, 2, 9, 16)), {}
+    yield "shapes mismatch", (x, torch.zeros(1, 3, 8, 16), torch.zeros(1, 3, 8, 16)), {}
+    yield "mode", (x, x, x), {"mode": "linear"}
+    yield "head dim", (torch.zeros(1, 1, 4, 129),) * 3, {}
+    yield "dtype", (x.double(), x.double(), x.double()), {}
+    yield "dtypes differ", (x, x.half(), x), {}
+    yield "devices differ", (x, x, torch.zeros(1, 2, 8, 16, device="meta")), {}
+    yield "scale", (x, x, x), {"scale": float("nan")}
+    yield "backend", (x, x, x), {"backend": "cuda"}
+    yield "at least one key", (x, x[:, :, :0], x[:, :, :0]), {}
+
+
+@pytest.mark.parametrize(("message", "args", "kwargs"), list(_bad_inputs()))
+def test_input_validation(message, args, kwargs):
+    with pytest.raises(ValueError, match=message):
+        attention(*args, **kwargs)
+
+
+def test_public_api():
+    assert set(uvic_kernels.__all__) >= {
+        "attention",
+        "FusedAttention",
+        "cog_attention_eq3",
+        "cog_attention_reference",
+        "softmax_attention_reference",
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Benchmark script
+# ---------------------------------------------------------------------------------------
+
+
+def test_bench_smoke(tmp_path, capsys):
+    from uvic_kernels import bench
+
+    out = tmp_path / "kernels.json"
+    assert bench.main(["--smoke", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["smoke"] and payload["results"]
+    assert all(r["status"] == "ok" and r["max_abs_err"] < 1e-5 for r in payload["results"])
+    assert "timings need a gpu" in capsys.readouterr().out.lower()
