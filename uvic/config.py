@@ -206,7 +206,8 @@ def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Conf
         types_ = _field_types(type(target))
         if field_name not in types_:
             known = ", ".join(sorted(types_))
-            raise ConfigError(f"unknown config key {key!r}; {section_name or 'top level'} has: {known}")
+            where = section_name or "top level"
+            raise ConfigError(f"unknown config key {key!r}; {where} has: {known}")
         if dataclasses.is_dataclass(types_[field_name]):
             raise ConfigError(f"config key {key!r} is a section; set one of its fields")
         setattr(target, field_name, parse_value(raw, types_[field_name], key))
@@ -267,7 +268,7 @@ def _check_type(value: Any, tp: Any, key: str, source: str = "config") -> Any:
         return tuple(_check_type(v, a, key, source) for v, a in zip(value, args))
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
+    if (tp in (int, float) and isinstance(value, bool)) or not isinstance(value, tp):
         raise ConfigError(
             f"{source}: {key} must be {tp.__name__}, got {type(value).__name__} {value!r}"
         )

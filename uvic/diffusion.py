@@ -17,6 +17,7 @@ Both use noise prediction with a mean squared error.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -119,8 +120,11 @@ class Diffusion:
         "dpm_solver", or any diffusers scheduler class name (e.g. "DDIMScheduler")."""
         kwargs = self.scheduler_kwargs()
         if name in DPM_SOLVERS:
+            # diffusers refuses final_sigmas_type="zero" (its default) for "dpmsolver"
+            final = "zero" if name == "dpm_solver++" else "sigma_min"
             return DPMSolverMultistepScheduler(
-                **kwargs, algorithm_type=DPM_SOLVERS[name], solver_order=order
+                **kwargs, algorithm_type=DPM_SOLVERS[name], solver_order=order,
+                final_sigmas_type=final,
             )
         cls = getattr(diffusers, name, None)
         if cls is None or not (isinstance(cls, type) and issubclass(cls, SchedulerMixin)):
@@ -128,5 +132,7 @@ class Diffusion:
                 f"sample.scheduler {name!r} is neither one of {sorted(DPM_SOLVERS)} "
                 "nor a diffusers scheduler class name"
             )
-        extra = {"clip_sample": False} if "clip_sample" in cls.__init__.__code__.co_varnames else {}
+        # diffusers wraps __init__ (register_to_config): read the signature, not __code__
+        params = inspect.signature(cls.__init__).parameters
+        extra = {"clip_sample": False} if "clip_sample" in params else {}
         return cls(**kwargs, **extra)

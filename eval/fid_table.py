@@ -1,0 +1,36 @@
+"""Markdown version of the paper's Table 3 from a folder of `eval/fid.py` result JSONs.
+
+    python eval/fid_table.py runs/fid --out runs/fid/table.md
+
+Rows U-ViT / U-ViC, columns CIFAR-10 / MS-COCO (our best FID per cell beside the paper's
+and the U-ViT release's numbers); missing cells show "—". Built by `uvic.fid.results_table`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from uvic.fid import load_results, results_table
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("results_dir", help="folder with result JSONs (searched recursively)")
+    p.add_argument("--out", help="also write the table to this markdown file")
+    args = p.parse_args(argv)
+    try:
+        table = results_table(load_results(args.results_dir))
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(table, end="")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

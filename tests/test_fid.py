@@ -1,0 +1,343 @@
+"""FID/KID evaluation: the Frechet distance against SciPy, the evaluator end to end on a tiny
+model with a stand-in feature extractor, resuming, reference statistics, offline errors,
+and the Table 3 builder."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from datagen import make_cifar10, make_mscoco_features, patch_cifar10_checksums, tiny_vae_folder
+from PIL import Image
+from scipy import linalg
+from torch import nn
+
+import uvic.fid as fid
+from uvic.checkpoint import save_safetensors
+from uvic.config import Config, DataConfig, EvalConfig, ModelConfig, SampleConfig, apply_overrides
+from uvic.uvit import build_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def reference_fid(mu1, s1, mu2, s2) -> float:
+    """The formula with SciPy's general matrix square root (float64)."""
+    covmean = linalg.sqrtm(s1 @ s2)
+    return float(np.sum((mu1 - mu2) ** 2) + np.trace(s1) + np.trace(s2)
+                 - 2 * np.trace(np.real(covmean)))
+
+
+def gaussian_features(n: int, dim: int, seed: int, shift: float = 0.0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    mixing = rng.normal(size=(dim, dim)) / np.sqrt(dim)
+    return rng.normal(size=(n, dim)) @ mixing + shift
+
+
+# --------------------------------------------------------------------------- distances
+
+
+def test_frechet_distance_matches_scipy() -> None:
+    a = gaussian_features(400, 16, seed=0)
+    b = gaussian_features(300, 16, seed=1, shift=0.3) * 1.5
+    mu1, s1 = fid.feature_statistics(a)
+    mu2, s2 = fid.feature_statistics(b)
+    np.testing.assert_allclose(mu1, a.mean(0)) and np.testing.assert_allclose(s1, np.cov(a.T))
+    got = fid.frechet_distance(mu1, s1, mu2, s2)
+    assert got == pytest.approx(reference_fid(mu1, s1, mu2, s2), rel=1e-9, abs=1e-9)
+    assert got == pytest.approx(fid.frechet_distance(mu2, s2, mu1, s1), rel=1e-9)  # symmetric
+
+
+def test_frechet_distance_self_and_shift() -> None:
+    feats = gaussian_features(500, 16, seed=2)
+    mu, sigma = fid.feature_statistics(feats)
+    assert abs(fid.frechet_distance(mu, sigma, mu, sigma)) < 1e-9
+    # a pure shift d leaves the covariance: FID = |d|^2 exactly
+    mu_s, sigma_s = fid.feature_statistics(feats + 0.5)
+    assert fid.frechet_distance(mu, sigma, mu_s, sigma_s) == pytest.approx(16 * 0.25, rel=1e-9)
+    mu_w, sigma_w = fid.feature_statistics(feats * 2.0)  # wider: also larger
+    assert fid.frechet_distance(mu, sigma, mu_w, sigma_w) > 1.0
+
+
+def test_frechet_distance_singular_covariance() -> None:
+    """Fewer samples than dimensions (rank-deficient covariances) stays finite and >= 0."""
+    mu1, s1 = fid.feature_statistics(gaussian_features(5, 32, seed=3))
+    mu2, s2 = fid.feature_statistics(gaussian_features(5, 32, seed=4))
+    value = fid.frechet_distance(mu1, s1, mu2, s2)
+    assert np.isfinite(value) and value > 0
+    assert value == pytest.approx(reference_fid(mu1, s1, mu2, s2), rel=1e-5)
+    with pytest.raises(ValueError, match="do not match"):
+        fid.frechet_distance(mu1, s1, mu2[:3], s2[:3, :3])
+
+
+def test_kid_is_seeded_and_keeps_global_rng() -> None:
+    a, b = gaussian_features(60, 8, seed=5), gaussian_features(60, 8, seed=6, shift=1.0)
+    np.random.seed(123)
+    before = np.random.get_state()[1].copy()
+    k1, k2 = fid.kernel_distance(a, b, seed=0), fid.kernel_distance(a, b, seed=0)
+    assert k1 == k2 and k1 > fid.kernel_distance(a, a, seed=0)
+    np.testing.assert_array_equal(np.random.get_state()[1], before)
+
+
+# --------------------------------------------------------------------------- stand-in features
+
+
+class TinyFeatures(nn.Module):
+    """Deterministic stand-in for Inception: (B, 3, 299, 299) in [0, 255] -> (B, 16)."""
+
+    name = "tiny16"
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("proj", torch.randn(48, 16, generator=g) / 7)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.adaptive_avg_pool2d(x / 255.0, 4).flatten(1) @ self.proj
+
+
+def shapes_config(tmp_path: Path) -> Config:
+    cfg = Config(
+        name="tiny_shapes",
+        model=ModelConfig(img_size=8, patch_size=2, embed_dim=32, depth=2, num_heads=2,
+                          attention="uvic", attention_backend="torch"),
+        data=DataConfig(name="shapes", root=""),
+        sample=SampleConfig(steps=3, batch_size=4, cfg_scale=0.0),
+        eval=EvalConfig(n_samples=12, ref_stats="shapes", ref_res=8,
+                        inception_path=str(tmp_path / "no_inception.pt")),
+    )
+    torch.manual_seed(0)
+    save_safetensors(build_model(cfg.model), tmp_path / "ema.safetensors")
+    return cfg
+
+
+def run_eval(cfg: Config, tmp_path: Path, **kwargs) -> dict:
+    kwargs = {"n": 6, "out_json": tmp_path / "results" / "shapes.json",
+              "feat_extractor": TinyFeatures(), "stats_dir": tmp_path / "stats",
+              "num_workers": 0, "progress": False, **kwargs}
+    return fid.evaluate(cfg, tmp_path / "ema.safetensors", **kwargs)
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name.replace("/", "_"), REPO / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_evaluate_end_to_end_resume_and_table(tmp_path: Path, capsys) -> None:
+    cfg = shapes_config(tmp_path)
+    result = run_eval(cfg, tmp_path)
+    samples = tmp_path / "results" / "shapes_samples"
+    files = sorted(samples.glob("*.png"))
+    assert [f.name for f in files] == [f"{i:06d}.png" for i in range(6)]
+    assert Image.open(files[0]).size == (8, 8)
+    saved = json.loads((tmp_path / "results" / "shapes.json").read_text())
+    for key in ("fid", "kid", "n", "mode", "checkpoint", "sampler", "guidance", "versions",
+                "wall_time_s", "device", "reference", "config"):
+        assert key in saved, key
+    assert saved["fid"] == result["fid"] and np.isfinite(saved["fid"]) and saved["fid"] > 0
+    assert saved["n"] == 6 and saved["generated"] == 6 and saved["model"] == "U-ViC"
+    assert saved["feature_extractor"] == "tiny16" and saved["sampler"]["steps"] == 3
+
+    # FID recomputed by hand from the same features and the held-out reference images
+    fx = TinyFeatures()
+    feats = fid.files_features(files, fx, progress=False)
+    refs = fid.list_images(tmp_path / "stats" / "shapes_seed1_n12_8px")
+    assert len(refs) == 12
+    ref_feats = fid.files_features(refs, fx, progress=False)
+    expected = reference_fid(*fid.feature_statistics(feats), *fid.feature_statistics(ref_feats))
+    assert result["fid"] == pytest.approx(expected, rel=1e-6)
+
+    # resume: nothing is regenerated, the files are untouched, the result is the same
+    mtimes = {f.name: f.stat().st_mtime_ns for f in files}
+    again = run_eval(cfg, tmp_path)
+    assert again["generated"] == 0 and again["reused"] == 6 and again["fid"] == result["fid"]
+    assert {f.name: f.stat().st_mtime_ns for f in files} == mtimes
+    # an interrupted run: missing samples are regenerated identically
+    original = files[2].read_bytes()
+    files[2].unlink()
+    files[4].unlink()
+    third = run_eval(cfg, tmp_path)
+    assert third["generated"] == 2 and files[2].read_bytes() == original
+    assert third["fid"] == pytest.approx(result["fid"], rel=1e-9)
+    # more samples: only the new indices are sampled
+    assert run_eval(cfg, tmp_path, n=8)["generated"] == 2
+    # other settings in the same folder are refused
+    with pytest.raises(ValueError, match="seed"):
+        run_eval(cfg, tmp_path, seed=1)
+
+    # Table 3 from the results folder
+    other = dict(saved, model="U-ViT", dataset="cifar10", fid=3.5, n=50_000,
+                 feature_extractor="inception", mode="clean")
+    (tmp_path / "results" / "cifar.json").write_text(json.dumps(other))
+    table_path = tmp_path / "table.md"
+    assert load_script("eval/fid_table.py").main([str(tmp_path / "results"), "--out",
+                                                  str(table_path)]) == 0
+    table = table_path.read_text()
+    assert table == capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines()
+            if line.startswith("| U-Vi")}
+    assert rows["U-ViT"].split("|")[2].strip() == "3.50"
+    assert "3.39 (release 3.11)" in rows["U-ViT"] and "5.99 (release 5.95)" in rows["U-ViT"]
+    assert "3.27" in rows["U-ViC"] and "5.85" in rows["U-ViC"]
+    assert rows["U-ViC"].split("|")[2].strip() == "—"  # no U-ViC CIFAR-10 result
+    latest = json.loads((tmp_path / "results" / "shapes.json").read_text())  # the n=8 run
+    assert latest["n"] == 8 and f"{latest['fid']:.2f}†" in rows["U-ViC"]  # stand-in flagged
+
+
+def test_results_table_marks_and_best() -> None:
+    base = {"checkpoint": "x", "_path": "r.json", "mode": "clean",
+            "feature_extractor": "inception", "sampler": {"scheduler": "dpm_solver++",
+                                                          "steps": 50}}
+    results = [dict(base, model="U-ViC", dataset="mscoco", fid=6.2, n=30_000),
+               dict(base, model="U-ViC", dataset="mscoco", fid=5.9, n=10_000),
+               dict(base, model="U-ViT", dataset="cifar10", fid=3.2, n=50_000)]
+    table = fid.results_table(results)
+    uvic_row = next(line for line in table.splitlines() if line.startswith("| U-ViC"))
+    assert "5.90*" in uvic_row  # the best, with fewer samples than the protocol
+    uvit_row = next(line for line in table.splitlines() if line.startswith("| U-ViT"))
+    assert "| 3.20 |" in uvit_row and uvit_row.count("—") == 1
+    assert "Shapes" not in table
+
+
+def test_evaluate_script_cli(tmp_path: Path, monkeypatch, capsys) -> None:
+    """eval/fid.py: a missing Inception file stops it with one line, before any sampling."""
+    cfg = shapes_config(tmp_path)
+    config = tmp_path / "config.json"
+    from uvic.config import save_config
+
+    save_config(cfg, config)
+    main = load_script("eval/fid.py").main
+    samples = tmp_path / "s"
+    code = main(["--config", str(config), "--ckpt", str(tmp_path / "ema.safetensors"),
+                 "--n", "4", "--samples-dir", str(samples), "--stats-dir",
+                 str(tmp_path / "stats"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert str(tmp_path / "no_inception.pt") in err and "inception-2015-12-05.pt" in err
+    assert not samples.exists()
+
+
+# --------------------------------------------------------------------------- offline errors
+
+
+def test_missing_inception_weights(tmp_path: Path) -> None:
+    cfg = shapes_config(tmp_path)
+    with pytest.raises(fid.InceptionWeightsMissing) as info:
+        run_eval(cfg, tmp_path, feat_extractor=None)
+    message = str(info.value)
+    assert "no_inception.pt" in message and "nvlabs-fi-cdn.nvidia.com" in message
+    assert not (tmp_path / "results").exists()  # nothing sampled
+    legacy = apply_overrides(cfg, ["eval.mode=legacy_pytorch"])
+    with pytest.raises(fid.InceptionWeightsMissing, match="pt_inception-2015-12-05"):
+        fid.build_inception(legacy, device="cpu")
+    # the default location is clean-fid's own
+    default = apply_overrides(cfg, ["eval.inception_path="])
+    assert fid.inception_weights_path(default)[0].name == fid.INCEPTION_FILE
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning")  # TorchScript, as clean-fid
+def test_inception_from_configured_path(tmp_path: Path) -> None:
+    """eval.inception_path with any file name reaches clean-fid's InceptionV3W (which
+    wants a folder holding `inception-2015-12-05.pt`); here a tiny TorchScript stand-in."""
+
+    class Base(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                        nn.Linear(3, 2048))
+
+        def forward(self, x: torch.Tensor, return_features: bool = True) -> torch.Tensor:
+            return self.layers(x)
+
+    path = tmp_path / "my_weights.pt"
+    torch.jit.script(Base()).save(str(path))
+    cfg = Config(eval=EvalConfig(inception_path=str(path)))
+    extractor = fid.build_inception(cfg, device="cpu")
+    feats = extractor(torch.full((2, 3, 299, 299), 128.0))
+    assert feats.shape == (2, 2048)
+
+
+def test_missing_reference_statistics(tmp_path: Path) -> None:
+    cfg = Config(model=ModelConfig(img_size=32), data=DataConfig(root=str(tmp_path / "none")),
+                 eval=EvalConfig(ref_stats="cifar10_uvic_test_missing", inception_path=""))
+    with pytest.raises(fid.ReferenceStatsMissing) as info:
+        fid.reference_statistics(cfg, stats_dir=tmp_path)
+    message = str(info.value)
+    assert "cifar10_uvic_test_missing_clean_train_32.npz" in message
+    assert fid.STATS_URL in message and "eval.ref_images" in message
+    with pytest.raises(fid.ReferenceStatsMissing, match="does not exist"):
+        fid.reference_statistics(apply_overrides(cfg, [f"eval.ref_images={tmp_path}/x"]),
+                                 stats_dir=tmp_path)
+
+
+def test_wrong_reference_resolution(tmp_path: Path) -> None:
+    cfg = apply_overrides(shapes_config(tmp_path), ["eval.ref_res=32"])
+    with pytest.raises(ValueError, match=r"eval\.ref_res=32"):
+        run_eval(cfg, tmp_path)
+
+
+# --------------------------------------------------------------------------- reference images
+
+
+def test_cifar10_reference_from_local_copy(tmp_path: Path, monkeypatch) -> None:
+    data = make_cifar10(tmp_path / "cifar", n_per_batch=2)
+    patch_cifar10_checksums(monkeypatch, tmp_path / "cifar")
+    cfg = Config(model=ModelConfig(img_size=32), data=DataConfig(root=str(tmp_path / "cifar")),
+                 eval=EvalConfig(ref_stats="cifar10", ref_split="train", ref_res=32))
+    stats = fid.reference_statistics(cfg, TinyFeatures(), stats_dir=tmp_path / "stats",
+                                     progress=False)
+    exported = fid.list_images(tmp_path / "stats" / "cifar10_train_png")
+    assert len(exported) == 10
+    np.testing.assert_array_equal(np.asarray(Image.open(exported[3])), data["train"][3])
+    assert stats.feats.shape == (10, 16) and "CIFAR-10 train" in stats.source
+    # cached: the second call loads the file instead of recomputing features
+    monkeypatch.setattr(fid, "files_features", lambda *a, **k: pytest.fail("recomputed"))
+    cached = fid.reference_statistics(cfg, TinyFeatures(), stats_dir=tmp_path / "stats")
+    np.testing.assert_allclose(cached.mu, stats.mu) and np.testing.assert_allclose(
+        cached.sigma, stats.sigma)
+
+
+def test_center_crop_resize() -> None:
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, size=(40, 60, 3), dtype=np.uint8)
+    out = fid.center_crop_resize(image, 16)
+    crop = Image.fromarray(image[:, 10:50]).resize((16, 16), Image.Resampling.LANCZOS)
+    np.testing.assert_array_equal(out, np.asarray(crop))
+    assert fid.center_crop_resize(out, 16) is out
+
+
+def test_mscoco_reference_and_text_to_image_fid(tmp_path: Path) -> None:
+    """The COCO path: val captions drawn per sample, guidance, VAE decode, reference images
+    center-cropped to eval.ref_res from a folder of JPEGs of mixed sizes."""
+    features = make_mscoco_features(tmp_path / "coco", n_images={"val": 3}, resolution=64)
+    cfg = Config(
+        name="tiny_coco",
+        model=ModelConfig(img_size=8, in_chans=4, patch_size=2, embed_dim=32, depth=2,
+                          num_heads=2, clip_dim=32, attention="uvit",
+                          attention_backend="torch"),
+        data=DataConfig(name="mscoco", root=str(features), vae=str(tiny_vae_folder(
+            tmp_path / "vae"))),
+        sample=SampleConfig(steps=2, batch_size=2, cfg_scale=1.0, decode_batch_size=2),
+        eval=EvalConfig(ref_stats=str(tmp_path / "stats" / "coco_val_64.npz"), ref_res=64,
+                        ref_images=str(tmp_path / "coco" / "coco" / "val2014"),
+                        captions=str(features / "val")),
+    )
+    cfg.diffusion.schedule = "scaled_linear"
+    torch.manual_seed(0)
+    save_safetensors(build_model(cfg.model), tmp_path / "ema.safetensors")
+    # the caption contexts depend only on (seed, index)
+    context_fn = fid.caption_context_fn(cfg, seed=0)
+    torch.testing.assert_close(context_fn([0, 1, 2])[1:], context_fn([1, 2]))
+    assert context_fn([0, 1, 2]).shape == (3, 77, 32)
+
+    result = fid.evaluate(cfg, tmp_path / "ema.safetensors", n=3,
+                          out_json=tmp_path / "coco.json", feat_extractor=TinyFeatures(),
+                          stats_dir=tmp_path / "cache", num_workers=0, progress=False)
+    assert result["guidance"] == 1.0 and np.isfinite(result["fid"])
+    assert Image.open(tmp_path / "coco_samples" / "000000.png").size == (64, 64)
+    assert "val2014" in result["reference"]
