@@ -74,16 +74,18 @@ def build_config(args: argparse.Namespace) -> Config:
 
 
 @torch.no_grad()
-def heldout_loss(cfg: Config, ckpt: Path, n_images: int, seed: int = 0) -> float:
+def heldout_loss(cfg: Config, ckpt: Path, n_images: int, device: torch.device,
+                 seed: int = 0) -> float:
     """Noise-prediction MSE of the EMA weights on held-out images (fixed t and noise)."""
-    model = load_model(cfg, ckpt)
+    model = load_model(cfg, ckpt, device)
     dataset = build_dataset(cfg, split="val")
     n_images = min(n_images, len(dataset))
-    x = torch.stack([dataset[i]["x"] for i in range(n_images)])
-    generator = torch.Generator().manual_seed(seed)
+    x = torch.stack([dataset[i]["x"] for i in range(n_images)]).to(device)
+    generator = torch.Generator(device).manual_seed(seed)
+    diffusion = Diffusion(cfg.diffusion)
     total = 0.0
     for chunk in x.split(64):
-        loss = diffusion_loss(model, Diffusion(cfg.diffusion), {"x": chunk}, generator)
+        loss = diffusion_loss(model, diffusion, {"x": chunk}, generator)
         total += loss.item() * chunk.shape[0]
     return total / n_images
 
@@ -150,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     start = time.time()
 
     rows, logs, samples = [], {}, {}
@@ -164,13 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         logs[name] = read_log(run_dir)
 
         # Same noise for both models: the grid compares them image for image.
-        model = load_model(cfg, ckpt)
+        model = load_model(cfg, ckpt, device)
         noise = make_noise((cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size),
-                           sample_generators(cfg.train.seed, range(args.n_grid)))
+                           sample_generators(cfg.train.seed, range(args.n_grid)), device)
         x0 = sample_images(model, Diffusion(cfg.diffusion), noise,
                            scheduler=cfg.sample.scheduler, steps=cfg.sample.steps,
                            order=cfg.sample.order)
-        samples[name] = to_pixels(cfg, x0)
+        samples[name] = to_pixels(cfg, x0).cpu()
 
         fid_value = None
         if not args.no_fid:
@@ -181,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": name,
             "pattern": "".join("C" if m == "cog" else "S" for m in model.attention_modes),
             "final_loss": summary["final_loss"],
-            "heldout_loss": heldout_loss(cfg, ckpt, args.heldout),
+            "heldout_loss": heldout_loss(cfg, ckpt, args.heldout, device),
             "ms_per_step": 1000.0 * summary["mean_step_time_s"],
             "images_per_s": summary["images_per_s"],
             "fid": fid_value,
