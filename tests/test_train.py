@@ -1,0 +1,452 @@
+"""Training loop: objective, EMA, data order, checkpoints, exact resume after a kill,
+two processes, NaN handling and the CLI's errors. Tiny models on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from accelerate.state import AcceleratorState, GradientState
+from accelerate.utils import set_seed
+from datagen import make_cifar10, make_mscoco_features, patch_cifar10_checksums, tiny_vae_folder
+from safetensors.torch import load_file
+
+import uvic.train as train_module
+from uvic.checkpoint import load_weights
+from uvic.config import Config, ConfigError, load_config
+from uvic.data import SHAPES_SEEDS, ShapesDataset, build_dataset, to_signed
+from uvic.diffusion import Diffusion
+from uvic.ema import EMA
+from uvic.train import (
+    DEBUG_ENV,
+    EpochSampler,
+    SeededItems,
+    TrainError,
+    derive_seed,
+    diffusion_loss,
+    list_checkpoints,
+    train,
+    warmup_constant,
+)
+from uvic.uvit import build_model
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
+
+# A 45k-parameter U-ViT on 32x32 shapes: 64 patch tokens, width 32, 3 blocks. Attention
+# in PyTorch: conftest.py sets TRITON_INTERPRET=1, and the interpreter is slow for training.
+TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.patch_size=4",
+        "model.attention_backend=torch",
+        "data.num_workers=0", "train.mixed_precision=no", "train.sample_every=0",
+        "sample.steps=2", "train.n_grid=2"]
+
+
+def shapes_overrides(out: Path, *extra: str) -> list[str]:
+    return [f"train.output_dir={out}", *TINY, "data.num_images=16", "train.batch_size=4",
+            "optim.warmup_steps=5", "train.log_every=2", "train.ckpt_every=3",
+            "train.keep_last=2", *extra]
+
+
+def shapes_config(out: Path, *extra: str) -> Config:
+    return load_config(REPO / "configs" / "quickstart.py", shapes_overrides(out, *extra))
+
+
+def read_log(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+
+
+def same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Each train() builds its own Accelerator; reset Accelerate's process-wide singletons."""
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.fixture(scope="module")
+def coco_features(tmp_path_factory) -> dict[str, Path]:
+    """Tiny MS-COCO feature folder (latents 4x8x8, contexts 77x32) and a tiny VAE folder."""
+    root = tmp_path_factory.mktemp("coco")
+    features = make_mscoco_features(root, {"train": 6, "val": 2})
+    return {"features": features, "vae": tiny_vae_folder(root / "vae")}
+
+
+def coco_config(out: Path, features: dict[str, Path], *extra: str) -> Config:
+    overrides = [
+        f"train.output_dir={out}", f"data.root={features['features']}",
+        f"data.vae={features['vae']}", "model.in_chans=4", "model.img_size=8",
+        "model.patch_size=2", "model.embed_dim=32", "model.depth=2", "model.num_heads=2",
+        "model.clip_dim=32", "model.attention_backend=torch", "data.num_workers=0",
+        "train.mixed_precision=no", "train.batch_size=4", "train.n_grid=2", "sample.steps=2",
+        *extra,
+    ]
+    return load_config(REPO / "configs" / "mscoco_uvit.py", overrides)
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_ema_update_matches_float64_reference():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    ema = EMA(model, decay=0.9)
+    start = {k: v.double().clone() for k, v in model.state_dict().items()}
+    assert same_tensors(ema.state_dict(), model.state_dict())  # exact copy at step 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    ema.update(model)
+    for key, value in model.state_dict().items():
+        expected = 0.9 * start[key] + 0.1 * value.double()
+        torch.testing.assert_close(ema.state_dict()[key].double(), expected, atol=1e-7, rtol=0)
+    assert all(not p.requires_grad for p in ema.model.parameters())
+
+
+def test_warmup_is_the_release_schedule():
+    factor = warmup_constant(4)
+    assert [factor(s) for s in range(6)] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    assert warmup_constant(0)(0) == 1.0
+
+
+def test_data_order_and_item_randomness_are_pure_functions_of_the_position():
+    sampler = EpochSampler(10, seed=3)
+    sampler.set_epoch(1)
+    first = list(sampler)
+    assert sorted(i for _, i in first) == list(range(10)) and {e for e, _ in first} == {1}
+    assert first == list(sampler)  # same epoch, same order
+    sampler.set_epoch(2)
+    assert [i for _, i in sampler] != [i for _, i in first]
+
+    flips = SeededItems(ShapesDataset(4, size=8, seed=0, flip=True), seed=5)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a = [flips[(e, i)]["x"] for e in range(8) for i in range(4)]
+    assert torch.equal(torch.get_rng_state(), before)  # global RNG untouched
+    b = [flips[(e, i)]["x"] for e in range(8) for i in range(4)]
+    assert all(torch.equal(u, v) for u, v in zip(a, b))
+    plain = [to_signed(image) for image in flips.dataset.images]
+    flipped = [not torch.equal(x, plain[k % 4]) for k, x in enumerate(a)]
+    assert all(torch.equal(x, plain[k % 4].flip(-1)) for k, x in enumerate(a) if flipped[k])
+    assert 0 < sum(flipped) < len(a)  # some items flipped, some not
+    assert derive_seed(1, 2, 0, 5, 0) != derive_seed(1, 2, 1, 5, 0)  # per-process noise differs
+
+
+class RecordingModel(torch.nn.Module):
+    """Returns a fixed linear function of its inputs and records them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor(0.5))
+        self.calls: list[dict] = []
+
+    def forward(self, x, t, context=None):
+        self.calls.append({"x": x, "t": t, "context": context})
+        return self.w * x + 1e-3 * t.view(-1, 1, 1, 1)
+
+
+def test_diffusion_loss_is_noise_mse_with_caption_dropping():
+    cfg = load_config(REPO / "configs" / "mscoco_uvit.py")
+    diffusion = Diffusion(cfg.diffusion)
+    torch.manual_seed(0)
+    n = 2000
+    batch = {"x": torch.randn(n, 4, 2, 2), "context": torch.randn(n, 3, 5)}
+    empty = torch.randn(3, 5)
+    model = RecordingModel()
+    loss = diffusion_loss(model, diffusion, batch, torch.Generator().manual_seed(7),
+                          empty_context=empty, p_uncond=0.1)
+
+    # Independent float64 reference: same draws (drop mask first, then the schedule's).
+    g = torch.Generator().manual_seed(7)
+    drop = torch.rand(n, generator=g) < 0.1
+    noise = torch.randn(batch["x"].shape, generator=g)
+    k = torch.randint(0, 1000, (n,), generator=g)
+    betas = torch.linspace(0.00085**0.5, 0.012**0.5, 1000, dtype=torch.float64) ** 2
+    abar = torch.cumprod(1 - betas, 0)[k].view(-1, 1, 1, 1)
+    x_t = abar.sqrt() * batch["x"].double() + (1 - abar).sqrt() * noise.double()
+    pred = 0.5 * x_t + 1e-3 * (k.double() + 1).view(-1, 1, 1, 1)
+    expected = ((pred - noise.double()) ** 2).mean()
+    assert torch.allclose(loss.double(), expected, rtol=1e-5)
+
+    seen = model.calls[0]["context"]
+    dropped = (seen == empty).flatten(1).all(1)
+    assert torch.equal(dropped, drop)
+    assert torch.equal(seen[~drop], batch["context"][~drop])
+    assert 0.08 < drop.float().mean() < 0.12
+    assert torch.equal(model.calls[0]["t"], k.float() + 1)  # network sees n = k + 1
+
+
+# --------------------------------------------------------------------------- runs
+
+
+@pytest.mark.parametrize("attention", ["uvit", "uvic"])
+def test_trains_on_cifar10_files(tmp_path, monkeypatch, attention):
+    make_cifar10(tmp_path / "cifar", n_per_batch=4)  # 20 training images
+    patch_cifar10_checksums(monkeypatch, tmp_path / "cifar")
+    out = tmp_path / "run"
+    cfg = shapes_config(out, "data.name=cifar10", f"data.root={tmp_path / 'cifar'}",
+                        f"model.attention={attention}", "train.max_steps=4",
+                        "train.ckpt_every=2", "train.keep_last=1", "train.sample_every=4")
+    assert train(cfg) == out.resolve()
+
+    assert [c.name for c in list_checkpoints(out)] == ["step_000004"]  # keep_last=1
+    log = read_log(out)
+    assert [r["step"] for r in log] == [2, 4]
+    assert all(np.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in log)
+    # LR after s optimizer steps: lr * min(s / warmup, 1) -- stepped once per step
+    assert [r["lr"] for r in log] == pytest.approx([1e-3 * 2 / 5, 1e-3 * 4 / 5])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["final_loss"] == log[-1]["loss"]
+    assert (out / "samples" / "step_000004.png").is_file()
+    assert load_config(out / "config.json") == cfg
+
+    ema = build_model(cfg.model)
+    load_weights(ema, out / "ema.safetensors")  # strict: the exported EMA fits the model
+    assert ema.attention_modes[1] == ("cog" if attention == "uvic" else "softmax")
+    ckpt = out / "checkpoints" / "step_000004"
+    assert same_tensors(load_file(out / "ema.safetensors"), load_file(ckpt / "ema.safetensors"))
+    model = load_file(ckpt / "model.safetensors")
+    assert not same_tensors(model, load_file(ckpt / "ema.safetensors"))  # EMA lags the model
+
+
+@pytest.mark.parametrize("attention", ["uvit", "uvic"])
+def test_trains_on_mscoco_features(tmp_path, coco_features, attention, monkeypatch):
+    monkeypatch.setenv(DEBUG_ENV, str(tmp_path))
+    out = tmp_path / "run"
+    # grad_accum=2: 2 micro-batches of 2 per optimizer step; p_uncond=0.5 drops captions
+    cfg = coco_config(out, coco_features, f"model.attention={attention}", "train.max_steps=3",
+                      "train.grad_accum=2", "diffusion.p_uncond=0.5", "optim.warmup_steps=4",
+                      "train.log_every=1", "train.ckpt_every=2", "train.sample_every=2")
+    train(cfg)
+
+    log = read_log(out)
+    assert [r["step"] for r in log] == [1, 2, 3]
+    assert [r["lr"] for r in log] == pytest.approx([2e-4 * s / 4 for s in (1, 2, 3)])
+    assert all(np.isfinite(r["loss"]) for r in log)
+    micro = [json.loads(line) for line in (tmp_path / "data_rank0.jsonl").read_text().splitlines()]
+    assert [(m["step"], m["micro"]) for m in micro] == [(s, m) for s in range(3) for m in (0, 1)]
+    assert all(len(m["sums"]) == 2 for m in micro)
+    assert [c.name for c in list_checkpoints(out)] == ["step_000002", "step_000003"]
+    assert (out / "samples" / "step_000002.png").is_file()  # CFG grid decoded by the VAE
+    assert (out / "samples" / "step_000003.png").is_file()  # final grid
+    load_weights(build_model(cfg.model), out / "ema.safetensors")
+
+
+def test_loss_goes_down_on_one_fixed_batch(tmp_path):
+    """Four images, one batch per step: the model must fit them (loss well below 1)."""
+    out = tmp_path / "run"
+    cfg = shapes_config(out, "data.num_images=4", "data.random_flip=false", "train.max_steps=30",
+                        "optim.lr=1e-2", "optim.warmup_steps=0", "optim.weight_decay=0",
+                        "train.log_every=5", "train.ckpt_every=0")
+    train(cfg)
+    log = read_log(out)
+    assert log[-1]["loss"] < 0.85 * log[0]["loss"]
+
+    # Same fixed noise levels and noise for the initial and the trained weights.
+    set_seed(cfg.train.seed)
+    initial = build_model(cfg.model)  # the run's initial weights depend on the seed only
+    trained = build_model(cfg.model)
+    load_weights(trained, out / "checkpoints" / "step_000030" / "model.safetensors")
+    data = build_dataset(cfg)
+    batch = {"x": torch.stack([data[i]["x"] for i in range(4)])}
+    diffusion = Diffusion(cfg.diffusion)
+
+    @torch.no_grad()
+    def fixed_loss(model):
+        g = torch.Generator().manual_seed(0)
+        return np.mean([diffusion_loss(model, diffusion, batch, g).item() for _ in range(16)])
+
+    assert fixed_loss(trained) < 0.8 * fixed_loss(initial)
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def test_resume_after_kill_reaches_the_same_weights(tmp_path):
+    """SIGKILL a real run after a checkpoint, resume it: bitwise the uninterrupted run."""
+    killed = tmp_path / "killed"
+    cmd = [PYTHON, str(REPO / "scripts" / "train.py"), "--config",
+           str(REPO / "configs" / "quickstart.py"),
+           *[f"--set={o}" for o in shapes_overrides(killed, "train.max_steps=100000")]]
+    stderr = tmp_path / "stderr.txt"  # a file, not a pipe: the progress bar never blocks
+    with open(stderr, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 240
+        while not list_checkpoints(killed) or list_checkpoints(killed)[-1].name < "step_000006":
+            assert proc.poll() is None, stderr.read_text()[-2000:]
+            assert time.monotonic() < deadline, "no checkpoint within 240 s"
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    # Leftovers of a kill during a save, and a folder without trainer state: never picked.
+    (killed / "checkpoints" / "step_999999.tmp").mkdir()
+    (killed / "checkpoints" / "step_999998").mkdir()
+    with open(killed / "log.jsonl", "a") as f:
+        f.write('{"step": 99999, "lo')  # a line cut short by the kill
+    latest = int(list_checkpoints(killed)[-1].name.split("_")[1])
+    target = latest + 4  # crosses the next checkpoint and an epoch boundary
+
+    # Resumed with 2 DataLoader workers, the reference with none: item randomness (flips)
+    # does not depend on the workers either.
+    train(shapes_config(killed, f"train.max_steps={target}", "data.num_workers=2"),
+          resume="latest")
+    reference = tmp_path / "reference"
+    train(shapes_config(reference, f"train.max_steps={target}"))
+
+    assert not (killed / "checkpoints" / "step_999999.tmp").exists()  # cleaned up
+    name = f"step_{target:06d}"
+    for file in ("model.safetensors", "ema.safetensors"):
+        a = load_file(killed / "checkpoints" / name / file)
+        b = load_file(reference / "checkpoints" / name / file)
+        assert same_tensors(a, b), file
+    steps = [r["step"] for r in read_log(killed)]
+    assert steps == sorted(set(steps)) and steps[-1] == target  # no duplicated log lines
+    assert [r["loss"] for r in read_log(killed)] == [r["loss"] for r in read_log(reference)]
+    state = json.loads((killed / "checkpoints" / name / "trainer_state.json").read_text())
+    assert (state["epoch"], state["batch_in_epoch"]) == divmod(target, 4)
+
+
+def test_two_processes_see_different_data(tmp_path):
+    """Two CPU processes (gloo) through `accelerate launch`: each gets its own half of the data.
+
+    Accelerate's `--cpu` flag alone starts one process; multi-process CPU runs go through its
+    multi-process launcher with ACCELERATE_USE_CPU=1.
+    """
+    out, debug = tmp_path / "run", tmp_path / "debug"
+    debug.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+           str(REPO / "scripts" / "train.py"), "--config", str(REPO / "configs" / "quickstart.py"),
+           *[f"--set={o}" for o in shapes_overrides(out, "train.max_steps=4")]]
+    env = {**os.environ, DEBUG_ENV: str(debug), "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    # 16 images, 2 processes x 2 per batch: 4 steps are one epoch, split without overlap.
+    ranks = [[json.loads(line) for line in (debug / f"data_rank{r}.jsonl").read_text().splitlines()]
+             for r in range(2)]
+    seen = [sorted(round(s, 4) for rec in recs for s in rec["sums"]) for recs in ranks]
+    assert len(seen[0]) == len(seen[1]) == 8 and not set(seen[0]) & set(seen[1])
+    images = ShapesDataset(16, size=32, seed=SHAPES_SEEDS["train"])
+    expected = sorted(round(images[i]["x"].double().sum().item(), 4) for i in range(16))
+    assert sorted(seen[0] + seen[1]) == expected
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_processes"] == 2 and summary["steps"] == 4
+    ckpt = out / "checkpoints" / "step_000004"
+    assert (ckpt / "random_states_0.pkl").is_file() and (ckpt / "random_states_1.pkl").is_file()
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, str(REPO / "scripts" / "train.py"), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def load_cli():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_cli", REPO / "scripts" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cli_config_typo_is_one_line_error(tmp_path):
+    done = run_cli("--config", str(REPO / "configs" / "quickstart.py"),
+                   "--set", "train.batch_sise=3", "--output-dir", str(tmp_path / "run"))
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: unknown config key 'train.batch_sise'")
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("problem, needle", [
+    ("cifar10_missing", "CIFAR-10 not found"),
+    ("mscoco_missing", "MS-COCO features missing"),
+    ("batch_not_divisible", "train.batch_size=4 is not divisible"),
+    ("bad_model", "model.depth=3 must be even"),
+])
+def test_cli_bad_data_is_one_line_error(tmp_path, capsys, problem, needle):
+    extra = {
+        "cifar10_missing": ["data.name=cifar10", f"data.root={tmp_path / 'nothing'}"],
+        "mscoco_missing": ["data.name=mscoco", f"data.root={tmp_path / 'nothing'}",
+                           "model.in_chans=4", "model.img_size=8", "model.clip_dim=32"],
+        "batch_not_divisible": ["train.grad_accum=3"],
+        "bad_model": ["model.depth=3"],
+    }[problem]
+    args = ["--config", str(REPO / "configs" / "quickstart.py")]
+    for o in shapes_overrides(tmp_path / "run", *extra):
+        args += ["--set", o]
+    assert load_cli().main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_resume_refuses_a_different_model(tmp_path, capsys):
+    out = tmp_path / "run"
+    train(shapes_config(out, "train.max_steps=3"))
+    args = ["--config", str(REPO / "configs" / "quickstart.py"), "--resume", "latest"]
+    for o in shapes_overrides(out, "train.max_steps=6", "model.attention=uvic"):
+        args += ["--set", o]
+    assert load_cli().main(args) == 2
+    err = capsys.readouterr().err
+    assert "refusing to resume" in err and "model.attention: 'uvit'" in err
+    with pytest.raises(TrainError, match="already has checkpoints"):
+        train(shapes_config(out, "train.max_steps=6"))  # fresh start over a run: refused
+
+
+@pytest.mark.parametrize("nan_from, log_every", [(6, 3), (7, 5)])
+def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, nan_from, log_every):
+    """NaN from step `nan_from` on; checkpoints every 4 steps. (6, 3): caught when logging
+    step 6; (7, 5): caught before writing the step-8 checkpoint."""
+    real_loss = train_module.diffusion_loss
+    calls = []
+
+    def poisoned(*args, **kwargs):
+        calls.append(1)
+        loss = real_loss(*args, **kwargs)
+        return loss * float("nan") if len(calls) >= nan_from else loss
+
+    monkeypatch.setattr(train_module, "diffusion_loss", poisoned)
+    out = tmp_path / "run"
+    cfg = shapes_config(out, "train.max_steps=12", "train.ckpt_every=4",
+                        f"train.log_every={log_every}")
+    with pytest.raises(TrainError, match=r"loss is nan .*step_000004 is kept"):
+        train(cfg)
+    assert [c.name for c in list_checkpoints(out)] == ["step_000004"]
+    assert not list((out / "checkpoints").glob("*.tmp"))
+    weights = load_file(out / "checkpoints" / "step_000004" / "model.safetensors")
+    assert all(torch.isfinite(v).all() for v in weights.values())
+    assert same_tensors(load_file(out / "ema.safetensors"),
+                        load_file(out / "checkpoints" / "step_000004" / "ema.safetensors"))
+
+
+def test_config_errors_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.keep_last=0"):
+        train(shapes_config(tmp_path / "run", "train.keep_last=0"))
+
+
+def test_refuses_processes_that_do_not_see_each_other(tmp_path, monkeypatch):
+    """WORLD_SIZE=2 but Accelerate runs alone (e.g. --multi_gpu on a CPU machine)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(TrainError, match="ACCELERATE_USE_CPU=1"):
+        train(shapes_config(tmp_path / "run"))
