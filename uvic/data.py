@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image, ImageDraw
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 from torchvision import datasets, transforms
 
 from uvic.autoencoder import sample_from_moments
@@ -211,9 +211,9 @@ class MSCOCOFeatures(Dataset):
 
     Item i: a fresh latent sample ``(mean + exp(logvar/2) * noise) * scale_factor`` of image
     i and the context of one of its captions, both drawn at random on every access. The
-    arrays are opened lazily in each DataLoader worker; randomness comes from the global
-    torch RNG in the main process and from a generator seeded with the worker's seed
-    (DataLoader's base seed + worker id) in workers, so a seeded loader is reproducible.
+    arrays are opened lazily in each DataLoader worker. Randomness comes from the global
+    torch RNG, in workers too (DataLoader seeds it per worker), so whoever seeds that RNG
+    around an access (the training loop does, per item) makes the item reproducible.
     """
 
     def __init__(self, root: str | Path, split: str = "train",
@@ -242,15 +242,13 @@ class MSCOCOFeatures(Dataset):
         self._moments: np.ndarray | None = None  # reopened lazily (per worker)
         self._contexts: np.ndarray | None = None
         self._captions: list[str] | None = None
-        self._generator: torch.Generator | None = None
-        self._worker_id: int | None = None
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __getstate__(self) -> dict[str, Any]:  # workers reopen the memmaps themselves
         state = self.__dict__.copy()
-        state.update(_moments=None, _contexts=None, _generator=None, _worker_id=None)
+        state.update(_moments=None, _contexts=None)
         return state
 
     def _open(self) -> tuple[np.ndarray, np.ndarray]:
@@ -258,15 +256,6 @@ class MSCOCOFeatures(Dataset):
             self._moments = np.load(self.folder / MOMENTS_FILE, mmap_mode="r")
             self._contexts = np.load(self.folder / CONTEXTS_FILE, mmap_mode="r")
         return self._moments, self._contexts
-
-    def _rng(self) -> torch.Generator | None:
-        info = get_worker_info()
-        if info is None:
-            return None  # main process: the global torch RNG (seeded by the caller)
-        if self._generator is None or self._worker_id != info.id:
-            self._generator = torch.Generator().manual_seed(info.seed)
-            self._worker_id = info.id
-        return self._generator
 
     def image_index(self, index: int) -> int:
         """Row of item `index` in the stored arrays (differs when images were skipped)."""
@@ -292,12 +281,10 @@ class MSCOCOFeatures(Dataset):
         return self._captions[self.offsets[i] : self.offsets[i + 1]]
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        generator = self._rng()
         _, contexts = self._open()
         i = self.image_index(index)
-        x = sample_from_moments(self.moments(index), self.scale_factor, generator)
-        row = int(torch.randint(int(self.offsets[i]), int(self.offsets[i + 1]), (),
-                                generator=generator))
+        x = sample_from_moments(self.moments(index), self.scale_factor)
+        row = int(torch.randint(int(self.offsets[i]), int(self.offsets[i + 1]), ()))
         context = torch.from_numpy(np.array(contexts[row], dtype=np.float32))
         return {"x": x, "context": context}
 

@@ -294,7 +294,8 @@ class UViT(nn.Module):
                 blk.attn.backend = ATTENTION_BACKENDS[backend]
 
     def no_weight_decay(self) -> set[str]:
-        """Parameter names AdamW should not decay (as the release)."""
+        """Parameter names one may exempt from weight decay. The release defines this too but
+        its optimizer decays every parameter, and so does `uvic.train` (to match it)."""
         return {"pos_embed"}
 
     # ------------------------------------------------------------------ forward
