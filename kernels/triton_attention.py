@@ -38,9 +38,10 @@ Backward recomputes ``P = exp(|S| - LSE)`` (or ``exp(S - LSE)``) block by block:
 For cog, ``dP = sign(S) * dA`` and the softmax Jacobian gives
 ``d|S| = P * (dP - rowsum(P * dP))``; ``rowsum(P * sign(S) * dA) = rowsum(A * dA)
 = rowsum(dO * O) = Delta`` as for softmax, and the chain rule through ``|S|``
-multiplies by ``sign(S)``.  The unsimplified product above is exactly 0 where
-``S == 0``, as autograd of ``sign(S) * softmax(|S|)`` is (the algebraically equal
-``P * dA - A * Delta`` is not).
+multiplies by ``sign(S)``.  The kernels evaluate it as ``|A| * dA - A * Delta``
+(``|A| = |sign(S)| * P``), which keeps one score-sized tile live instead of P and
+sign(S) and is, like the product above, exactly 0 where ``S == 0``, as autograd of
+``sign(S) * softmax(|S|)`` is (the algebraically equal ``P * dA - A * Delta`` is not).
 
 Kernels, as in Triton's fused-attention tutorial:
 
@@ -61,6 +62,8 @@ CUDA's grid limits; consecutive programs share a head, so K and V stay in L2.
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import os
 
 import torch
@@ -73,6 +76,10 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(2): converts a base-2 log-sum-exp to natural units
+# Compiled kernels may only read globals that are tl.constexpr (the interpreter reads
+# any global, so it does not catch this): device code uses these two.
+LOG2E_C = tl.constexpr(LOG2E)
+LN2_C = tl.constexpr(LN2)
 MIN_BLOCK = 16  # tl.dot needs every block dimension to be at least 16
 
 try:  # triton >= 3.3 reads the environment through knobs; older releases read it directly
@@ -91,38 +98,109 @@ PREPROCESS_BLOCK_M = 64
 AUTOTUNE = os.environ.get("UVIC_KERNELS_AUTOTUNE", "1") != "0"
 # (BLOCK_M, BLOCK_N, num_stages, num_warps), preferred first; BLOCK_M tiles queries
 # and BLOCK_N keys in every kernel.  The backward tiles follow Triton's tutorial:
-# dK/dV keeps a wide key block resident, dQ a tall query block.
+# dK/dV keeps a wide key block resident, dQ a tall query block.  The lists were
+# checked by compiling every kernel for sm_90 (ptxas -v, see BENCHMARKS.md): the
+# first tile that survives pruning spills no registers for head dims 16 to 128.
 GPU_FWD_TILES = [(128, 64, 3, 4), (128, 64, 3, 8), (64, 64, 3, 4), (128, 128, 3, 8), (64, 32, 4, 4)]
-GPU_BWD_DKDV_TILES = [(32, 128, 3, 4), (64, 128, 3, 8), (32, 64, 3, 4), (64, 64, 2, 4)]
+GPU_BWD_DKDV_TILES = [
+    (64, 128, 3, 8), (32, 128, 3, 4), (32, 128, 3, 8), (32, 64, 3, 4), (64, 64, 2, 4),
+]
 GPU_BWD_DQ_TILES = [(128, 32, 3, 4), (128, 64, 3, 8), (64, 32, 3, 4), (64, 64, 2, 4)]
+# fp32 runs tl.dot in IEEE fp32 on the CUDA cores (FMA): every thread holds whole
+# rows / columns of both operands, so the tiles are small and use more warps.
+GPU_FWD_TILES_FP32 = [(64, 32, 2, 8), (32, 64, 2, 8), (32, 32, 2, 4), (16, 64, 2, 4)]
+GPU_BWD_DKDV_TILES_FP32 = [(32, 32, 2, 16), (16, 32, 2, 8), (16, 32, 2, 4)]
+GPU_BWD_DQ_TILES_FP32 = [(64, 32, 2, 8), (32, 64, 2, 8), (32, 32, 2, 4), (16, 64, 2, 4)]
 FP32_MAX_TILE = 64 * 32  # fp32 operands take twice the registers / shared memory
+# Tiles that spill registers on sm_90 once BLOCK_D exceeds the given value (head dims
+# above 64, e.g. 72 padded to 128): kept for small head dims only.
+TILE_MAX_BLOCK_D = {
+    "fwd": {(128, 64, 3, 4): 64, (128, 128, 3, 8): 64,
+            (64, 32, 2, 8): 64, (32, 64, 2, 8): 64, (32, 32, 2, 4): 64},
+    "dkdv": {(64, 128, 3, 8): 64, (32, 128, 3, 4): 64, (64, 64, 2, 4): 64,
+             (16, 32, 2, 4): 64},
+    "dq": {(128, 32, 3, 4): 64, (64, 32, 2, 8): 64, (32, 64, 2, 8): 64, (32, 32, 2, 4): 64},
+}
+_TILES = {
+    "fwd": (GPU_FWD_TILES, GPU_FWD_TILES_FP32),
+    "dkdv": (GPU_BWD_DKDV_TILES, GPU_BWD_DKDV_TILES_FP32),
+    "dq": (GPU_BWD_DQ_TILES, GPU_BWD_DQ_TILES_FP32),
+}
+assert all(m * n <= FP32_MAX_TILE for _, t32 in _TILES.values() for m, n, _, _ in t32)
 
 
-def _configs(interpret_tile: dict[str, int], gpu_tiles: list[tuple[int, int, int, int]]):
+def _configs(interpret_tile: dict[str, int], kind: str):
     """One fixed config in the interpreter, a small autotuning space on a GPU."""
     if INTERPRET:
         return [triton.Config(dict(interpret_tile), num_warps=4, num_stages=1)]
+    tiles16, tiles32 = _TILES[kind]
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
-        for bm, bn, s, w in gpu_tiles
+        for bm, bn, s, w in dict.fromkeys(tiles16 + tiles32)
     ]
 
 
-def _prune(configs, named_args, **kwargs):
-    """Drop tiles larger than the problem and large fp32 tiles (keep at least one)."""
+def _tile(c: triton.Config) -> tuple[int, int, int, int]:
+    return c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps
+
+
+def _smem_bytes(kind: str, tile: tuple[int, int, int, int], block_d: int, elt: int) -> int:
+    """Upper estimate of a config's shared memory: the tiles kept for the whole loop
+    plus ``num_stages`` buffers of the streamed ones, plus 1 KB of scratch.  For
+    16-bit inputs this is at most 1 KB above what Triton 3.8 allocates on sm_90;
+    for fp32 (FMA path) it overestimates by up to ~1.8x, which only prunes early."""
+    bm, bn, stages, _ = tile
+    if kind == "fwd":  # Q resident; K, V streamed
+        resident, streamed, rows = bm * block_d, 2 * bn * block_d, 0
+    elif kind == "dkdv":  # K, V resident; Q, dO (and LSE, Delta) streamed
+        resident, streamed, rows = 2 * bn * block_d, 2 * bm * block_d, 2 * bm
+    else:  # dq: Q, dO resident; K, V streamed
+        resident, streamed, rows = 2 * bm * block_d, 2 * bn * block_d, 0
+    return elt * (resident + stages * streamed) + 4 * stages * rows + 1024
+
+
+@functools.cache
+def _max_shared_mem(device_index: int) -> int:
+    """Shared memory one block may use on the device (opt-in maximum), in bytes."""
+    props = triton.runtime.driver.active.utils.get_device_properties(device_index)
+    return int(props["max_shared_mem"])
+
+
+def _prune(configs, named_args, kind: str = "fwd", **kwargs):
+    """Order of preference, relaxed from the last criterion when nothing is left:
+
+    1. tiles meant for the dtype (fp32 or 16-bit; fp32 never above ``FP32_MAX_TILE``);
+    2. shared memory within the device's limit (CUDA tensors only);
+    3. no register spills at this ``BLOCK_D`` (``TILE_MAX_BLOCK_D``);
+    4. tiles no larger than the (power-of-two rounded) sequence lengths.
+
+    At least one config is kept; without autotuning only the first.
+    """
+    q = named_args["Q"]
     n_q = max(MIN_BLOCK, triton.next_power_of_2(named_args["N_Q"]))
     n_kv = max(MIN_BLOCK, triton.next_power_of_2(named_args["N_KV"]))
-    fp32 = named_args["Q"].dtype == torch.float32
-    kept = [
-        c
-        for c in configs
-        if c.kwargs["BLOCK_M"] <= n_q
-        and c.kwargs["BLOCK_N"] <= n_kv
-        and not (fp32 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > FP32_MAX_TILE)
-    ]
-    if not kept:
-        kept = [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
-    return kept if AUTOTUNE else kept[:1]
+    fp32 = q.dtype == torch.float32
+    block_d = kwargs.get("BLOCK_D")
+    tiles16, tiles32 = _TILES[kind]
+    wanted = set(tiles32 if fp32 else tiles16)
+    kept = [c for c in configs if _tile(c) in wanted]
+    if not kept:  # configs from elsewhere: at least no large fp32 tiles
+        kept = [c for c in configs if not fp32 or _tile(c)[0] * _tile(c)[1] <= FP32_MAX_TILE]
+        kept = kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+    if block_d is not None and q.is_cuda:
+        limit = _max_shared_mem(q.device.index)
+
+        def smem(c):
+            return _smem_bytes(kind, _tile(c), block_d, q.element_size())
+
+        kept = [c for c in kept if smem(c) <= limit] or [min(kept, key=smem)]
+    if block_d is not None:
+        max_d = TILE_MAX_BLOCK_D[kind]
+        kept = [c for c in kept if block_d <= max_d.get(_tile(c), block_d)] or kept
+    fits = [c for c in kept if c.kwargs["BLOCK_M"] <= n_q and c.kwargs["BLOCK_N"] <= n_kv]
+    if not fits:
+        fits = [min(kept, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+    return fits if AUTOTUNE else fits[:1]
 
 
 # --------------------------------------------------------------------------------------
@@ -148,17 +226,25 @@ def _load_tile(ptrs, offs_a, bound_a, offs_b, bound_b, MASK_A: tl.constexpr, MAS
 
 
 @triton.jit
-def _signum(x):
-    """sign(x) in fp32 with sign(0) = 0 (NaN maps to 0, but is kept by the product with p)."""
-    return (x > 0).to(tl.float32) - (x < 0).to(tl.float32)
+def _times_sign_of(p, s):
+    """``sign(s) * p`` for fp32 ``p >= 0`` (or NaN), with ``sign(0) = 0``.
+
+    Copies the sign bit of ``s`` onto ``p`` (one bitwise op) instead of multiplying by
+    a +-1/0 tile built from two comparisons.  A NaN ``p`` stays NaN.
+    """
+    bits = p.to(tl.uint32, bitcast=True) | (s.to(tl.uint32, bitcast=True) & 0x80000000)
+    return tl.where(s == 0.0, 0.0, bits.to(tl.float32, bitcast=True))
 
 
 @triton.jit
-def _head_offset(off_hz, H, stride_z, stride_h):
-    """Element offset of head ``off_hz`` (flattened B*H index), in int64."""
+def _head_offset(off_hz, H, stride_z, stride_h, STRIDE_ALIGN: tl.constexpr):
+    """Element offset of head ``off_hz`` (flattened B*H index), in int64.
+
+    ``stride_z`` / ``stride_h`` arrive divided by ``STRIDE_ALIGN`` (see ``_stride_align``).
+    """
     off_z = (off_hz // H).to(tl.int64)
     off_h = (off_hz % H).to(tl.int64)
-    return off_z * stride_z + off_h * stride_h
+    return (off_z * stride_z + off_h * stride_h) * STRIDE_ALIGN
 
 
 # --------------------------------------------------------------------------------------
@@ -181,35 +267,41 @@ def _attn_fwd_inner(
         # scores in log2 units: s * log2(e)
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
         if COG:
-            t = tl.abs(qk)
             if MASK_N:
-                # 0 is neutral for the running max (which starts at 0 for cog)
-                t = tl.where(cols[None, :] < N_KV, t, 0.0)
+                # score 0: neutral for the running max (which starts at 0) and weight 0
+                qk = tl.where(cols[None, :] < N_KV, qk, 0.0)
+            # max |s| as max(max s, -min s): no |s| tile that would stay live next to
+            # qk until the sign is applied (that spilled registers on sm_90)
+            m_new = tl.maximum(m_i, tl.maximum(tl.max(qk, 1), -tl.min(qk, 1)))
+            p = tl.math.exp2(tl.abs(qk) - m_new[:, None])
         else:
             t = qk
             if MASK_N:
                 t = tl.where(cols[None, :] < N_KV, t, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(t, 1))
-        p = tl.math.exp2(t - m_new[:, None])
+            m_new = tl.maximum(m_i, tl.max(t, 1))
+            p = tl.math.exp2(t - m_new[:, None])
         if MASK_N:
             # masked keys contribute neither to the denominator nor to the output
             p = tl.where(cols[None, :] < N_KV, p, 0.0)
+        v = _load_tile(v_ptrs + start_n * stride_vn, cols, N_KV, offs_d, HEAD_DIM, MASK_N, PAD_D)
+        if COG:
+            # sign(s) * exp(|s| - m), formed (and rounded to V's dtype) before the row
+            # sum so that qk dies here: qk, p and the weights are never all live at once
+            a = _times_sign_of(p, qk).to(v.dtype)
+        else:
+            a = p.to(v.dtype)
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        if COG:
-            # sign(s) * exp(|s| - m); a multiplication keeps NaN (a where() would drop it)
-            p = p * _signum(qk)
-        v = _load_tile(v_ptrs + start_n * stride_vn, cols, N_KV, offs_d, HEAD_DIM, MASK_N, PAD_D)
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        acc = tl.dot(a, v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.autotune(
-    configs=_configs(INTERPRET_FWD, GPU_FWD_TILES),
+    configs=_configs(INTERPRET_FWD, "fwd"),
     key=["N_Q", "N_KV", "HEAD_DIM", "COG"],
-    prune_configs_by={"early_config_prune": _prune},
+    prune_configs_by={"early_config_prune": functools.partial(_prune, kind="fwd")},
 )
 @triton.jit
 def _attn_fwd(
@@ -219,11 +311,14 @@ def _attn_fwd(
     stride_vz, stride_vh, stride_vn, stride_vd,
     stride_oz, stride_oh, stride_om, stride_od,
     H, N_Q, N_KV, qk_scale,
-    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """O and the row LSE for one (head, query block)."""
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    stride_qm, stride_kn, stride_vn, stride_om = (
+        stride_qm * STRIDE_ALIGN, stride_kn * STRIDE_ALIGN, stride_vn * STRIDE_ALIGN,
+        stride_om * STRIDE_ALIGN)
     pid = tl.program_id(0)
     num_m = tl.cdiv(N_Q, BLOCK_M)
     off_hz = pid // num_m
@@ -232,11 +327,11 @@ def _attn_fwd(
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q_ptrs = (Q + _head_offset(off_hz, H, stride_qz, stride_qh)
+    q_ptrs = (Q + _head_offset(off_hz, H, stride_qz, stride_qh, STRIDE_ALIGN)
               + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
-    kT_ptrs = (K + _head_offset(off_hz, H, stride_kz, stride_kh)
+    kT_ptrs = (K + _head_offset(off_hz, H, stride_kz, stride_kh, STRIDE_ALIGN)
                + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn)
-    v_ptrs = (V + _head_offset(off_hz, H, stride_vz, stride_vh)
+    v_ptrs = (V + _head_offset(off_hz, H, stride_vz, stride_vh, STRIDE_ALIGN)
               + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
 
     q = _load_tile(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, True, PAD_D)
@@ -259,10 +354,10 @@ def _attn_fwd(
     )
 
     acc = acc / l_i[:, None]
-    lse = (m_i + tl.math.log2(l_i)) * LN2
+    lse = (m_i + tl.math.log2(l_i)) * LN2_C
     row_ok = offs_m < N_Q
     tl.store(Lse + off_hz.to(tl.int64) * N_Q + offs_m, lse, mask=row_ok)
-    o_ptrs = (Out + _head_offset(off_hz, H, stride_oz, stride_oh)
+    o_ptrs = (Out + _head_offset(off_hz, H, stride_oz, stride_oh, STRIDE_ALIGN)
               + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
     if PAD_D:
         o_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
@@ -282,18 +377,20 @@ def _attn_bwd_preprocess(
     stride_oz, stride_oh, stride_om, stride_od,
     stride_dz, stride_dh, stride_dm, stride_dd,
     H, N_Q,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     """Delta = rowsum(dO * O) in fp32."""
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    stride_om, stride_dm = stride_om * STRIDE_ALIGN, stride_dm * STRIDE_ALIGN
     pid = tl.program_id(0)
     num_m = tl.cdiv(N_Q, BLOCK_M)
     off_hz = pid // num_m
     offs_m = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    o_ptrs = (O + _head_offset(off_hz, H, stride_oz, stride_oh)
+    o_ptrs = (O + _head_offset(off_hz, H, stride_oz, stride_oh, STRIDE_ALIGN)
               + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
-    do_ptrs = (DO + _head_offset(off_hz, H, stride_dz, stride_dh)
+    do_ptrs = (DO + _head_offset(off_hz, H, stride_dz, stride_dh, STRIDE_ALIGN)
                + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd)
     o = _load_tile(o_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, True, PAD_D).to(tl.float32)
     do = _load_tile(do_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, True, PAD_D).to(tl.float32)
@@ -315,38 +412,35 @@ def _attn_bwd_dkdv_inner(
         qT = _load_tile(qT_ptrs + start_m * stride_qm, offs_d, HEAD_DIM, rows, N_Q, PAD_D, MASK_M)
         do = _load_tile(do_ptrs + start_m * stride_dom, rows, N_Q, offs_d, HEAD_DIM, MASK_M, PAD_D)
         if MASK_M:
-            lse2 = tl.load(Lse + rows, mask=rows < N_Q, other=0.0) * LOG2E
+            lse2 = tl.load(Lse + rows, mask=rows < N_Q, other=0.0) * LOG2E_C
             delta = tl.load(Delta + rows, mask=rows < N_Q, other=0.0)
         else:
-            lse2 = tl.load(Lse + rows) * LOG2E
+            lse2 = tl.load(Lse + rows) * LOG2E_C
             delta = tl.load(Delta + rows)
         # transposed scores (keys x queries), log2 units
         qkT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale
         if COG:
-            sgn = _signum(qkT)
-            pT = tl.math.exp2(tl.abs(qkT) - lse2[None, :])
+            # A^T = sign(S) * P directly, so that only one score-sized tile stays live
+            aT = _times_sign_of(tl.math.exp2(tl.abs(qkT) - lse2[None, :]), qkT)
         else:
-            pT = tl.math.exp2(qkT - lse2[None, :])
+            aT = tl.math.exp2(qkT - lse2[None, :])
         if MASK_M:
-            pT = tl.where(rows[None, :] < N_Q, pT, 0.0)
-        if COG:
-            aT = pT * sgn
-        else:
-            aT = pT
+            aT = tl.where(rows[None, :] < N_Q, aT, 0.0)
         dv = tl.dot(aT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV += A^T dO
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # dA^T = V dO^T
         if COG:
-            dsT = sgn * pT * (sgn * dpT - delta[None, :])
+            # = sign(S) * P * (sign(S) * dA - Delta), as |A| = |sign(S)| * P
+            dsT = tl.abs(aT) * dpT - aT * delta[None, :]
         else:
-            dsT = pT * (dpT - delta[None, :])
+            dsT = aT * (dpT - delta[None, :])
         dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)
     return dk, dv
 
 
 @triton.autotune(
-    configs=_configs(INTERPRET_BWD_DKDV, GPU_BWD_DKDV_TILES),
+    configs=_configs(INTERPRET_BWD_DKDV, "dkdv"),
     key=["N_Q", "N_KV", "HEAD_DIM", "COG"],
-    prune_configs_by={"early_config_prune": _prune},
+    prune_configs_by={"early_config_prune": functools.partial(_prune, kind="dkdv")},
 )
 @triton.jit
 def _attn_bwd_dkdv(
@@ -358,11 +452,14 @@ def _attn_bwd_dkdv(
     stride_dkz, stride_dkh, stride_dkn, stride_dkd,
     stride_dvz, stride_dvh, stride_dvn, stride_dvd,
     H, N_Q, N_KV, sm_scale, qk_scale,
-    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dK and dV for one (head, key block); loops over all query blocks."""
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    stride_qm, stride_kn, stride_vn, stride_dom, stride_dkn, stride_dvn = (
+        stride_qm * STRIDE_ALIGN, stride_kn * STRIDE_ALIGN, stride_vn * STRIDE_ALIGN,
+        stride_dom * STRIDE_ALIGN, stride_dkn * STRIDE_ALIGN, stride_dvn * STRIDE_ALIGN)
     pid = tl.program_id(0)
     num_n = tl.cdiv(N_KV, BLOCK_N)
     off_hz = pid // num_n
@@ -371,15 +468,15 @@ def _attn_bwd_dkdv(
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    k_off = _head_offset(off_hz, H, stride_kz, stride_kh)
-    v_off = _head_offset(off_hz, H, stride_vz, stride_vh)
+    k_off = _head_offset(off_hz, H, stride_kz, stride_kh, STRIDE_ALIGN)
+    v_off = _head_offset(off_hz, H, stride_vz, stride_vh, STRIDE_ALIGN)
     k = _load_tile(K + k_off + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                    offs_n, N_KV, offs_d, HEAD_DIM, True, PAD_D)
     v = _load_tile(V + v_off + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                    offs_n, N_KV, offs_d, HEAD_DIM, True, PAD_D)
-    qT_ptrs = (Q + _head_offset(off_hz, H, stride_qz, stride_qh)
+    qT_ptrs = (Q + _head_offset(off_hz, H, stride_qz, stride_qh, STRIDE_ALIGN)
                + offs_d[:, None] * stride_qd + offs_m[None, :] * stride_qm)
-    do_ptrs = (DO + _head_offset(off_hz, H, stride_doz, stride_doh)
+    do_ptrs = (DO + _head_offset(off_hz, H, stride_doz, stride_doh, STRIDE_ALIGN)
                + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod)
     Lse += off_hz.to(tl.int64) * N_Q
     Delta += off_hz.to(tl.int64) * N_Q
@@ -401,9 +498,9 @@ def _attn_bwd_dkdv(
         mask = (offs_n[:, None] < N_KV) & (offs_d[None, :] < HEAD_DIM)
     else:
         mask = offs_n[:, None] < N_KV
-    dk_ptrs = (DK + _head_offset(off_hz, H, stride_dkz, stride_dkh)
+    dk_ptrs = (DK + _head_offset(off_hz, H, stride_dkz, stride_dkh, STRIDE_ALIGN)
                + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
-    dv_ptrs = (DV + _head_offset(off_hz, H, stride_dvz, stride_dvh)
+    dv_ptrs = (DV + _head_offset(off_hz, H, stride_dvz, stride_dvh, STRIDE_ALIGN)
                + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
     tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=mask)
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=mask)
@@ -424,25 +521,24 @@ def _attn_bwd_dq_inner(
         vT = _load_tile(vT_ptrs + start_n * stride_vn, offs_d, HEAD_DIM, cols, N_KV, PAD_D, MASK_N)
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
         if COG:
-            sgn = _signum(qk)
-            p = tl.math.exp2(tl.abs(qk) - lse2[:, None])
+            a = _times_sign_of(tl.math.exp2(tl.abs(qk) - lse2[:, None]), qk)  # A = sign(S) * P
         else:
-            p = tl.math.exp2(qk - lse2[:, None])
+            a = tl.math.exp2(qk - lse2[:, None])
         if MASK_N:
-            p = tl.where(cols[None, :] < N_KV, p, 0.0)
+            a = tl.where(cols[None, :] < N_KV, a, 0.0)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)  # dA = dO V^T
         if COG:
-            ds = sgn * p * (sgn * dp - delta[:, None])
+            ds = tl.abs(a) * dp - a * delta[:, None]  # = sign(S) * P * (sign(S) * dA - Delta)
         else:
-            ds = p * (dp - delta[:, None])
+            ds = a * (dp - delta[:, None])
         dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
     return dq
 
 
 @triton.autotune(
-    configs=_configs(INTERPRET_BWD_DQ, GPU_BWD_DQ_TILES),
+    configs=_configs(INTERPRET_BWD_DQ, "dq"),
     key=["N_Q", "N_KV", "HEAD_DIM", "COG"],
-    prune_configs_by={"early_config_prune": _prune},
+    prune_configs_by={"early_config_prune": functools.partial(_prune, kind="dq")},
 )
 @triton.jit
 def _attn_bwd_dq(
@@ -453,11 +549,14 @@ def _attn_bwd_dq(
     stride_doz, stride_doh, stride_dom, stride_dod,
     stride_dqz, stride_dqh, stride_dqm, stride_dqd,
     H, N_Q, N_KV, sm_scale, qk_scale,
-    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dQ for one (head, query block); loops over all key blocks."""
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    stride_qm, stride_kn, stride_vn, stride_dom, stride_dqm = (
+        stride_qm * STRIDE_ALIGN, stride_kn * STRIDE_ALIGN, stride_vn * STRIDE_ALIGN,
+        stride_dom * STRIDE_ALIGN, stride_dqm * STRIDE_ALIGN)
     pid = tl.program_id(0)
     num_m = tl.cdiv(N_Q, BLOCK_M)
     off_hz = pid // num_m
@@ -466,18 +565,18 @@ def _attn_bwd_dq(
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q_off = _head_offset(off_hz, H, stride_qz, stride_qh)
-    do_off = _head_offset(off_hz, H, stride_doz, stride_doh)
+    q_off = _head_offset(off_hz, H, stride_qz, stride_qh, STRIDE_ALIGN)
+    do_off = _head_offset(off_hz, H, stride_doz, stride_doh, STRIDE_ALIGN)
     q = _load_tile(Q + q_off + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                    offs_m, N_Q, offs_d, HEAD_DIM, True, PAD_D)
     do = _load_tile(DO + do_off + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                     offs_m, N_Q, offs_d, HEAD_DIM, True, PAD_D)
     row_ok = offs_m < N_Q
-    lse2 = tl.load(Lse + off_hz.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0) * LOG2E
+    lse2 = tl.load(Lse + off_hz.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0) * LOG2E_C
     delta = tl.load(Delta + off_hz.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
-    kT_ptrs = (K + _head_offset(off_hz, H, stride_kz, stride_kh)
+    kT_ptrs = (K + _head_offset(off_hz, H, stride_kz, stride_kh, STRIDE_ALIGN)
                + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn)
-    vT_ptrs = (V + _head_offset(off_hz, H, stride_vz, stride_vh)
+    vT_ptrs = (V + _head_offset(off_hz, H, stride_vz, stride_vh, STRIDE_ALIGN)
                + offs_d[:, None] * stride_vd + offs_n[None, :] * stride_vn)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -496,7 +595,7 @@ def _attn_bwd_dq(
         mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     else:
         mask = row_ok[:, None]
-    dq_ptrs = (DQ + _head_offset(off_hz, H, stride_dqz, stride_dqh)
+    dq_ptrs = (DQ + _head_offset(off_hz, H, stride_dqz, stride_dqh, STRIDE_ALIGN)
                + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd)
     tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=mask)
 
@@ -508,6 +607,33 @@ def _attn_bwd_dq(
 
 def _block_d(head_dim: int) -> int:
     return max(MIN_BLOCK, triton.next_power_of_2(head_dim))
+
+
+MAX_STRIDE_ALIGN = 16  # elements; 16 fp16 = 32 bytes, more buys no wider loads
+
+
+def _stride_align(*tensors: torch.Tensor) -> int:
+    """Largest power of two (<= 16) dividing every batch, head and row stride.
+
+    The kernels receive those strides divided by it and multiply back by the
+    ``STRIDE_ALIGN`` constexpr, so the compiler knows that every row starts on an
+    aligned element.  Triton only specialises integers divisible by 16; without the
+    hint a head dim such as 72 (rows 144 bytes apart) gets scalar, unpipelined loads
+    of padded 128-wide tiles and spills registers.
+    """
+    g = 0
+    for t in tensors:
+        for st in t.stride()[:3]:
+            g = math.gcd(g, st)
+    if g == 0:  # every stride 0 (broadcast tensors): any factor divides them
+        return MAX_STRIDE_ALIGN
+    return min(g & -g, MAX_STRIDE_ALIGN)
+
+
+def _strides(t: torch.Tensor, align: int) -> tuple[int, int, int, int]:
+    """(batch, head, row) strides divided by ``align``, then the head-dim stride."""
+    sz, sh, sm, sd = t.stride()
+    return sz // align, sh // align, sm // align, sd
 
 
 def _dot_precision(dtype: torch.dtype) -> str | None:
@@ -539,12 +665,13 @@ def forward(
     def grid(meta):
         return (triton.cdiv(n_q, meta["BLOCK_M"]) * B * H,)
 
+    a = _stride_align(q, k, v, o)
     with _device_guard(q):
         _attn_fwd[grid](
             q, k, v, o, lse,
-            *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+            *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(o, a),
             H, n_q, n_kv, scale * LOG2E,
-            COG=cog, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
+            COG=cog, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), STRIDE_ALIGN=a,
             DOT_PRECISION=_dot_precision(q.dtype),
         )
     return o, lse
@@ -567,7 +694,8 @@ def backward(
     n_kv = k.shape[2]
     block_d = _block_d(head_dim)
     precision = _dot_precision(q.dtype)
-    # every element of dq / dk / dv is written by the kernels (nothing is accumulated)
+    # every element of dq / dk / dv is written by the kernels (nothing is accumulated,
+    # no atomics), so autotuning needs no reset_to_zero / restore_value
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if need_dq else None
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if need_dkdv else None
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if need_dkdv else None
@@ -584,24 +712,29 @@ def backward(
     def grid_q(meta):
         return (triton.cdiv(n_q, meta["BLOCK_M"]) * B * H,)
 
+    a = _stride_align(*(t for t in (q, k, v, o, do, dq, dk, dv) if t is not None))
     with _device_guard(q):
         _attn_bwd_preprocess[(triton.cdiv(n_q, PREPROCESS_BLOCK_M) * B * H,)](
-            o, do, delta, *o.stride(), *do.stride(), H, n_q,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=PREPROCESS_BLOCK_M,
+            o, do, delta, *_strides(o, a), *_strides(do, a), H, n_q,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a, BLOCK_M=PREPROCESS_BLOCK_M,
         )
         if need_dkdv:
             _attn_bwd_dkdv[grid_kv](
                 q, k, v, do, dk, dv, lse, delta,
-                *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+                *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(do, a),
+                *_strides(dk, a), *_strides(dv, a),
                 H, n_q, n_kv, scale, scale * LOG2E,
-                COG=cog, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision,
+                COG=cog, HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a,
+                DOT_PRECISION=precision,
             )
         if need_dq:
             _attn_bwd_dq[grid_q](
                 q, k, v, do, dq, lse, delta,
-                *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+                *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(do, a),
+                *_strides(dq, a),
                 H, n_q, n_kv, scale, scale * LOG2E,
-                COG=cog, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision,
+                COG=cog, HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a,
+                DOT_PRECISION=precision,
             )
     return dq, dk, dv
 
