@@ -130,7 +130,9 @@ def _check_inputs(
 def _forward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cog: bool, scale: float, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _implementation(backend, q.device).forward(q, k, v, cog, scale)
+    o, lse = _implementation(backend, q.device).forward(q, k, v, cog, scale)
+    # The fake kernels below promise contiguous outputs (torch.compile checks strides).
+    return o.contiguous(), lse.contiguous()
 
 
 @_forward_op.register_fake
@@ -157,7 +159,7 @@ def _backward_op(
         q, k, v, o, lse, do, cog, scale, need_dq=need_dq, need_dkdv=need_dkdv
     )
     # custom ops return tensors only: an empty tensor stands for "not computed"
-    return tuple(q.new_empty(0) if g is None else g for g in grads)
+    return tuple(q.new_empty(0) if g is None else g.contiguous() for g in grads)
 
 
 @_backward_op.register_fake
