@@ -74,15 +74,15 @@ def build_config(args: argparse.Namespace) -> Config:
 
 
 @torch.no_grad()
-def heldout_loss(cfg: Config, ckpt: Path, n_images: int, device: torch.device,
+def heldout_loss(cfg: Config, model: torch.nn.Module, diffusion: Diffusion, n_images: int,
                  seed: int = 0) -> float:
-    """Noise-prediction MSE of the EMA weights on held-out images (fixed t and noise)."""
-    model = load_model(cfg, ckpt, device)
+    """Noise-prediction MSE of `model` (the EMA weights) on held-out images, with fixed
+    t and noise so both models are scored on the same draws."""
+    device = next(model.parameters()).device
     dataset = build_dataset(cfg, split="val")
     n_images = min(n_images, len(dataset))
     x = torch.stack([dataset[i]["x"] for i in range(n_images)]).to(device)
     generator = torch.Generator(device).manual_seed(seed)
-    diffusion = Diffusion(cfg.diffusion)
     total = 0.0
     for chunk in x.split(64):
         loss = diffusion_loss(model, diffusion, {"x": chunk}, generator)
@@ -168,9 +168,10 @@ def main(argv: list[str] | None = None) -> int:
 
         # Same noise for both models: the grid compares them image for image.
         model = load_model(cfg, ckpt, device)
+        diffusion = Diffusion(cfg.diffusion)
         noise = make_noise((cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size),
                            sample_generators(cfg.train.seed, range(args.n_grid)), device)
-        x0 = sample_images(model, Diffusion(cfg.diffusion), noise,
+        x0 = sample_images(model, diffusion, noise,
                            scheduler=cfg.sample.scheduler, steps=cfg.sample.steps,
                            order=cfg.sample.order)
         samples[name] = to_pixels(cfg, x0).cpu()
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": name,
             "pattern": "".join("C" if m == "cog" else "S" for m in model.attention_modes),
             "final_loss": summary["final_loss"],
-            "heldout_loss": heldout_loss(cfg, ckpt, args.heldout, device),
+            "heldout_loss": heldout_loss(cfg, model, diffusion, args.heldout),
             "ms_per_step": 1000.0 * summary["mean_step_time_s"],
             "images_per_s": summary["images_per_s"],
             "fid": fid_value,

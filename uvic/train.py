@@ -262,23 +262,20 @@ def _config_differences(saved: dict[str, Any], current: dict[str, Any], section:
             for k in keys if saved.get(k) != current.get(k)]
 
 
-def _fsync_tree(folder: Path) -> None:
-    """Flush every file under `folder` to disk (so a renamed checkpoint is complete)."""
-    for path in folder.rglob("*"):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+def _fsync(path: Path) -> None:
+    """Flush one file or folder entry to disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file under `folder` to disk (so a renamed checkpoint is complete)."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            _fsync(path)
 
 
 def _remove_tree(path: Path) -> None:
@@ -697,7 +694,7 @@ class Trainer:
             _fsync_tree(tmp)
             _remove_tree(final)  # only if a previous run wrote this same step
             os.replace(tmp, final)
-            _fsync_dir(root)  # make the rename itself durable
+            _fsync(root)  # make the rename itself durable
             save_safetensors(self.ema.model, self.run_dir / "ema.safetensors")
             for old in list_checkpoints(self.run_dir)[:-max(self.cfg.train.keep_last, 1)]:
                 _remove_tree(old)
