@@ -6,7 +6,10 @@ Backends:
   on CUDA, or run by Triton's interpreter on the CPU when ``TRITON_INTERPRET=1``
   was set before the kernels were first used (slow, for testing);
 * ``"torch"``: :mod:`uvic_kernels.torch_attention`, the same algorithm in PyTorch
-  (chunked over query rows, fp32 internally), for CPUs and other devices.
+  (chunked over query rows, fp32 internally), for CPUs and other devices;
+* ``"sdpa"``: PyTorch's ``scaled_dot_product_attention`` (FlashAttention / cuDNN /
+  memory-efficient kernels), softmax only: a baseline to compare our softmax kernel
+  with on the same model.  Cog attention has no SDPA form and refuses it.
 
 The kernel module is imported lazily, so ``import uvic_kernels`` neither needs
 Triton nor fixes the interpreter setting.
@@ -21,10 +24,11 @@ import sys
 from types import ModuleType
 
 import torch
+import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 MODES = ("cog", "softmax")
-BACKENDS = ("triton", "torch")
+BACKENDS = ("triton", "torch", "sdpa")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
 _KERNEL_MODULE = "uvic_kernels.triton_attention"
@@ -119,6 +123,11 @@ def _check_inputs(
         raise ValueError(f"scale must be a finite number or None, got {scale!r}")
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+    if backend == "sdpa" and mode != "softmax":
+        raise ValueError(
+            "backend='sdpa' runs softmax attention only (PyTorch's "
+            f"scaled_dot_product_attention); mode={mode!r} needs backend 'triton' or 'torch'"
+        )
 
 
 # The kernels are wrapped as PyTorch custom ops, so torch.compile treats them as opaque
@@ -217,12 +226,14 @@ def attention(
     with ``S = scale * q k^T`` and ``scale`` defaulting to ``D ** -0.5``.  k and v may have
     a different sequence length than q.  Inputs are fp16, bf16 or fp32 (any strides,
     D <= 128); the output has q's dtype and is contiguous.  ``backend`` forces
-    ``"triton"`` or ``"torch"``; by default Triton runs on CUDA (and on the CPU under
-    ``TRITON_INTERPRET=1``), PyTorch elsewhere.
+    ``"triton"``, ``"torch"`` or (softmax only) ``"sdpa"``; by default Triton runs on
+    CUDA (and on the CPU under ``TRITON_INTERPRET=1``), PyTorch elsewhere.
     """
     _check_inputs(q, k, v, mode, scale, backend)
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    if backend == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, scale=float(scale))
     backend = backend or _backend_for(q)
     cog = mode == "cog"
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):

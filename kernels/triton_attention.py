@@ -11,20 +11,29 @@ over ``|s|`` instead of ``s``, and the value accumulator receives
 ``sign(s) * exp(|s| - m)`` instead of ``exp(s - m)``.  Because ``|s| >= 0`` the
 running max starts at 0, so the denominator is always >= 1.  Both modes share
 the same kernels; ``COG`` is a ``tl.constexpr``, so each mode compiles to its own
-specialisation with no run-time branch.
+specialisation with no run-time branch.  The full derivation, backward included,
+is in ``docs/cog_attention.md``.
 
-Forward (one program per query block of one head)::
+Forward (one program per query block of one head), with ``c = scale * log2(e) > 0``::
 
     m = 0 (cog) or -inf (softmax);  l = 0;  acc = 0
     for each key block K_j, V_j:
-        s   = q K_j^T * scale * log2(e)            # exp2 is cheaper than exp
-        t   = |s| (cog) or s (softmax)
-        m'  = max(m, rowmax(t))
-        p   = exp2(t - m')
+        x   = q K_j^T                                  # raw products, never scaled
+        t   = |x| (cog) or x (softmax)
+        m'  = max(m, c * rowmax(t))                    # c > 0 commutes with the max
+        p   = exp2(c * t - m')                         # one fused multiply-add, then exp2
         l   = l * exp2(m - m') + rowsum(p)
-        acc = acc * exp2(m - m') + (sign(s) * p  or  p) @ V_j
+        acc = acc * exp2(m - m') + (sign(x) * p  or  p) @ V_j
     O   = acc / l
-    LSE = (m + log2 l) * ln 2                      # natural log-sum-exp of |S| or S
+    LSE = (m + log2 l) * ln 2                          # natural log-sum-exp of |S| or S
+
+Folding the scale into the max and the exp's multiply-add saves a multiply per score
+(the scale is applied once per row to the max, and inside the FMA that feeds exp2).
+It needs ``c > 0``: the host wrappers run a negative scale as ``(-q)`` with ``|scale|``
+(and negate dQ), and a zero scale in Cog mode as ``q = 0`` (every score is then an
+exact zero, so every weight is 0, as ``sign(0) = 0`` demands).  For Cog, ``max|x|``
+is a single max with an absolute-value operand, and ``sign(x)`` is the sign bit of
+the raw product copied onto ``p`` (``sign(c x) = sign(x)`` for ``c > 0``).
 
 Only O and the fp32 row LSE are written: O(N) extra memory.
 
@@ -43,20 +52,38 @@ multiplies by ``sign(S)``.  The kernels evaluate it as ``|A| * dA - A * Delta``
 sign(S) and is, like the product above, exactly 0 where ``S == 0``, as autograd of
 ``sign(S) * softmax(|S|)`` is (the algebraically equal ``P * dA - A * Delta`` is not).
 
-Kernels, as in Triton's fused-attention tutorial:
+Kernels, as in Triton's fused-attention tutorial, one per pass:
 
 * ``_attn_fwd``            O and LSE, one program per (head, query block);
-* ``_attn_bwd_preprocess`` Delta = rowsum(dO * O);
-* ``_attn_bwd_dkdv``       dK, dV, one program per (head, key block), looping over queries;
-* ``_attn_bwd_dq``         dQ, one program per (head, query block), looping over keys
-                           (a separate pass, so no atomics are needed).
+* ``_attn_bwd_dq``         dQ, one program per (head, query block), looping over keys;
+                           it also computes Delta = rowsum(dO * O) for its rows (it holds
+                           dO anyway) and stores it for the next kernel, so Delta costs
+                           no pass of its own;
+* ``_attn_bwd_dkdv``       dK, dV, one program per (head, key block), looping over
+                           queries; runs after ``_attn_bwd_dq`` (no atomics anywhere, so
+                           every result is bit-identical from run to run);
+* ``_attn_bwd_preprocess`` Delta alone, only when dQ is not needed.
 
-All tensors are (B, H, N, D) with arbitrary strides.  Sequence lengths need not be
-multiples of the block sizes: full blocks run unmasked, the last partial block runs
-a masked copy of the loop body (``MASK_*`` constexprs).  Head dims that are not
-powers of two (e.g. 72) are padded to ``BLOCK_D`` with masked loads.  The grid is
-one-dimensional (``B * H * number of blocks``), so any number of heads fits within
-CUDA's grid limits; consecutive programs share a head, so K and V stay in L2.
+Short sequences.  U-ViT's sequences (257 tokens on CIFAR-10, 334 on MS-COCO) are just
+above a multiple of the block sizes, so whole blocks for the leftovers would waste up
+to half of the computed scores.  Every kernel therefore splits both of its sequence
+dimensions into full blocks plus a remainder:
+
+* the loop dimension (keys in ``_attn_fwd`` / ``_attn_bwd_dq``, queries in
+  ``_attn_bwd_dkdv``) runs full ``BLOCK`` steps unmasked, then unmasked ``TAIL``-wide
+  (16) steps, then at most one masked ``TAIL``-wide step;
+* the program dimension gets, after the full-block programs of a head, remainder
+  programs of ``TAIL`` rows (keys for dK/dV); those run 16-row mma.sync tiles, about
+  ``REMAINDER_COST`` (4) times the cost per row of a full block, so a remainder of more
+  than ``BLOCK / 4`` rows runs instead as one masked program of ``BLOCK`` rows.
+
+``computed_fraction`` gives the share of computed scores that are real: at least 86%
+for every tile at N = 257 and N = 334, against 54% (N = 257) with whole blocks.
+
+Head dims that are not powers of two (e.g. 72) are padded to ``BLOCK_D`` with masked
+loads.  The grid is one-dimensional (one program per (head, block)), so any number of
+heads fits within CUDA's grid limits; consecutive programs share a head, so K and V
+stay in L2.  All tensors are (B, H, N, D) with arbitrary strides.
 """
 
 from __future__ import annotations
@@ -69,6 +96,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 # fmt: off
 # (kernel argument lists are grouped by tensor, one stride group per line, as in
@@ -76,36 +104,50 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(2): converts a base-2 log-sum-exp to natural units
+TAIL = 16  # rows / keys per remainder step and per remainder program (tl.dot's minimum)
+# A TAIL-row remainder program runs 16-row mma.sync tiles: about 4x the cost per row of a
+# full wgmma block (sm_90 SASS census of the forward, cycle model).  A remainder longer
+# than BLOCK / REMAINDER_COST rows therefore runs as one masked full-size program.
+REMAINDER_COST = 4
 # Compiled kernels may only read globals that are tl.constexpr (the interpreter reads
-# any global, so it does not catch this): device code uses these two.
+# any global, so it does not catch this): device code uses these.
 LOG2E_C = tl.constexpr(LOG2E)
 LN2_C = tl.constexpr(LN2)
+TAIL_C = tl.constexpr(TAIL)
+REMAINDER_COST_C = tl.constexpr(REMAINDER_COST)
 MIN_BLOCK = 16  # tl.dot needs every block dimension to be at least 16
 
 try:  # triton >= 3.3 reads the environment through knobs; older releases read it directly
     INTERPRET: bool = bool(triton.knobs.runtime.interpret)
 except AttributeError:  # pragma: no cover - depends on the installed triton
     INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRET_C = tl.constexpr(INTERPRET)
 
 # Block sizes.  The interpreter runs a single fixed configuration (autotuning with
 # more than one config needs a GPU).  On a GPU the kernels are autotuned over a few
-# FlashAttention-2 style tiles, keyed on the sequence lengths, head dim, mode and
-# dtype; with UVIC_KERNELS_AUTOTUNE=0 the first tile that fits is used directly.
+# FlashAttention-2 style tiles, keyed on the sequence lengths, the number of heads
+# (B * H), the head dim, the mode and the dtype; with UVIC_KERNELS_AUTOTUNE=0 the
+# first tile that survives pruning is used directly.
+# The interpreter's tiles are all 64x64: the backward then recomputes every score with
+# the same tile product as the forward (numpy's matmul may sum in another order for
+# other shapes, and at |S| ~ 1e4 one fp32 ulp of a score moves its weight by ~1e-3).
 INTERPRET_FWD = {"BLOCK_M": 64, "BLOCK_N": 64}
-INTERPRET_BWD_DKDV = {"BLOCK_M": 32, "BLOCK_N": 64}
-INTERPRET_BWD_DQ = {"BLOCK_M": 64, "BLOCK_N": 32}
+INTERPRET_BWD_DKDV = {"BLOCK_M": 64, "BLOCK_N": 64}
+INTERPRET_BWD_DQ = {"BLOCK_M": 64, "BLOCK_N": 64}
 PREPROCESS_BLOCK_M = 64
 AUTOTUNE = os.environ.get("UVIC_KERNELS_AUTOTUNE", "1") != "0"
 # (BLOCK_M, BLOCK_N, num_stages, num_warps), preferred first; BLOCK_M tiles queries
 # and BLOCK_N keys in every kernel.  The backward tiles follow Triton's tutorial:
-# dK/dV keeps a wide key block resident, dQ a tall query block.  The lists were
-# checked by compiling every kernel for sm_90 (ptxas -v, see BENCHMARKS.md): the
-# first tile that survives pruning spills no registers for head dims 16 to 128.
+# dK/dV keeps a wide key block resident, dQ a tall query block.  The dQ list starts
+# with 128x64 because its wgmma reads the dS operand from registers (128x32 reads
+# both operands from shared memory).  The lists were checked by compiling every kernel
+# for sm_90 (ptxas -v, see BENCHMARKS.md): the first tile that survives pruning spills
+# no registers for head dims 16 to 128.
 GPU_FWD_TILES = [(128, 64, 3, 4), (128, 64, 3, 8), (64, 64, 3, 4), (128, 128, 3, 8), (64, 32, 4, 4)]
 GPU_BWD_DKDV_TILES = [
     (64, 128, 3, 8), (32, 128, 3, 4), (32, 128, 3, 8), (32, 64, 3, 4), (64, 64, 2, 4),
 ]
-GPU_BWD_DQ_TILES = [(128, 32, 3, 4), (128, 64, 3, 8), (64, 32, 3, 4), (64, 64, 2, 4)]
+GPU_BWD_DQ_TILES = [(128, 64, 3, 8), (128, 32, 3, 4), (64, 32, 3, 4), (64, 64, 2, 4)]
 # fp32 runs tl.dot in IEEE fp32 on the CUDA cores (FMA): every thread holds whole
 # rows / columns of both operands, so the tiles are small and use more warps.
 GPU_FWD_TILES_FP32 = [(64, 32, 2, 8), (32, 64, 2, 8), (32, 32, 2, 4), (16, 64, 2, 4)]
@@ -127,6 +169,9 @@ _TILES = {
     "dq": (GPU_BWD_DQ_TILES, GPU_BWD_DQ_TILES_FP32),
 }
 assert all(m * n <= FP32_MAX_TILE for _, t32 in _TILES.values() for m, n, _, _ in t32)
+# Which sequence the program grid of each kernel tiles (the other one is looped over).
+_PROGRAM_DIM = {"fwd": ("N_Q", "BLOCK_M"), "dq": ("N_Q", "BLOCK_M"), "dkdv": ("N_KV", "BLOCK_N")}
+_AUTOTUNE_KEY = ["N_Q", "N_KV", "BH", "HEAD_DIM", "COG"]
 
 
 def _configs(interpret_tile: dict[str, int], kind: str):
@@ -154,9 +199,37 @@ def _smem_bytes(kind: str, tile: tuple[int, int, int, int], block_d: int, elt: i
         resident, streamed, rows = bm * block_d, 2 * bn * block_d, 0
     elif kind == "dkdv":  # K, V resident; Q, dO (and LSE, Delta) streamed
         resident, streamed, rows = 2 * bn * block_d, 2 * bm * block_d, 2 * bm
-    else:  # dq: Q, dO resident; K, V streamed
-        resident, streamed, rows = 2 * bm * block_d, 2 * bn * block_d, 0
+    else:  # dq: Q, dO, O resident; K, V streamed
+        resident, streamed, rows = 3 * bm * block_d, 2 * bn * block_d, 0
     return elt * (resident + stages * streamed) + 4 * stages * rows + 1024
+
+
+def _remainder(n: int, block: int) -> tuple[int, int]:
+    """``(programs, rows)`` for the ``n % block`` rows left after the full blocks: TAIL-row
+    programs, or one masked ``block``-row program where those would cost more."""
+    tails = triton.cdiv(n % block, TAIL)
+    if tails * TAIL * REMAINDER_COST > block:
+        return 1, block
+    return tails, tails * TAIL
+
+
+def num_programs(n: int, block: int) -> int:
+    """Programs per head along a sequence of ``n``: full blocks plus remainder programs."""
+    return n // block + _remainder(n, block)[0]
+
+
+def computed_fraction(n_q: int, n_kv: int, block_m: int, block_n: int, kind: str) -> float:
+    """Share of the score elements a kernel computes that are real (not padding).
+
+    ``kind`` is ``"fwd"``, ``"dq"`` or ``"dkdv"``: each pads its program dimension to
+    full blocks plus remainder programs (``_remainder``) and its loop dimension to full
+    blocks plus ``TAIL``-wide steps.
+    """
+    n_prog, n_loop, b_prog, b_loop = (
+        (n_kv, n_q, block_n, block_m) if kind == "dkdv" else (n_q, n_kv, block_m, block_n))
+    rows = (n_prog // b_prog) * b_prog + _remainder(n_prog, b_prog)[1]
+    cols = (n_loop // b_loop) * b_loop + triton.cdiv(n_loop % b_loop, TAIL) * TAIL
+    return n_q * n_kv / (rows * cols)
 
 
 @functools.cache
@@ -166,19 +239,27 @@ def _max_shared_mem(device_index: int) -> int:
     return int(props["max_shared_mem"])
 
 
+@functools.cache
+def _multiprocessor_count(device_index: int) -> int:
+    props = triton.runtime.driver.active.utils.get_device_properties(device_index)
+    return int(props["multiprocessor_count"])
+
+
 def _prune(configs, named_args, kind: str = "fwd", **kwargs):
     """Order of preference, relaxed from the last criterion when nothing is left:
 
     1. tiles meant for the dtype (fp32 or 16-bit; fp32 never above ``FP32_MAX_TILE``);
     2. shared memory within the device's limit (CUDA tensors only);
     3. no register spills at this ``BLOCK_D`` (``TILE_MAX_BLOCK_D``);
-    4. tiles no larger than the (power-of-two rounded) sequence lengths.
+    4. tiles no larger than the sequence lengths (at least one full block).
 
-    At least one config is kept; without autotuning only the first.
+    Among the survivors, tiles whose full-block programs (``B * H`` times the full blocks
+    of the program dimension) occupy every multiprocessor at least once come first, in
+    list order: few heads with long blocks would leave SMs idle.  At least one config
+    is kept; without autotuning only the first.
     """
     q = named_args["Q"]
-    n_q = max(MIN_BLOCK, triton.next_power_of_2(named_args["N_Q"]))
-    n_kv = max(MIN_BLOCK, triton.next_power_of_2(named_args["N_KV"]))
+    n_q, n_kv = named_args["N_Q"], named_args["N_KV"]
     fp32 = q.dtype == torch.float32
     block_d = kwargs.get("BLOCK_D")
     tiles16, tiles32 = _TILES[kind]
@@ -200,6 +281,11 @@ def _prune(configs, named_args, kind: str = "fwd", **kwargs):
     fits = [c for c in kept if c.kwargs["BLOCK_M"] <= n_q and c.kwargs["BLOCK_N"] <= n_kv]
     if not fits:
         fits = [min(kept, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+    if q.is_cuda and "BH" in named_args:
+        sms = _multiprocessor_count(q.device.index)
+        n_name, block_name = _PROGRAM_DIM[kind]
+        n = named_args[n_name]
+        fits.sort(key=lambda c: named_args["BH"] * (n // c.kwargs[block_name]) < sms)
     return fits if AUTOTUNE else fits[:1]
 
 
@@ -226,14 +312,19 @@ def _load_tile(ptrs, offs_a, bound_a, offs_b, bound_b, MASK_A: tl.constexpr, MAS
 
 
 @triton.jit
-def _times_sign_of(p, s):
-    """``sign(s) * p`` for fp32 ``p >= 0`` (or NaN), with ``sign(0) = 0``.
+def _times_sign_of(p, x):
+    """``sign(x) * p`` for fp32 ``p >= 0`` (or NaN), with ``sign(0) = 0``.
 
-    Copies the sign bit of ``s`` onto ``p`` (one bitwise op) instead of multiplying by
-    a +-1/0 tile built from two comparisons.  A NaN ``p`` stays NaN.
+    ``copysign(p, x)`` moves the sign bit of ``x`` onto ``p`` (one 3-input bitwise op
+    on the GPU; as bit operations in the interpreter, which has no libdevice), and a
+    compare and a select give 0 where ``x == 0``.  A NaN ``p`` stays NaN.
     """
-    bits = p.to(tl.uint32, bitcast=True) | (s.to(tl.uint32, bitcast=True) & 0x80000000)
-    return tl.where(s == 0.0, 0.0, bits.to(tl.float32, bitcast=True))
+    if INTERPRET_C:
+        bits = p.to(tl.uint32, bitcast=True) | (x.to(tl.uint32, bitcast=True) & 0x80000000)
+        signed = bits.to(tl.float32, bitcast=True)
+    else:
+        signed = libdevice.copysign(p, x)
+    return tl.where(x == 0.0, 0.0, signed)
 
 
 @triton.jit
@@ -247,6 +338,24 @@ def _head_offset(off_hz, H, stride_z, stride_h, STRIDE_ALIGN: tl.constexpr):
     return (off_z * stride_z + off_h * stride_h) * STRIDE_ALIGN
 
 
+@triton.jit
+def _program_block(pid, N, BLOCK: tl.constexpr):
+    """Split a 1-D program id into ``(head, first row, is_full, big_remainder)``.
+
+    Each head has ``N // BLOCK`` full-block programs followed by its remainder
+    programs (``_remainder``): ``cdiv(N % BLOCK, TAIL)`` programs of ``TAIL`` rows, or,
+    when ``big_remainder``, one masked program of ``BLOCK`` rows.
+    """
+    num_full = N // BLOCK
+    n_tail = tl.cdiv(N - num_full * BLOCK, TAIL_C)
+    big_remainder = n_tail * TAIL_C * REMAINDER_COST_C > BLOCK
+    per_head = num_full + tl.where(big_remainder, 1, n_tail)
+    block = pid % per_head
+    full = block < num_full
+    start = tl.where(full, block * BLOCK, num_full * BLOCK + (block - num_full) * TAIL_C)
+    return pid // per_head, start, full, big_remainder
+
+
 # --------------------------------------------------------------------------------------
 # Forward
 # --------------------------------------------------------------------------------------
@@ -254,40 +363,39 @@ def _head_offset(off_hz, H, stride_z, stride_h, STRIDE_ALIGN: tl.constexpr):
 
 @triton.jit
 def _attn_fwd_inner(
-    acc, l_i, m_i, q, kT_ptrs, v_ptrs, lo, hi, N_KV, stride_kn, stride_vn, qk_scale,
-    offs_n, offs_d,
+    acc, l_i, m_i, q, K_head, V_head, lo, hi, N_KV,
+    stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
     COG: tl.constexpr, MASK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Online softmax over key blocks [lo, hi); MASK_N masks keys >= N_KV."""
+    """Online softmax over keys [lo, hi) in steps of BLOCK_N; MASK_N masks keys >= N_KV."""
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    offs_n = tl.arange(0, BLOCK_N)
+    kT_ptrs = K_head + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn
+    v_ptrs = V_head + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         kT = _load_tile(kT_ptrs + start_n * stride_kn, offs_d, HEAD_DIM, cols, N_KV, PAD_D, MASK_N)
-        # scores in log2 units: s * log2(e)
-        qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
+        x = tl.dot(q, kT, input_precision=DOT_PRECISION)  # raw q.k; s = x * scale
         if COG:
-            if MASK_N:
-                # score 0: neutral for the running max (which starts at 0) and weight 0
-                qk = tl.where(cols[None, :] < N_KV, qk, 0.0)
-            # max |s| as max(max s, -min s): no |s| tile that would stay live next to
-            # qk until the sign is applied (that spilled registers on sm_90)
-            m_new = tl.maximum(m_i, tl.maximum(tl.max(qk, 1), -tl.min(qk, 1)))
-            p = tl.math.exp2(tl.abs(qk) - m_new[:, None])
+            # masked keys read k = 0, so x = 0 there: neutral for the running max of
+            # |x| (which starts at 0) and weight sign(0) * p = 0; only the row sum
+            # below must leave them out
+            m_new = tl.maximum(m_i, tl.max(tl.abs(x), 1) * qk_scale)
+            p = tl.math.exp2(tl.abs(x) * qk_scale - m_new[:, None])
         else:
-            t = qk
             if MASK_N:
-                t = tl.where(cols[None, :] < N_KV, t, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(t, 1))
-            p = tl.math.exp2(t - m_new[:, None])
+                x = tl.where(cols[None, :] < N_KV, x, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(x, 1) * qk_scale)
+            p = tl.math.exp2(x * qk_scale - m_new[:, None])
         if MASK_N:
             # masked keys contribute neither to the denominator nor to the output
             p = tl.where(cols[None, :] < N_KV, p, 0.0)
         v = _load_tile(v_ptrs + start_n * stride_vn, cols, N_KV, offs_d, HEAD_DIM, MASK_N, PAD_D)
         if COG:
             # sign(s) * exp(|s| - m), formed (and rounded to V's dtype) before the row
-            # sum so that qk dies here: qk, p and the weights are never all live at once
-            a = _times_sign_of(p, qk).to(v.dtype)
+            # sum so that x dies here: x, p and the weights are never all live at once
+            a = _times_sign_of(p, x).to(v.dtype)
         else:
             a = p.to(v.dtype)
         alpha = tl.math.exp2(m_i - m_new)
@@ -298,9 +406,67 @@ def _attn_fwd_inner(
     return acc, l_i, m_i
 
 
+@triton.jit
+def _attn_fwd_block(
+    Q_head, K_head, V_head, O_head, Lse_head, start_m, N_Q, N_KV,
+    stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd, stride_om, stride_od,
+    qk_scale,
+    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK_M: tl.constexpr,
+):
+    """O and LSE of query rows [start_m, start_m + BLOCK_M); MASK_M masks rows >= N_Q."""
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load_tile(Q_head + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                   offs_m, N_Q, offs_d, HEAD_DIM, MASK_M, PAD_D)
+    if COG:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # max of |s| is >= 0
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # full key blocks, then the remainder in TAIL-wide steps (the last one masked)
+    n_full = (N_KV // BLOCK_N) * BLOCK_N
+    n_tail = (N_KV // TAIL_C) * TAIL_C
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, K_head, V_head, 0, n_full, N_KV,
+        stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
+        COG, False, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
+    )
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, K_head, V_head, n_full, n_tail, N_KV,
+        stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
+        COG, False, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
+    )
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, K_head, V_head, n_tail, N_KV, N_KV,
+        stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
+        COG, True, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
+    )
+
+    acc = acc / l_i[:, None]
+    lse = (m_i + tl.math.log2(l_i)) * LN2_C
+    o_ptrs = O_head + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    if MASK_M:
+        tl.store(Lse_head + offs_m, lse, mask=offs_m < N_Q)
+        o_mask = offs_m[:, None] < N_Q
+        if PAD_D:
+            o_mask = o_mask & (offs_d[None, :] < HEAD_DIM)
+        tl.store(o_ptrs, acc.to(O_head.dtype.element_ty), mask=o_mask)
+    else:
+        tl.store(Lse_head + offs_m, lse)
+        if PAD_D:
+            tl.store(o_ptrs, acc.to(O_head.dtype.element_ty), mask=offs_d[None, :] < HEAD_DIM)
+        else:
+            tl.store(o_ptrs, acc.to(O_head.dtype.element_ty))
+
+
 @triton.autotune(
     configs=_configs(INTERPRET_FWD, "fwd"),
-    key=["N_Q", "N_KV", "HEAD_DIM", "COG"],
+    key=_AUTOTUNE_KEY,
     prune_configs_by={"early_config_prune": functools.partial(_prune, kind="fwd")},
 )
 @triton.jit
@@ -310,60 +476,38 @@ def _attn_fwd(
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
     stride_oz, stride_oh, stride_om, stride_od,
-    H, N_Q, N_KV, qk_scale,
+    H, BH, N_Q, N_KV, qk_scale,
     COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """O and the row LSE for one (head, query block)."""
-    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    """O and the row LSE for one (head, query block) or one remainder program."""
     stride_qm, stride_kn, stride_vn, stride_om = (
         stride_qm * STRIDE_ALIGN, stride_kn * STRIDE_ALIGN, stride_vn * STRIDE_ALIGN,
         stride_om * STRIDE_ALIGN)
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(N_Q, BLOCK_M)
-    off_hz = pid // num_m
-    start_m = pid % num_m
-
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    q_ptrs = (Q + _head_offset(off_hz, H, stride_qz, stride_qh, STRIDE_ALIGN)
-              + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
-    kT_ptrs = (K + _head_offset(off_hz, H, stride_kz, stride_kh, STRIDE_ALIGN)
-               + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn)
-    v_ptrs = (V + _head_offset(off_hz, H, stride_vz, stride_vh, STRIDE_ALIGN)
-              + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
-
-    q = _load_tile(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, True, PAD_D)
-    if COG:
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # max of |s| is >= 0
+    off_hz, start, full, big_remainder = _program_block(tl.program_id(0), N_Q, BLOCK_M)
+    Q_head = Q + _head_offset(off_hz, H, stride_qz, stride_qh, STRIDE_ALIGN)
+    K_head = K + _head_offset(off_hz, H, stride_kz, stride_kh, STRIDE_ALIGN)
+    V_head = V + _head_offset(off_hz, H, stride_vz, stride_vh, STRIDE_ALIGN)
+    O_head = Out + _head_offset(off_hz, H, stride_oz, stride_oh, STRIDE_ALIGN)
+    Lse_head = Lse + off_hz.to(tl.int64) * N_Q
+    if full:
+        _attn_fwd_block(
+            Q_head, K_head, V_head, O_head, Lse_head, start, N_Q, N_KV,
+            stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd, stride_om, stride_od,
+            qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, False,
+        )
+    elif big_remainder:
+        _attn_fwd_block(
+            Q_head, K_head, V_head, O_head, Lse_head, start, N_Q, N_KV,
+            stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd, stride_om, stride_od,
+            qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, True,
+        )
     else:
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
-    n_full = (N_KV // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, kT_ptrs, v_ptrs, 0, n_full, N_KV, stride_kn, stride_vn, qk_scale,
-        offs_n, offs_d, COG, False, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
-    )
-    # the last, partial key block (at most one iteration)
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, kT_ptrs, v_ptrs, n_full, N_KV, N_KV, stride_kn, stride_vn, qk_scale,
-        offs_n, offs_d, COG, True, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
-    )
-
-    acc = acc / l_i[:, None]
-    lse = (m_i + tl.math.log2(l_i)) * LN2_C
-    row_ok = offs_m < N_Q
-    tl.store(Lse + off_hz.to(tl.int64) * N_Q + offs_m, lse, mask=row_ok)
-    o_ptrs = (Out + _head_offset(off_hz, H, stride_oz, stride_oh, STRIDE_ALIGN)
-              + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
-    if PAD_D:
-        o_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    else:
-        o_mask = row_ok[:, None]
-    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=o_mask)
+        _attn_fwd_block(
+            Q_head, K_head, V_head, O_head, Lse_head, start, N_Q, N_KV,
+            stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd, stride_om, stride_od,
+            qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, TAIL_C, BLOCK_N, True,
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -380,7 +524,8 @@ def _attn_bwd_preprocess(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """Delta = rowsum(dO * O) in fp32."""
+    """Delta = rowsum(dO * O) in fp32 (only when dQ is not computed: the dQ kernel
+    computes Delta itself)."""
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     stride_om, stride_dm = stride_om * STRIDE_ALIGN, stride_dm * STRIDE_ALIGN
     pid = tl.program_id(0)
@@ -400,32 +545,38 @@ def _attn_bwd_preprocess(
 
 @triton.jit
 def _attn_bwd_dkdv_inner(
-    dk, dv, k, v, qT_ptrs, do_ptrs, Lse, Delta, lo, hi, N_Q, stride_qm, stride_dom, qk_scale,
-    offs_m, offs_d,
+    dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, lo, hi, N_Q,
+    stride_qm, stride_qd, stride_dom, stride_dod, qk_scale, offs_d,
     COG: tl.constexpr, MASK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Accumulate dK and dV of one key block over query blocks [lo, hi)."""
+    """Accumulate dK and dV of one key block over queries [lo, hi) in steps of BLOCK_M.
+
+    Masked query rows (MASK_M) read q = dO = 0, LSE = Delta = 0: their weights are
+    sign(0) * P = 0 (cog) or exp(0) = 1 (softmax) against dO = 0 and dA = 0, so they
+    add exactly 0 to dV and dK without a select.
+    """
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    offs_m = tl.arange(0, BLOCK_M)
+    qT_ptrs = Q_head + offs_d[:, None] * stride_qd + offs_m[None, :] * stride_qm
+    do_ptrs = DO_head + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
         qT = _load_tile(qT_ptrs + start_m * stride_qm, offs_d, HEAD_DIM, rows, N_Q, PAD_D, MASK_M)
         do = _load_tile(do_ptrs + start_m * stride_dom, rows, N_Q, offs_d, HEAD_DIM, MASK_M, PAD_D)
         if MASK_M:
-            lse2 = tl.load(Lse + rows, mask=rows < N_Q, other=0.0) * LOG2E_C
-            delta = tl.load(Delta + rows, mask=rows < N_Q, other=0.0)
+            lse2 = tl.load(Lse_head + rows, mask=rows < N_Q, other=0.0) * LOG2E_C
+            delta = tl.load(Delta_head + rows, mask=rows < N_Q, other=0.0)
         else:
-            lse2 = tl.load(Lse + rows) * LOG2E_C
-            delta = tl.load(Delta + rows)
-        # transposed scores (keys x queries), log2 units
-        qkT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale
+            lse2 = tl.load(Lse_head + rows) * LOG2E_C
+            delta = tl.load(Delta_head + rows)
+        # transposed raw products (keys x queries); s = x * scale
+        xT = tl.dot(k, qT, input_precision=DOT_PRECISION)
         if COG:
             # A^T = sign(S) * P directly, so that only one score-sized tile stays live
-            aT = _times_sign_of(tl.math.exp2(tl.abs(qkT) - lse2[None, :]), qkT)
+            aT = _times_sign_of(tl.math.exp2(tl.abs(xT) * qk_scale - lse2[None, :]), xT)
         else:
-            aT = tl.math.exp2(qkT - lse2[None, :])
-        if MASK_M:
-            aT = tl.where(rows[None, :] < N_Q, aT, 0.0)
+            aT = tl.math.exp2(xT * qk_scale - lse2[None, :])
         dv = tl.dot(aT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV += A^T dO
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # dA^T = V dO^T
         if COG:
@@ -437,9 +588,66 @@ def _attn_bwd_dkdv_inner(
     return dk, dv
 
 
+@triton.jit
+def _attn_bwd_dkdv_block(
+    Q_head, K_head, V_head, DO_head, DK_head, DV_head, Lse_head, Delta_head, start_n, N_Q, N_KV,
+    stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+    stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dvn, stride_dvd,
+    sm_scale, qk_scale,
+    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK_N: tl.constexpr,
+):
+    """dK, dV of keys [start_n, start_n + BLOCK_N); MASK_N masks keys >= N_KV."""
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = _load_tile(K_head + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                   offs_n, N_KV, offs_d, HEAD_DIM, MASK_N, PAD_D)
+    v = _load_tile(V_head + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                   offs_n, N_KV, offs_d, HEAD_DIM, MASK_N, PAD_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    # full query blocks, then the remainder in TAIL-wide steps (the last one masked)
+    m_full = (N_Q // BLOCK_M) * BLOCK_M
+    m_tail = (N_Q // TAIL_C) * TAIL_C
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, 0, m_full, N_Q,
+        stride_qm, stride_qd, stride_dom, stride_dod, qk_scale, offs_d,
+        COG, False, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION,
+    )
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, m_full, m_tail, N_Q,
+        stride_qm, stride_qd, stride_dom, stride_dod, qk_scale, offs_d,
+        COG, False, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
+    )
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, m_tail, N_Q, N_Q,
+        stride_qm, stride_qd, stride_dom, stride_dod, qk_scale, offs_d,
+        COG, True, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
+    )
+    dk = dk * sm_scale
+
+    dk_ptrs = DK_head + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
+    dv_ptrs = DV_head + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd
+    if MASK_N:
+        mask = offs_n[:, None] < N_KV
+        if PAD_D:
+            mask = mask & (offs_d[None, :] < HEAD_DIM)
+        tl.store(dk_ptrs, dk.to(DK_head.dtype.element_ty), mask=mask)
+        tl.store(dv_ptrs, dv.to(DV_head.dtype.element_ty), mask=mask)
+    elif PAD_D:
+        tl.store(dk_ptrs, dk.to(DK_head.dtype.element_ty), mask=offs_d[None, :] < HEAD_DIM)
+        tl.store(dv_ptrs, dv.to(DV_head.dtype.element_ty), mask=offs_d[None, :] < HEAD_DIM)
+    else:
+        tl.store(dk_ptrs, dk.to(DK_head.dtype.element_ty))
+        tl.store(dv_ptrs, dv.to(DV_head.dtype.element_ty))
+
+
 @triton.autotune(
     configs=_configs(INTERPRET_BWD_DKDV, "dkdv"),
-    key=["N_Q", "N_KV", "HEAD_DIM", "COG"],
+    key=_AUTOTUNE_KEY,
     prune_configs_by={"early_config_prune": functools.partial(_prune, kind="dkdv")},
 )
 @triton.jit
@@ -451,81 +659,77 @@ def _attn_bwd_dkdv(
     stride_doz, stride_doh, stride_dom, stride_dod,
     stride_dkz, stride_dkh, stride_dkn, stride_dkd,
     stride_dvz, stride_dvh, stride_dvn, stride_dvd,
-    H, N_Q, N_KV, sm_scale, qk_scale,
+    H, BH, N_Q, N_KV, sm_scale, qk_scale,
     COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """dK and dV for one (head, key block); loops over all query blocks."""
-    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    """dK and dV for one (head, key block) or one remainder program."""
     stride_qm, stride_kn, stride_vn, stride_dom, stride_dkn, stride_dvn = (
         stride_qm * STRIDE_ALIGN, stride_kn * STRIDE_ALIGN, stride_vn * STRIDE_ALIGN,
         stride_dom * STRIDE_ALIGN, stride_dkn * STRIDE_ALIGN, stride_dvn * STRIDE_ALIGN)
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N_KV, BLOCK_N)
-    off_hz = pid // num_n
-    start_n = pid % num_n
-
-    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    k_off = _head_offset(off_hz, H, stride_kz, stride_kh, STRIDE_ALIGN)
-    v_off = _head_offset(off_hz, H, stride_vz, stride_vh, STRIDE_ALIGN)
-    k = _load_tile(K + k_off + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                   offs_n, N_KV, offs_d, HEAD_DIM, True, PAD_D)
-    v = _load_tile(V + v_off + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                   offs_n, N_KV, offs_d, HEAD_DIM, True, PAD_D)
-    qT_ptrs = (Q + _head_offset(off_hz, H, stride_qz, stride_qh, STRIDE_ALIGN)
-               + offs_d[:, None] * stride_qd + offs_m[None, :] * stride_qm)
-    do_ptrs = (DO + _head_offset(off_hz, H, stride_doz, stride_doh, STRIDE_ALIGN)
-               + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod)
-    Lse += off_hz.to(tl.int64) * N_Q
-    Delta += off_hz.to(tl.int64) * N_Q
-
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    m_full = (N_Q // BLOCK_M) * BLOCK_M
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, qT_ptrs, do_ptrs, Lse, Delta, 0, m_full, N_Q, stride_qm, stride_dom,
-        qk_scale, offs_m, offs_d, COG, False, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION,
-    )
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, qT_ptrs, do_ptrs, Lse, Delta, m_full, N_Q, N_Q, stride_qm, stride_dom,
-        qk_scale, offs_m, offs_d, COG, True, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION,
-    )
-    dk = dk * sm_scale
-
-    if PAD_D:
-        mask = (offs_n[:, None] < N_KV) & (offs_d[None, :] < HEAD_DIM)
+    off_hz, start, full, big_remainder = _program_block(tl.program_id(0), N_KV, BLOCK_N)
+    Q_head = Q + _head_offset(off_hz, H, stride_qz, stride_qh, STRIDE_ALIGN)
+    K_head = K + _head_offset(off_hz, H, stride_kz, stride_kh, STRIDE_ALIGN)
+    V_head = V + _head_offset(off_hz, H, stride_vz, stride_vh, STRIDE_ALIGN)
+    DO_head = DO + _head_offset(off_hz, H, stride_doz, stride_doh, STRIDE_ALIGN)
+    DK_head = DK + _head_offset(off_hz, H, stride_dkz, stride_dkh, STRIDE_ALIGN)
+    DV_head = DV + _head_offset(off_hz, H, stride_dvz, stride_dvh, STRIDE_ALIGN)
+    Lse_head = Lse + off_hz.to(tl.int64) * N_Q
+    Delta_head = Delta + off_hz.to(tl.int64) * N_Q
+    if full:
+        _attn_bwd_dkdv_block(
+            Q_head, K_head, V_head, DO_head, DK_head, DV_head, Lse_head, Delta_head,
+            start, N_Q, N_KV,
+            stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+            stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dvn, stride_dvd,
+            sm_scale, qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, False,
+        )
+    elif big_remainder:
+        _attn_bwd_dkdv_block(
+            Q_head, K_head, V_head, DO_head, DK_head, DV_head, Lse_head, Delta_head,
+            start, N_Q, N_KV,
+            stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+            stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dvn, stride_dvd,
+            sm_scale, qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, True,
+        )
     else:
-        mask = offs_n[:, None] < N_KV
-    dk_ptrs = (DK + _head_offset(off_hz, H, stride_dkz, stride_dkh, STRIDE_ALIGN)
-               + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
-    dv_ptrs = (DV + _head_offset(off_hz, H, stride_dvz, stride_dvh, STRIDE_ALIGN)
-               + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
-    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=mask)
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=mask)
+        _attn_bwd_dkdv_block(
+            Q_head, K_head, V_head, DO_head, DK_head, DV_head, Lse_head, Delta_head,
+            start, N_Q, N_KV,
+            stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+            stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dvn, stride_dvd,
+            sm_scale, qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, TAIL_C, True,
+        )
 
 
 @triton.jit
 def _attn_bwd_dq_inner(
-    dq, q, do, lse2, delta, kT_ptrs, vT_ptrs, lo, hi, N_KV, stride_kn, stride_vn, qk_scale,
-    offs_n, offs_d,
+    dq, q, do, lse2, delta, K_head, V_head, lo, hi, N_KV,
+    stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
     COG: tl.constexpr, MASK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Accumulate dQ of one query block over key blocks [lo, hi)."""
+    """Accumulate dQ of one query block over keys [lo, hi) in steps of BLOCK_N.
+
+    Masked keys (MASK_N) read k = v = 0: they add ds * 0 to dQ.  In Cog mode their
+    weight is sign(0) * P = 0 already; in softmax mode it is exp(-LSE), which can
+    overflow for very negative rows, so it is zeroed explicitly.
+    """
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    offs_n = tl.arange(0, BLOCK_N)
+    kT_ptrs = K_head + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn
+    vT_ptrs = V_head + offs_d[:, None] * stride_vd + offs_n[None, :] * stride_vn
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         kT = _load_tile(kT_ptrs + start_n * stride_kn, offs_d, HEAD_DIM, cols, N_KV, PAD_D, MASK_N)
         vT = _load_tile(vT_ptrs + start_n * stride_vn, offs_d, HEAD_DIM, cols, N_KV, PAD_D, MASK_N)
-        qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
+        x = tl.dot(q, kT, input_precision=DOT_PRECISION)  # raw q.k; s = x * scale
         if COG:
-            a = _times_sign_of(tl.math.exp2(tl.abs(qk) - lse2[:, None]), qk)  # A = sign(S) * P
+            a = _times_sign_of(tl.math.exp2(tl.abs(x) * qk_scale - lse2[:, None]), x)
         else:
-            a = tl.math.exp2(qk - lse2[:, None])
-        if MASK_N:
-            a = tl.where(cols[None, :] < N_KV, a, 0.0)
+            a = tl.math.exp2(x * qk_scale - lse2[:, None])
+            if MASK_N:
+                a = tl.where(cols[None, :] < N_KV, a, 0.0)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)  # dA = dO V^T
         if COG:
             ds = tl.abs(a) * dp - a * delta[:, None]  # = sign(S) * P * (sign(S) * dA - Delta)
@@ -535,69 +739,124 @@ def _attn_bwd_dq_inner(
     return dq
 
 
+@triton.jit
+def _attn_bwd_dq_block(
+    Q_head, K_head, V_head, O_head, DO_head, DQ_head, Lse_head, Delta_head, start_m, N_Q, N_KV,
+    stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+    stride_om, stride_od, stride_dom, stride_dod, stride_dqm, stride_dqd,
+    sm_scale, qk_scale,
+    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK_M: tl.constexpr,
+):
+    """dQ and Delta of query rows [start_m, start_m + BLOCK_M); MASK_M masks rows >= N_Q."""
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load_tile(Q_head + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                   offs_m, N_Q, offs_d, HEAD_DIM, MASK_M, PAD_D)
+    do = _load_tile(DO_head + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                    offs_m, N_Q, offs_d, HEAD_DIM, MASK_M, PAD_D)
+    o = _load_tile(O_head + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                   offs_m, N_Q, offs_d, HEAD_DIM, MASK_M, PAD_D)
+    # Delta = rowsum(dO * O), here because this program holds dO anyway; stored for
+    # the dK/dV kernel, which runs next
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if MASK_M:
+        tl.store(Delta_head + offs_m, delta, mask=offs_m < N_Q)
+        lse2 = tl.load(Lse_head + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E_C
+    else:
+        tl.store(Delta_head + offs_m, delta)
+        lse2 = tl.load(Lse_head + offs_m) * LOG2E_C
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # full key blocks, then the remainder in TAIL-wide steps (the last one masked)
+    n_full = (N_KV // BLOCK_N) * BLOCK_N
+    n_tail = (N_KV // TAIL_C) * TAIL_C
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, lse2, delta, K_head, V_head, 0, n_full, N_KV,
+        stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
+        COG, False, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
+    )
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, lse2, delta, K_head, V_head, n_full, n_tail, N_KV,
+        stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
+        COG, False, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
+    )
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, lse2, delta, K_head, V_head, n_tail, N_KV, N_KV,
+        stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
+        COG, True, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
+    )
+    dq = dq * sm_scale
+
+    dq_ptrs = DQ_head + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
+    if MASK_M:
+        mask = offs_m[:, None] < N_Q
+        if PAD_D:
+            mask = mask & (offs_d[None, :] < HEAD_DIM)
+        tl.store(dq_ptrs, dq.to(DQ_head.dtype.element_ty), mask=mask)
+    elif PAD_D:
+        tl.store(dq_ptrs, dq.to(DQ_head.dtype.element_ty), mask=offs_d[None, :] < HEAD_DIM)
+    else:
+        tl.store(dq_ptrs, dq.to(DQ_head.dtype.element_ty))
+
+
 @triton.autotune(
     configs=_configs(INTERPRET_BWD_DQ, "dq"),
-    key=["N_Q", "N_KV", "HEAD_DIM", "COG"],
+    key=_AUTOTUNE_KEY,
     prune_configs_by={"early_config_prune": functools.partial(_prune, kind="dq")},
 )
 @triton.jit
 def _attn_bwd_dq(
-    Q, K, V, DO, DQ, Lse, Delta,
+    Q, K, V, O, DO, DQ, Lse, Delta,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_oz, stride_oh, stride_om, stride_od,
     stride_doz, stride_doh, stride_dom, stride_dod,
     stride_dqz, stride_dqh, stride_dqm, stride_dqd,
-    H, N_Q, N_KV, sm_scale, qk_scale,
+    H, BH, N_Q, N_KV, sm_scale, qk_scale,
     COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """dQ for one (head, query block); loops over all key blocks."""
-    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    stride_qm, stride_kn, stride_vn, stride_dom, stride_dqm = (
+    """dQ (and Delta) for one (head, query block) or one remainder program."""
+    stride_qm, stride_kn, stride_vn, stride_om, stride_dom, stride_dqm = (
         stride_qm * STRIDE_ALIGN, stride_kn * STRIDE_ALIGN, stride_vn * STRIDE_ALIGN,
-        stride_dom * STRIDE_ALIGN, stride_dqm * STRIDE_ALIGN)
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(N_Q, BLOCK_M)
-    off_hz = pid // num_m
-    start_m = pid % num_m
-
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    q_off = _head_offset(off_hz, H, stride_qz, stride_qh, STRIDE_ALIGN)
-    do_off = _head_offset(off_hz, H, stride_doz, stride_doh, STRIDE_ALIGN)
-    q = _load_tile(Q + q_off + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                   offs_m, N_Q, offs_d, HEAD_DIM, True, PAD_D)
-    do = _load_tile(DO + do_off + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                    offs_m, N_Q, offs_d, HEAD_DIM, True, PAD_D)
-    row_ok = offs_m < N_Q
-    lse2 = tl.load(Lse + off_hz.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0) * LOG2E_C
-    delta = tl.load(Delta + off_hz.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
-    kT_ptrs = (K + _head_offset(off_hz, H, stride_kz, stride_kh, STRIDE_ALIGN)
-               + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn)
-    vT_ptrs = (V + _head_offset(off_hz, H, stride_vz, stride_vh, STRIDE_ALIGN)
-               + offs_d[:, None] * stride_vd + offs_n[None, :] * stride_vn)
-
-    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    n_full = (N_KV // BLOCK_N) * BLOCK_N
-    dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, kT_ptrs, vT_ptrs, 0, n_full, N_KV, stride_kn, stride_vn,
-        qk_scale, offs_n, offs_d, COG, False, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
-    )
-    dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, kT_ptrs, vT_ptrs, n_full, N_KV, N_KV, stride_kn, stride_vn,
-        qk_scale, offs_n, offs_d, COG, True, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
-    )
-    dq = dq * sm_scale
-
-    if PAD_D:
-        mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+        stride_om * STRIDE_ALIGN, stride_dom * STRIDE_ALIGN, stride_dqm * STRIDE_ALIGN)
+    off_hz, start, full, big_remainder = _program_block(tl.program_id(0), N_Q, BLOCK_M)
+    Q_head = Q + _head_offset(off_hz, H, stride_qz, stride_qh, STRIDE_ALIGN)
+    K_head = K + _head_offset(off_hz, H, stride_kz, stride_kh, STRIDE_ALIGN)
+    V_head = V + _head_offset(off_hz, H, stride_vz, stride_vh, STRIDE_ALIGN)
+    O_head = O + _head_offset(off_hz, H, stride_oz, stride_oh, STRIDE_ALIGN)
+    DO_head = DO + _head_offset(off_hz, H, stride_doz, stride_doh, STRIDE_ALIGN)
+    DQ_head = DQ + _head_offset(off_hz, H, stride_dqz, stride_dqh, STRIDE_ALIGN)
+    Lse_head = Lse + off_hz.to(tl.int64) * N_Q
+    Delta_head = Delta + off_hz.to(tl.int64) * N_Q
+    if full:
+        _attn_bwd_dq_block(
+            Q_head, K_head, V_head, O_head, DO_head, DQ_head, Lse_head, Delta_head,
+            start, N_Q, N_KV,
+            stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+            stride_om, stride_od, stride_dom, stride_dod, stride_dqm, stride_dqd,
+            sm_scale, qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, False,
+        )
+    elif big_remainder:
+        _attn_bwd_dq_block(
+            Q_head, K_head, V_head, O_head, DO_head, DQ_head, Lse_head, Delta_head,
+            start, N_Q, N_KV,
+            stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+            stride_om, stride_od, stride_dom, stride_dod, stride_dqm, stride_dqd,
+            sm_scale, qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, True,
+        )
     else:
-        mask = row_ok[:, None]
-    dq_ptrs = (DQ + _head_offset(off_hz, H, stride_dqz, stride_dqh, STRIDE_ALIGN)
-               + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd)
-    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=mask)
+        _attn_bwd_dq_block(
+            Q_head, K_head, V_head, O_head, DO_head, DQ_head, Lse_head, Delta_head,
+            start, N_Q, N_KV,
+            stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+            stride_om, stride_od, stride_dom, stride_dod, stride_dqm, stride_dqd,
+            sm_scale, qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, TAIL_C, BLOCK_N, True,
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -647,6 +906,21 @@ def _device_guard(t: torch.Tensor) -> contextlib.AbstractContextManager:
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
+def _positive_scale(q: torch.Tensor, cog: bool, scale: float) -> tuple[torch.Tensor, float, float]:
+    """``(q', scale', dq_sign)`` with ``scale' >= 0`` and ``scale' * q' k^T`` equal to the
+    scores the caller asked for, as the kernels' folded scale needs (module docstring).
+
+    A negative scale runs as ``(-q) k^T * |scale|`` (dQ changes sign); a zero scale in
+    Cog mode as ``q = 0``, so every score is an exact zero with weight ``sign(0) = 0``
+    (softmax needs nothing: ``0 * x`` gives the same all-zero scores).
+    """
+    if scale < 0:
+        return -q, -scale, -1.0
+    if scale == 0 and cog:
+        return torch.zeros_like(q), 0.0, 1.0
+    return q, scale, 1.0
+
+
 def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cog: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -661,16 +935,17 @@ def forward(
     lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return o, lse
+    q, scale, _ = _positive_scale(q, cog, scale)
 
     def grid(meta):
-        return (triton.cdiv(n_q, meta["BLOCK_M"]) * B * H,)
+        return (num_programs(n_q, meta["BLOCK_M"]) * B * H,)
 
     a = _stride_align(q, k, v, o)
     with _device_guard(q):
         _attn_fwd[grid](
             q, k, v, o, lse,
             *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(o, a),
-            H, n_q, n_kv, scale * LOG2E,
+            H, B * H, n_q, n_kv, scale * LOG2E,
             COG=cog, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), STRIDE_ALIGN=a,
             DOT_PRECISION=_dot_precision(q.dtype),
         )
@@ -689,7 +964,11 @@ def backward(
     need_dq: bool = True,
     need_dkdv: bool = True,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """Return ``(dQ, dK, dV)`` (None where not needed), in the input dtype."""
+    """Return ``(dQ, dK, dV)`` (None where not needed), in the input dtype.
+
+    Launch order: dQ (which also writes Delta), then dK/dV; without dQ, a small
+    kernel computes Delta first.  No atomics: results are bit-identical run to run.
+    """
     B, H, n_q, head_dim = q.shape
     n_kv = k.shape[2]
     block_d = _block_d(head_dim)
@@ -703,36 +982,38 @@ def backward(
         return tuple(None if g is None else g.zero_() for g in (dq, dk, dv))
     if not (need_dq or need_dkdv):
         return dq, dk, dv
+    q, scale, dq_sign = _positive_scale(q, cog, scale)
 
     delta = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
 
     def grid_kv(meta):
-        return (triton.cdiv(n_kv, meta["BLOCK_N"]) * B * H,)
+        return (num_programs(n_kv, meta["BLOCK_N"]) * B * H,)
 
     def grid_q(meta):
-        return (triton.cdiv(n_q, meta["BLOCK_M"]) * B * H,)
+        return (num_programs(n_q, meta["BLOCK_M"]) * B * H,)
 
     a = _stride_align(*(t for t in (q, k, v, o, do, dq, dk, dv) if t is not None))
     with _device_guard(q):
-        _attn_bwd_preprocess[(triton.cdiv(n_q, PREPROCESS_BLOCK_M) * B * H,)](
-            o, do, delta, *_strides(o, a), *_strides(do, a), H, n_q,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a, BLOCK_M=PREPROCESS_BLOCK_M,
-        )
+        if need_dq:
+            _attn_bwd_dq[grid_q](
+                q, k, v, o, do, dq, lse, delta,
+                *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(o, a),
+                *_strides(do, a), *_strides(dq, a),
+                H, B * H, n_q, n_kv, scale * dq_sign, scale * LOG2E,
+                COG=cog, HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a,
+                DOT_PRECISION=precision,
+            )
+        else:
+            _attn_bwd_preprocess[(triton.cdiv(n_q, PREPROCESS_BLOCK_M) * B * H,)](
+                o, do, delta, *_strides(o, a), *_strides(do, a), H, n_q,
+                HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a, BLOCK_M=PREPROCESS_BLOCK_M,
+            )
         if need_dkdv:
             _attn_bwd_dkdv[grid_kv](
                 q, k, v, do, dk, dv, lse, delta,
                 *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(do, a),
                 *_strides(dk, a), *_strides(dv, a),
-                H, n_q, n_kv, scale, scale * LOG2E,
-                COG=cog, HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a,
-                DOT_PRECISION=precision,
-            )
-        if need_dq:
-            _attn_bwd_dq[grid_q](
-                q, k, v, do, dq, lse, delta,
-                *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(do, a),
-                *_strides(dq, a),
-                H, n_q, n_kv, scale, scale * LOG2E,
+                H, B * H, n_q, n_kv, scale, scale * LOG2E,
                 COG=cog, HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a,
                 DOT_PRECISION=precision,
             )

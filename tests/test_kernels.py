@@ -85,6 +85,7 @@ SHAPES = [
     (1, 1, 40, 40, 8, None),
     (1, 2, 33, 70, 64, None),  # cross-attention lengths
     (1, 1, 20, 20, 24, -0.3),  # a negative scale flips every sign
+    (1, 1, 20, 20, 24, 0.0),  # every score an exact zero: Cog weights all 0
 ]
 FP16_SHAPES = [(1, 2, 77, 77, 64, None), (1, 1, 257, 257, 72, None), (2, 1, 17, 17, 128, None)]
 CASES = [(torch.float32, s) for s in SHAPES] + [
@@ -131,6 +132,87 @@ def test_lse_is_row_logsumexp(mode):
     ref = torch.logsumexp(s.abs() if mode == "cog" else s, dim=-1)
     assert lse.dtype == torch.float32 and lse.shape == (1, 2, 77)
     assert rel_err(lse, ref) < 1e-6
+
+
+# ---------------------------------------------------------------------------------------
+# Sequence remainders: full blocks, TAIL-wide steps and TAIL-row programs
+# ---------------------------------------------------------------------------------------
+
+# N around every block size the kernels use (16, 32, 64, 128) and U-ViT's 257 / 334
+REMAINDER_NS = [1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 257, 334]
+REMAINDER_DS = [32, 64, 72, 128]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=lambda dt: str(dt)[6:])
+@pytest.mark.parametrize("d", REMAINDER_DS)
+@pytest.mark.parametrize("n", REMAINDER_NS)
+def test_sequence_remainders(n, d, dtype, mode):
+    """Output and all three gradients against float64 for every remainder shape."""
+    q, k, v, do = (randn(1, 1, n, d, dtype=dtype, seed=i) for i in range(4))
+    assert_close_to_reference(q, k, v, do, mode, TOL[dtype])
+
+
+def _force_tiles(monkeypatch, fwd, dkdv, dq):
+    """Run the kernels with the given (BLOCK_M, BLOCK_N) tiles instead of their own."""
+    import triton
+
+    from uvic_kernels import triton_attention as ta
+
+    for kernel, (bm, bn) in ((ta._attn_fwd, fwd), (ta._attn_bwd_dkdv, dkdv), (ta._attn_bwd_dq, dq)):
+        config = triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=4, num_stages=2)
+        monkeypatch.setattr(kernel, "configs", [config])
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        ((128, 32), (32, 128), (128, 32)),
+        ((16, 16), (16, 16), (16, 16)),
+        ((32, 64), (64, 32), (16, 64)),
+    ],
+    ids=["tall-wide", "tail-sized", "mixed"],
+)
+@pytest.mark.parametrize("n", [45, 129, 170, 334])
+@pytest.mark.parametrize("mode", MODES)
+def test_other_tiles(monkeypatch, tiles, n, mode):
+    """Blocks larger than, equal to and smaller than TAIL-multiples of N: every split of
+    a sequence into full blocks, TAIL-wide steps, TAIL-row programs and masked
+    full-size remainder programs is exact (e.g. N = 170 with 128-row blocks: a 42-row
+    remainder runs as one masked program; N = 129: one 16-row program)."""
+    _force_tiles(monkeypatch, *tiles)
+    q, k, v, do = (randn(1, 2, n, 32, seed=i) for i in range(4))
+    k2, v2 = randn(1, 2, n + 30, 32, seed=5), randn(1, 2, n + 30, 32, seed=6)
+    assert_close_to_reference(q, k, v, do, mode, TOL[torch.float32])
+    assert_close_to_reference(q, k2, v2, do, mode, TOL[torch.float32])  # cross-attention
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bitwise_deterministic(mode):
+    """Two runs give identical bits (no atomics): exact resume of training depends on it."""
+    q, k, v, do = (randn(2, 2, 257, 64, seed=i) for i in range(4))
+    out_a, grads_a = run(q, k, v, do, mode)
+    out_b, grads_b = run(q, k, v, do, mode)
+    for a, b in zip((out_a, *grads_a), (out_b, *grads_b)):
+        assert torch.equal(a, b)
+
+
+def test_computed_fraction_of_scores():
+    """At U-ViT's sequence lengths at least 80% (N = 257) / 85% (N = 334) of the score
+    elements every kernel computes are real, for every tile the kernels may use."""
+    from uvic_kernels import triton_attention as ta
+
+    kinds = {"fwd": ta.GPU_FWD_TILES, "dkdv": ta.GPU_BWD_DKDV_TILES, "dq": ta.GPU_BWD_DQ_TILES}
+    for n, floor in ((257, 0.80), (334, 0.85)):
+        for kind, tiles in kinds.items():
+            for bm, bn, _, _ in tiles:
+                assert ta.computed_fraction(n, n, bm, bn, kind) >= floor, (n, kind, bm, bn)
+    # whole blocks for the remainder would waste nearly half at N = 257
+    assert ta.computed_fraction(257, 257, 128, 64, "fwd") == pytest.approx(257**2 / 272**2)
+    # remainders: 16-row programs, or one masked full-size program when those cost more
+    assert ta.num_programs(257, 128) == 2 + 1 and ta.num_programs(280, 128) == 2 + 2
+    assert ta.num_programs(334, 128) == 2 + 1 and ta.num_programs(334, 64) == 5 + 1
+    assert ta.num_programs(15, 64) == 1 and ta.num_programs(256, 64) == 4
 
 
 # ---------------------------------------------------------------------------------------
@@ -284,6 +366,26 @@ def test_gradient_subsets_and_no_grad(backend):
         assert torch.equal(attention(q, k, v, "cog", backend=backend), out.detach())
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_dq_only_and_dkdv_only(mode):
+    """dQ alone (its kernel computes Delta) and dK/dV alone (Delta from its own kernel)."""
+    q, k, v, do = (randn(1, 2, 70, 32, seed=i) for i in range(4))
+    _, ref_grads = run_reference(q, k, v, do, mode)
+    q_leaf = q.clone().requires_grad_()
+    (dq,) = torch.autograd.grad(attention(q_leaf, k, v, mode, backend="triton"), (q_leaf,), do)
+    k_leaf = k.clone().requires_grad_()
+    (dk,) = torch.autograd.grad(attention(q, k_leaf, v, mode, backend="triton"), (k_leaf,), do)
+    assert rel_err(dq, ref_grads[0]) < 1e-5 and rel_err(dk, ref_grads[1]) < 1e-5
+
+
+def test_sdpa_backend():
+    """backend='sdpa' is PyTorch's softmax attention (a baseline); Cog refuses it."""
+    q, k, v, do = (randn(1, 2, 33, 24, seed=i) for i in range(4))
+    assert_close_to_reference(q, k, v, do, "softmax", TOL[torch.float32], 0.3, backend="sdpa")
+    with pytest.raises(ValueError, match="softmax attention only"):
+        attention(q, k, v, "cog", backend="sdpa")
+
+
 def test_empty_batch():
     q = torch.empty(0, 2, 10, 16, device=DEVICE)
     assert attention(q, q, q, backend="triton").shape == (0, 2, 10, 16)
@@ -336,6 +438,8 @@ def test_gpu_config_pruning():
     assert all(m <= 64 and n <= 64 for m, n in tiles(40, 50, torch.float16))
     assert tiles(5, 5, torch.float16) == [(64, 32)]  # nothing fits: the smallest tile
     assert all(m * n <= ta.FP32_MAX_TILE for m, n in tiles(4096, 4096, torch.float32))
+    # without a GPU (no multiprocessor count) list order decides
+    assert tiles(334, 334, torch.bfloat16)[0] == ta.GPU_FWD_TILES[0][:2]
 
 
 def test_default_backend(monkeypatch):

@@ -540,3 +540,19 @@ def test_save_safetensors_is_atomic(tmp_path: Path) -> None:
     compiled_keys = {"_orig_mod.a": torch.full((2,), 2.0)}
     save_safetensors(compiled_keys, path)  # overwrite; wrapper prefix stripped
     assert list(read_state_dict(path)) == ["a"] and len(list(tmp_path.iterdir())) == 1
+
+
+def test_sdpa_backend_runs_softmax_blocks_and_refuses_cog() -> None:
+    """attention_backend='sdpa' (PyTorch's softmax attention) as a baseline for U-ViT:
+    same outputs as our kernels' softmax; a Cog block refuses it, naming the blocks."""
+    model = tiny("text", attention="uvit")
+    x, t, context, _ = inputs("text")
+    with torch.no_grad():
+        ours = model(x, t, context=context)
+        model.set_attention("uvit", backend="sdpa")
+        baseline = model(x, t, context=context)
+    assert torch.allclose(baseline, ours, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"'sdpa' runs softmax attention only.*blocks \[1\]"):
+        model.set_attention("uvic")
+    with pytest.raises(ValueError, match=r"attention_backend='sdpa'.*'cog'"):
+        tiny("uncond", attention="uvic", attention_backend="sdpa")

@@ -49,7 +49,7 @@ class ModelConfig:
     # in-block and the last out-block), or a comma-separated list of "softmax"/"cog",
     # one per block in order in_blocks, mid_block, out_blocks (depth + 1 entries).
     attention: str = "uvit"
-    attention_backend: str = "auto"  # auto | triton | torch
+    attention_backend: str = "auto"  # auto | triton | torch | sdpa (softmax blocks only)
     grad_checkpointing: bool = False
 
 

@@ -38,7 +38,7 @@ from uvic.config import Config, ModelConfig
 
 ATTENTION_MODES = ("softmax", "cog")
 ATTENTION_PRESETS = ("uvit", "uvic")
-ATTENTION_BACKENDS = {"auto": None, "triton": "triton", "torch": "torch"}
+ATTENTION_BACKENDS = {"auto": None, "triton": "triton", "torch": "torch", "sdpa": "sdpa"}
 
 # Model sizes of the U-ViT paper (Table 1), as in the release configs:
 # small  = configs/cifar10_uvit.py, configs/mscoco_uvit.py        (13 blocks)
@@ -141,6 +141,14 @@ class Mlp(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
+def _check_backend_fits(backend: str | None, modes: Sequence[str]) -> None:
+    """``sdpa`` (PyTorch's softmax attention) cannot run a Cog block: refuse it by name."""
+    cog = [i for i, mode in enumerate(modes) if mode != "softmax"]
+    if backend == "sdpa" and cog:
+        raise ValueError(f"model.attention_backend='sdpa' runs softmax attention only, but blocks "
+                         f"{cog} use {modes[cog[0]]!r}; use 'auto', 'triton' or 'torch'")
+
+
 class Attention(nn.Module):
     """Multi-head self-attention whose weights are softmax or Cog (`mode`).
 
@@ -233,6 +241,7 @@ class UViT(nn.Module):
             raise ValueError(f"model.attention_backend={attention_backend!r}: choose one of "
                              f"{sorted(ATTENTION_BACKENDS)}")
         modes = resolve_attention(attention, depth)
+        _check_backend_fits(attention_backend, modes)
         backend = ATTENTION_BACKENDS[attention_backend]
 
         self.img_size, self.patch_size, self.in_chans = img_size, patch_size, in_chans
@@ -288,6 +297,8 @@ class UViT(nn.Module):
         if backend is not None and backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention backend {backend!r}: choose one of "
                              f"{sorted(ATTENTION_BACKENDS)}")
+        current = next(iter(self.blocks())).attn.backend
+        _check_backend_fits(backend if backend is not None else current, modes)
         for blk, mode in zip(self.blocks(), modes):
             blk.attn.mode = mode
             if backend is not None:

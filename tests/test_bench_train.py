@@ -1,0 +1,27 @@
+"""scripts/bench_train.py (a benchmark script, not a timed test): its CPU smoke run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_train.py"
+
+
+def test_bench_train_smoke(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("bench_train", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "train.json"
+    assert bench.main(["--smoke", "--steps", "1", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["smoke"] and "timings need a gpu" in capsys.readouterr().out.lower()
+    cells = {(r["dataset"], r["model"], r["backend"]): r for r in payload["results"]}
+    # sdpa is a softmax-only baseline: U-ViT only; both settings, both models
+    assert set(cells) == {(d, m, b) for d in ("cifar10", "mscoco") for m, bs in
+                          (("uvit", ("torch", "sdpa")), ("uvic", ("torch",))) for b in bs}
+    for r in cells.values():
+        assert r["status"] == "ok" and r["train_ms"] > 0 and r["sample_images_per_s"] > 0
+    assert cells["cifar10", "uvit", "torch"]["tokens"] == 17  # 8x8 smoke images, patch 2
+    assert "| cifar10 (17) | uvic | torch |" in payload["table"]
