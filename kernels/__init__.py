@@ -1,4 +1,6 @@
-"""Fused softmax / Cog attention kernels for U-ViT and U-ViC (import name ``uvic_kernels``).
+"""Fused softmax / Cog / expressive attention kernels for U-ViT and U-ViC.
+
+Import name ``uvic_kernels``.
 
 ``attention(q, k, v, mode="cog")`` is the entry point; ``reference`` holds the plain
 PyTorch formulas used as test oracles.  See ``triton_attention`` for the algorithm.
@@ -8,6 +10,7 @@ from uvic_kernels.fused_attention import MODES, FusedAttention, attention
 from uvic_kernels.reference import (
     cog_attention_eq3,
     cog_attention_reference,
+    expressive_attention_reference,
     softmax_attention_reference,
 )
 
@@ -17,5 +20,6 @@ __all__ = [
     "attention",
     "cog_attention_eq3",
     "cog_attention_reference",
+    "expressive_attention_reference",
     "softmax_attention_reference",
 ]

@@ -6,7 +6,7 @@ each shape (B, H, N, D) and method it measures forward and forward+backward time
 TFLOP/s (forward ``4*B*H*N^2*D``, backward 2.5x that) and the peak extra memory
 (``torch.cuda.max_memory_allocated`` above the inputs).  Methods:
 
-* ``cog (ours)``, ``softmax (ours)``: :func:`uvic_kernels.attention`;
+* ``cog (ours)``, ``softmax (ours)``, ``expressive (ours)``: :func:`uvic_kernels.attention`;
 * ``sdpa flash``, ``sdpa cudnn``: PyTorch SDPA with one backend forced (softmax);
 * ``cog eager``: the paper's Figure 3 form ``sign(S) * softmax(|S|) @ V`` (N x N);
 * ``cog eager compiled``: ``torch.compile`` of the eager form.
@@ -33,7 +33,11 @@ import torch
 import torch.nn.functional as F
 
 from uvic_kernels.fused_attention import attention
-from uvic_kernels.reference import cog_attention_reference, softmax_attention_reference
+from uvic_kernels.reference import (
+    cog_attention_reference,
+    expressive_attention_reference,
+    softmax_attention_reference,
+)
 
 GPU_SHAPES = [
     (128, 8, 257, 64),  # U-ViT-S/2 on CIFAR-10 (256 patches + time token)
@@ -100,6 +104,7 @@ def methods(device: torch.device) -> dict[str, Callable[..., torch.Tensor]]:
     return {
         "cog (ours)": lambda q, k, v: attention(q, k, v, "cog"),
         "softmax (ours)": lambda q, k, v: attention(q, k, v, "softmax"),
+        "expressive (ours)": lambda q, k, v: attention(q, k, v, "expressive"),
         "sdpa flash": _sdpa("FLASH_ATTENTION"),
         "sdpa cudnn": _sdpa("CUDNN_ATTENTION"),
         "cog eager": cog_eager,
@@ -118,6 +123,8 @@ def _max_abs_err(
     q, k, v = (x.detach().float() for x in (q, k, v))
     if name.startswith("cog"):
         ref = cog_attention_reference(q, k, v)
+    elif name.startswith("expressive"):
+        ref = expressive_attention_reference(q, k, v)
     else:
         ref = softmax_attention_reference(q, k, v)
     return (out.float() - ref).abs().max().item()

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-MODES = ("cog", "softmax")
+MODES = ("cog", "softmax", "expressive")
 BACKENDS = ("triton", "torch", "sdpa")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
@@ -137,15 +137,15 @@ def _check_inputs(
 
 @torch.library.custom_op("uvic_kernels::attention_forward", mutates_args=())
 def _forward_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cog: bool, scale: float, backend: str
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, scale: float, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    o, lse = _implementation(backend, q.device).forward(q, k, v, cog, scale)
+    o, lse = _implementation(backend, q.device).forward(q, k, v, mode, scale)
     # The fake kernels below promise contiguous outputs (torch.compile checks strides).
     return o.contiguous(), lse.contiguous()
 
 
 @_forward_op.register_fake
-def _forward_fake(q, k, v, cog, scale, backend):
+def _forward_fake(q, k, v, mode, scale, backend):
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     return o, torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
 
@@ -158,21 +158,21 @@ def _backward_op(
     o: torch.Tensor,
     lse: torch.Tensor,
     do: torch.Tensor,
-    cog: bool,
+    mode: str,
     scale: float,
     backend: str,
     need_dq: bool,
     need_dkdv: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     grads = _implementation(backend, q.device).backward(
-        q, k, v, o, lse, do, cog, scale, need_dq=need_dq, need_dkdv=need_dkdv
+        q, k, v, o, lse, do, mode, scale, need_dq=need_dq, need_dkdv=need_dkdv
     )
     # custom ops return tensors only: an empty tensor stands for "not computed"
     return tuple(q.new_empty(0) if g is None else g.contiguous() for g in grads)
 
 
 @_backward_op.register_fake
-def _backward_fake(q, k, v, o, lse, do, cog, scale, backend, need_dq, need_dkdv):
+def _backward_fake(q, k, v, o, lse, do, mode, scale, backend, need_dq, need_dkdv):
     def like(x: torch.Tensor, needed: bool) -> torch.Tensor:
         return torch.empty(x.shape if needed else (0,), dtype=x.dtype, device=x.device)
 
@@ -182,15 +182,15 @@ def _backward_fake(q, k, v, o, lse, do, cog, scale, backend, need_dq, need_dkdv)
 class FusedAttention(torch.autograd.Function):
     """Autograd wrapper: saves q, k, v, O and the row LSE; the backward recomputes P.
 
-    ``FusedAttention.apply(q, k, v, cog, scale, backend)`` with validated inputs;
+    ``FusedAttention.apply(q, k, v, mode, scale, backend)`` with validated inputs;
     use :func:`attention` instead.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, cog: bool, scale: float, backend: str):
-        o, lse = _forward_op(q, k, v, cog, scale, backend)
+    def forward(ctx, q, k, v, mode: str, scale: float, backend: str):
+        o, lse = _forward_op(q, k, v, mode, scale, backend)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.cog, ctx.scale, ctx.backend = cog, scale, backend
+        ctx.mode, ctx.scale, ctx.backend = mode, scale, backend
         return o
 
     @staticmethod
@@ -199,7 +199,7 @@ class FusedAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
         dq, dk, dv = _backward_op(
-            q, k, v, o, lse, do, ctx.cog, ctx.scale, ctx.backend, need_q, need_k or need_v
+            q, k, v, o, lse, do, ctx.mode, ctx.scale, ctx.backend, need_q, need_k or need_v
         )
         return (
             dq if need_q else None,
@@ -222,8 +222,10 @@ def attention(
 ) -> torch.Tensor:
     """Fused non-causal attention over (B, H, N, D) tensors, differentiable.
 
-    ``mode="cog"``: ``sign(S) * softmax(|S|) @ v``; ``mode="softmax"``: ``softmax(S) @ v``,
-    with ``S = scale * q k^T`` and ``scale`` defaulting to ``D ** -0.5``.  k and v may have
+    ``mode="cog"``: ``sign(S) * softmax(|S|) @ v``; ``mode="softmax"``: ``softmax(S) @ v``;
+    ``mode="expressive"``: ``(E / rowsum(E)) @ v`` with ``E = S^2 / (1 + S^2)`` (a row of
+    all-zero scores gets weights 0), with ``S = scale * q k^T`` and ``scale`` defaulting
+    to ``D ** -0.5``.  k and v may have
     a different sequence length than q.  Inputs are fp16, bf16 or fp32 (any strides,
     D <= 128); the output has q's dtype and is contiguous.  ``backend`` forces
     ``"triton"``, ``"torch"`` or (softmax only) ``"sdpa"``; by default Triton runs on
@@ -235,7 +237,6 @@ def attention(
     if backend == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, scale=float(scale))
     backend = backend or _backend_for(q)
-    cog = mode == "cog"
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return FusedAttention.apply(q, k, v, cog, float(scale), backend)
-    return _forward_op(q, k, v, cog, float(scale), backend)[0]
+        return FusedAttention.apply(q, k, v, mode, float(scale), backend)
+    return _forward_op(q, k, v, mode, float(scale), backend)[0]

@@ -1,6 +1,6 @@
-"""Plain PyTorch reference formulas for softmax and Cog attention (test oracles).
+"""Plain PyTorch reference formulas for softmax, Cog and expressive attention (test oracles).
 
-All three functions take (..., N, D) tensors, build the full N x N score matrix
+All four functions take (..., N, D) tensors, build the full N x N score matrix
 and are differentiated by autograd; run them in float64 to check the kernels.
 
 Cog attention has two published forms (Lv et al., eq. 3 and Figure 3) that agree
@@ -69,3 +69,19 @@ def cog_attention_eq3(
     max_abs = s.abs().amax(dim=-1, keepdim=True)
     e = sign * torch.exp(sign * s - max_abs)
     return (e / e.abs().sum(dim=-1, keepdim=True)) @ v
+
+
+def expressive_attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """Expressive attention: ``A = E / rowsum(E)`` with ``E = S^2 / (1 + S^2)``, then ``A v``.
+
+    Parallel and antiparallel query-key pairs (large ``|S|``) both attract attention,
+    orthogonal ones (``S = 0``) none; every weight is >= 0.  A row whose scores are all
+    exactly 0 has ``rowsum(E) = 0``: its weights are defined as 0 (output 0, and, since
+    ``dE/dS = 0`` at ``S = 0``, gradient 0), not 0 / 0.
+    """
+    s = _scores(q, k, scale)
+    e = s * s / (1 + s * s)
+    n = e.sum(dim=-1, keepdim=True)
+    return torch.where(n > 0, e / torch.where(n > 0, n, torch.ones_like(n)), 0.0) @ v

@@ -1,11 +1,12 @@
 """PyTorch implementation of the fused attention algorithm (CPU fallback).
 
 Same interface and the same maths as :mod:`uvic_kernels.triton_attention`: the
-forward returns ``O`` and the fp32 row log-sum-exp, the backward recomputes the
-weights from the LSE.  Work runs over chunks of query rows, so at most
-``CHUNK_ELEMENTS`` score entries (per chunk, over all heads) are alive at once,
-and nothing of size N x N is kept for the backward.  Computation is in fp32
-(autocast disabled); results are returned in the input dtype.
+forward returns ``O`` and an fp32 row statistic (the log-sum-exp of ``S`` or ``|S|``,
+or expressive attention's row sum ``N``), the backward recomputes the weights from it.
+Work runs over chunks of query rows, so at most ``CHUNK_ELEMENTS`` score entries (per
+chunk, over all heads) are alive at once, and nothing of size N x N is kept for the
+backward.  Computation is in fp32 (autocast disabled); results are returned in the
+input dtype.
 """
 
 from __future__ import annotations
@@ -21,43 +22,76 @@ def _chunk_rows(q: torch.Tensor, n_kv: int) -> int:
     return max(1, CHUNK_ELEMENTS // max(1, batch_heads * n_kv))
 
 
-def _weights(
-    qc: torch.Tensor, k: torch.Tensor, lse: torch.Tensor | None, cog: bool, scale: float
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Return ``(P, sign(S) or None, LSE)`` for one chunk of query rows, in fp32.
+def _mode_name(mode: str | bool) -> str:
+    """``mode`` as a name; a bool is the ``cog`` flag of the two-mode interface."""
+    if isinstance(mode, bool):
+        return "cog" if mode else "softmax"
+    return mode
 
-    Without ``lse`` (forward), P is normalised by its row sum, as in the kernel's
-    epilogue; with ``lse`` (backward), P is recomputed as ``exp(t - lse)``.
+
+def _inverse(n: torch.Tensor) -> torch.Tensor:
+    """1 / N for expressive attention's row sums, 0 where N = 0 (an all-zero row)."""
+    return torch.where(n > 0, 1 / torch.where(n > 0, n, 1.0), 0.0)
+
+
+def _weights(
+    qc: torch.Tensor, k: torch.Tensor, stat: torch.Tensor | None, mode: str, scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Return ``(S, A, row statistic)`` for one chunk of query rows, in fp32.
+
+    Without ``stat`` (forward) the weights are normalised by their row sums and the
+    statistic is computed: the log-sum-exp of ``S`` / ``|S|``, or expressive attention's
+    row sum ``N``; with ``stat`` (backward) the weights are recomputed from it.
     """
     s = (qc @ k.transpose(-2, -1)) * scale
-    t = s.abs() if cog else s
-    if lse is None:
+    if mode == "expressive":
+        e = s * s / (1 + s * s)
+        if stat is None:
+            stat = e.sum(dim=-1)
+        return s, e * _inverse(stat).unsqueeze(-1), stat
+    t = s.abs() if mode == "cog" else s
+    if stat is None:
         m = t.amax(dim=-1, keepdim=True)
         p = torch.exp(t - m)
         l = p.sum(dim=-1, keepdim=True)
         p = p / l
-        lse = (m + torch.log(l)).squeeze(-1)
+        stat = (m + torch.log(l)).squeeze(-1)
     else:
-        p = torch.exp(t - lse.unsqueeze(-1))
-    return p, (torch.sign(s) if cog else None), lse
+        p = torch.exp(t - stat.unsqueeze(-1))
+    return s, (torch.sign(s) * p if mode == "cog" else p), stat
+
+
+def _score_grad(
+    s: torch.Tensor, a: torch.Tensor, da: torch.Tensor, delta: torch.Tensor,
+    stat: torch.Tensor, mode: str,
+) -> torch.Tensor:
+    """dL/dS of one chunk from the weights ``A``, ``dA`` and ``Delta = rowsum(dO * O)``."""
+    if mode == "cog":
+        # sign(S) P (sign(S) dA - Delta), unsimplified: exactly 0 where S == 0, as
+        # autograd is
+        return a.abs() * da - a * delta
+    if mode == "expressive":
+        # A = E / N: dL/dE = (dA - Delta) / N, and dE/dS = 2 S / (1 + S^2)^2
+        r = 1 / (1 + s * s)
+        return (da - delta) * _inverse(stat).unsqueeze(-1) * 2 * s * r * r
+    return a * (da - delta)
 
 
 def forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cog: bool, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str | bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(O, LSE)`` as :func:`uvic_kernels.triton_attention.forward` does."""
+    """Return ``(O, row statistic)`` as :func:`uvic_kernels.triton_attention.forward` does."""
+    mode = _mode_name(mode)
     with torch.autocast(q.device.type, enabled=False):
         qf, kf, vf = q.float(), k.float(), v.float()
         o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        stat = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         step = _chunk_rows(q, k.shape[2])
         for start in range(0, q.shape[2], step):
             rows = slice(start, start + step)
-            p, sign, lse_c = _weights(qf[..., rows, :], kf, None, cog, scale)
-            a = p * sign if cog else p
+            _, a, stat[..., rows] = _weights(qf[..., rows, :], kf, None, mode, scale)
             o[..., rows, :] = a @ vf
-            lse[..., rows] = lse_c
-    return o.to(q.dtype), lse
+    return o.to(q.dtype), stat
 
 
 def backward(
@@ -65,14 +99,15 @@ def backward(
     k: torch.Tensor,
     v: torch.Tensor,
     o: torch.Tensor,
-    lse: torch.Tensor,
+    stat: torch.Tensor,
     do: torch.Tensor,
-    cog: bool,
+    mode: str | bool,
     scale: float,
     need_dq: bool = True,
     need_dkdv: bool = True,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Return ``(dQ, dK, dV)`` (None where not needed), in the input dtype."""
+    mode = _mode_name(mode)
     with torch.autocast(q.device.type, enabled=False):
         qf, kf, vf, dof = q.float(), k.float(), v.float(), do.float()
         delta = (dof * o.float()).sum(-1)
@@ -83,15 +118,11 @@ def backward(
         for start in range(0, q.shape[2], step):
             rows = slice(start, start + step)
             qc, doc = qf[..., rows, :], dof[..., rows, :]
-            p, sign, _ = _weights(qc, kf, lse[..., rows], cog, scale)
+            s, a, _ = _weights(qc, kf, stat[..., rows], mode, scale)
             da = doc @ vf.transpose(-2, -1)  # dA = dO V^T
-            if cog:
-                # unsimplified: exactly 0 where S == 0, as autograd is
-                ds = sign * p * (sign * da - delta[..., rows].unsqueeze(-1))
-            else:
-                ds = p * (da - delta[..., rows].unsqueeze(-1))
+            ds = _score_grad(s, a, da, delta[..., rows].unsqueeze(-1), stat[..., rows], mode)
             if need_dkdv:
-                dv += (p * sign if cog else p).transpose(-2, -1) @ doc
+                dv += a.transpose(-2, -1) @ doc
                 dk += scale * (ds.transpose(-2, -1) @ qc)
             if need_dq:
                 dq[..., rows, :] = scale * (ds @ kf)

@@ -1,16 +1,21 @@
 """Fused Cog / softmax attention in Triton (FlashAttention-2 structure).
 
-For one head with scores ``S = scale * Q K^T`` the two modes are
+For one head with scores ``S = scale * Q K^T`` the three modes are
 
-* softmax: ``A = softmax(S)``, ``O = A V``;
-* cog:     ``P = softmax(|S|)``, ``A = sign(S) * P``, ``O = A V``   (sign(0) = 0).
+* softmax:    ``A = softmax(S)``, ``O = A V``;
+* cog:        ``P = softmax(|S|)``, ``A = sign(S) * P``, ``O = A V``   (sign(0) = 0);
+* expressive: ``E = S^2 / (1 + S^2)``, ``A = E / rowsum(E)``, ``O = A V`` (a row whose
+  scores are all exactly 0 has rowsum 0 and gets ``A = 0``, so ``O = 0``).
 
 Cog attention (Lv et al., eq. 3, "faster" form of Figure 3) only changes what the
 online softmax runs over: the running max and the running denominator are taken
 over ``|s|`` instead of ``s``, and the value accumulator receives
 ``sign(s) * exp(|s| - m)`` instead of ``exp(s - m)``.  Because ``|s| >= 0`` the
-running max starts at 0, so the denominator is always >= 1.  Both modes share
-the same kernels; ``COG`` is a ``tl.constexpr``, so each mode compiles to its own
+running max starts at 0, so the denominator is always >= 1.  Expressive attention
+("Reorganizing attention-space geometry with expressive attention") needs no
+running max at all: each term is below 1, so the forward only sums ``E`` and ``E V``
+and stores the row sum ``N`` instead of a log-sum-exp.  All modes share the same
+kernels; ``MODE`` is a ``tl.constexpr``, so each mode compiles to its own
 specialisation with no run-time branch.  The full derivation, backward included,
 is in ``docs/cog_attention.md``.
 
@@ -51,6 +56,11 @@ multiplies by ``sign(S)``.  The kernels evaluate it as ``|A| * dA - A * Delta``
 (``|A| = |sign(S)| * P``), which keeps one score-sized tile live instead of P and
 sign(S) and is, like the product above, exactly 0 where ``S == 0``, as autograd of
 ``sign(S) * softmax(|S|)`` is (the algebraically equal ``P * dA - A * Delta`` is not).
+
+Expressive: ``A = E / N`` gives ``dL/dE = (dA - Delta) / N`` (the same Delta), and
+``dE/dS = 2 S / (1 + S^2)^2``; with ``S = scale * x`` and ``r = 1 / (1 + S^2)`` the
+kernels form ``(dA - Delta) / N * x * r^2`` and multiply dQ and dK by ``2 scale^2``
+once.  A row with ``N = 0`` has all ``x = 0``: its weights and gradients are 0.
 
 Kernels, as in Triton's fused-attention tutorial, one per pass:
 
@@ -111,6 +121,11 @@ TAIL = 16  # rows / keys per remainder step and per remainder program (tl.dot's 
 REMAINDER_COST = 4
 # Compiled kernels may only read globals that are tl.constexpr (the interpreter reads
 # any global, so it does not catch this): device code uses these.
+# The kernels' MODE constexpr: each mode compiles to its own specialisation.
+MODE_IDS = {"softmax": 0, "cog": 1, "expressive": 2}
+SOFTMAX_C = tl.constexpr(MODE_IDS["softmax"])
+COG_C = tl.constexpr(MODE_IDS["cog"])
+EXPRESSIVE_C = tl.constexpr(MODE_IDS["expressive"])
 LOG2E_C = tl.constexpr(LOG2E)
 LN2_C = tl.constexpr(LN2)
 TAIL_C = tl.constexpr(TAIL)
@@ -171,7 +186,7 @@ _TILES = {
 assert all(m * n <= FP32_MAX_TILE for _, t32 in _TILES.values() for m, n, _, _ in t32)
 # Which sequence the program grid of each kernel tiles (the other one is looped over).
 _PROGRAM_DIM = {"fwd": ("N_Q", "BLOCK_M"), "dq": ("N_Q", "BLOCK_M"), "dkdv": ("N_KV", "BLOCK_N")}
-_AUTOTUNE_KEY = ["N_Q", "N_KV", "BH", "HEAD_DIM", "COG"]
+_AUTOTUNE_KEY = ["N_Q", "N_KV", "BH", "HEAD_DIM", "MODE"]
 
 
 def _configs(interpret_tile: dict[str, int], kind: str):
@@ -328,6 +343,12 @@ def _times_sign_of(p, x):
 
 
 @triton.jit
+def _inverse_normaliser(n):
+    """1 / N for expressive attention's row sums, 0 where N = 0 (an all-zero row)."""
+    return tl.where(n > 0.0, 1.0 / tl.where(n > 0.0, n, 1.0), 0.0)
+
+
+@triton.jit
 def _head_offset(off_hz, H, stride_z, stride_h, STRIDE_ALIGN: tl.constexpr):
     """Element offset of head ``off_hz`` (flattened B*H index), in int64.
 
@@ -365,7 +386,7 @@ def _program_block(pid, N, BLOCK: tl.constexpr):
 def _attn_fwd_inner(
     acc, l_i, m_i, q, K_head, V_head, lo, hi, N_KV,
     stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
-    COG: tl.constexpr, MASK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    MODE: tl.constexpr, MASK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Online softmax over keys [lo, hi) in steps of BLOCK_N; MASK_N masks keys >= N_KV."""
@@ -377,32 +398,43 @@ def _attn_fwd_inner(
         cols = start_n + offs_n
         kT = _load_tile(kT_ptrs + start_n * stride_kn, offs_d, HEAD_DIM, cols, N_KV, PAD_D, MASK_N)
         x = tl.dot(q, kT, input_precision=DOT_PRECISION)  # raw q.k; s = x * scale
-        if COG:
-            # masked keys read k = 0, so x = 0 there: neutral for the running max of
-            # |x| (which starts at 0) and weight sign(0) * p = 0; only the row sum
-            # below must leave them out
-            m_new = tl.maximum(m_i, tl.max(tl.abs(x), 1) * qk_scale)
-            p = tl.math.exp2(tl.abs(x) * qk_scale - m_new[:, None])
+        if MODE == EXPRESSIVE_C:
+            # e = s^2 / (1 + s^2) in [0, 1) (qk_scale = scale^2): no running max and no
+            # rescaling; masked keys read k = 0, so x = 0 and e = 0 there
+            z2 = x * x * qk_scale
+            p = tl.fdiv(z2, 1.0 + z2)
+            v = _load_tile(v_ptrs + start_n * stride_vn, cols, N_KV, offs_d, HEAD_DIM, MASK_N,
+                           PAD_D)
+            l_i = l_i + tl.sum(p, 1)
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         else:
+            if MODE == COG_C:
+                # masked keys read k = 0, so x = 0 there: neutral for the running max of
+                # |x| (which starts at 0) and weight sign(0) * p = 0; only the row sum
+                # below must leave them out
+                m_new = tl.maximum(m_i, tl.max(tl.abs(x), 1) * qk_scale)
+                p = tl.math.exp2(tl.abs(x) * qk_scale - m_new[:, None])
+            else:
+                if MASK_N:
+                    x = tl.where(cols[None, :] < N_KV, x, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(x, 1) * qk_scale)
+                p = tl.math.exp2(x * qk_scale - m_new[:, None])
             if MASK_N:
-                x = tl.where(cols[None, :] < N_KV, x, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(x, 1) * qk_scale)
-            p = tl.math.exp2(x * qk_scale - m_new[:, None])
-        if MASK_N:
-            # masked keys contribute neither to the denominator nor to the output
-            p = tl.where(cols[None, :] < N_KV, p, 0.0)
-        v = _load_tile(v_ptrs + start_n * stride_vn, cols, N_KV, offs_d, HEAD_DIM, MASK_N, PAD_D)
-        if COG:
-            # sign(s) * exp(|s| - m), formed (and rounded to V's dtype) before the row
-            # sum so that x dies here: x, p and the weights are never all live at once
-            a = _times_sign_of(p, x).to(v.dtype)
-        else:
-            a = p.to(v.dtype)
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(a, v, acc, input_precision=DOT_PRECISION)
-        m_i = m_new
+                # masked keys contribute neither to the denominator nor to the output
+                p = tl.where(cols[None, :] < N_KV, p, 0.0)
+            v = _load_tile(v_ptrs + start_n * stride_vn, cols, N_KV, offs_d, HEAD_DIM, MASK_N,
+                           PAD_D)
+            if MODE == COG_C:
+                # sign(s) * exp(|s| - m), formed (and rounded to V's dtype) before the row
+                # sum so that x dies here: x, p and the weights are never all live at once
+                a = _times_sign_of(p, x).to(v.dtype)
+            else:
+                a = p.to(v.dtype)
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            acc = tl.dot(a, v, acc, input_precision=DOT_PRECISION)
+            m_i = m_new
     return acc, l_i, m_i
 
 
@@ -411,7 +443,7 @@ def _attn_fwd_block(
     Q_head, K_head, V_head, O_head, Lse_head, start_m, N_Q, N_KV,
     stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd, stride_om, stride_od,
     qk_scale,
-    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    MODE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_M: tl.constexpr,
 ):
@@ -421,10 +453,10 @@ def _attn_fwd_block(
     offs_d = tl.arange(0, BLOCK_D)
     q = _load_tile(Q_head + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                    offs_m, N_Q, offs_d, HEAD_DIM, MASK_M, PAD_D)
-    if COG:
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # max of |s| is >= 0
-    else:
+    if MODE == SOFTMAX_C:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    else:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # cog: max |s| >= 0; expressive: unused
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
@@ -434,21 +466,26 @@ def _attn_fwd_block(
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, K_head, V_head, 0, n_full, N_KV,
         stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
-        COG, False, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
+        MODE, False, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
     )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, K_head, V_head, n_full, n_tail, N_KV,
         stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
-        COG, False, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
+        MODE, False, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
     )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, K_head, V_head, n_tail, N_KV, N_KV,
         stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
-        COG, True, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
+        MODE, True, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
     )
 
-    acc = acc / l_i[:, None]
-    lse = (m_i + tl.math.log2(l_i)) * LN2_C
+    if MODE == EXPRESSIVE_C:
+        # a row whose scores are all exactly 0 has N = 0: its weights are defined as 0
+        acc = acc * _inverse_normaliser(l_i)[:, None]
+        lse = l_i  # expressive stores the row normaliser N, not a log-sum-exp
+    else:
+        acc = acc / l_i[:, None]
+        lse = (m_i + tl.math.log2(l_i)) * LN2_C
     o_ptrs = O_head + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     if MASK_M:
         tl.store(Lse_head + offs_m, lse, mask=offs_m < N_Q)
@@ -477,7 +514,7 @@ def _attn_fwd(
     stride_vz, stride_vh, stride_vn, stride_vd,
     stride_oz, stride_oh, stride_om, stride_od,
     H, BH, N_Q, N_KV, qk_scale,
-    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
+    MODE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """O and the row LSE for one (head, query block) or one remainder program."""
@@ -494,19 +531,19 @@ def _attn_fwd(
         _attn_fwd_block(
             Q_head, K_head, V_head, O_head, Lse_head, start, N_Q, N_KV,
             stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd, stride_om, stride_od,
-            qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, False,
+            qk_scale, MODE, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, False,
         )
     elif big_remainder:
         _attn_fwd_block(
             Q_head, K_head, V_head, O_head, Lse_head, start, N_Q, N_KV,
             stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd, stride_om, stride_od,
-            qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, True,
+            qk_scale, MODE, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, True,
         )
     else:
         _attn_fwd_block(
             Q_head, K_head, V_head, O_head, Lse_head, start, N_Q, N_KV,
             stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd, stride_om, stride_od,
-            qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, TAIL_C, BLOCK_N, True,
+            qk_scale, MODE, HEAD_DIM, BLOCK_D, DOT_PRECISION, TAIL_C, BLOCK_N, True,
         )
 
 
@@ -547,7 +584,7 @@ def _attn_bwd_preprocess(
 def _attn_bwd_dkdv_inner(
     dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, lo, hi, N_Q,
     stride_qm, stride_qd, stride_dom, stride_dod, qk_scale, offs_d,
-    COG: tl.constexpr, MASK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    MODE: tl.constexpr, MASK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Accumulate dK and dV of one key block over queries [lo, hi) in steps of BLOCK_M.
@@ -565,21 +602,31 @@ def _attn_bwd_dkdv_inner(
         qT = _load_tile(qT_ptrs + start_m * stride_qm, offs_d, HEAD_DIM, rows, N_Q, PAD_D, MASK_M)
         do = _load_tile(do_ptrs + start_m * stride_dom, rows, N_Q, offs_d, HEAD_DIM, MASK_M, PAD_D)
         if MASK_M:
-            lse2 = tl.load(Lse_head + rows, mask=rows < N_Q, other=0.0) * LOG2E_C
+            lse = tl.load(Lse_head + rows, mask=rows < N_Q, other=0.0)
             delta = tl.load(Delta_head + rows, mask=rows < N_Q, other=0.0)
         else:
-            lse2 = tl.load(Lse_head + rows) * LOG2E_C
+            lse = tl.load(Lse_head + rows)
             delta = tl.load(Delta_head + rows)
         # transposed raw products (keys x queries); s = x * scale
         xT = tl.dot(k, qT, input_precision=DOT_PRECISION)
-        if COG:
+        if MODE == EXPRESSIVE_C:
+            inv_n = _inverse_normaliser(lse)
+            z2 = xT * xT * qk_scale
+            r = tl.fdiv(tl.full(z2.shape, 1.0, tl.float32), 1.0 + z2)  # 1 / (1 + s^2)
+            aT = z2 * r * inv_n[None, :]
+        elif MODE == COG_C:
             # A^T = sign(S) * P directly, so that only one score-sized tile stays live
-            aT = _times_sign_of(tl.math.exp2(tl.abs(xT) * qk_scale - lse2[None, :]), xT)
+            aT = _times_sign_of(
+                tl.math.exp2(tl.abs(xT) * qk_scale - lse[None, :] * LOG2E_C), xT)
         else:
-            aT = tl.math.exp2(xT * qk_scale - lse2[None, :])
+            aT = tl.math.exp2(xT * qk_scale - lse[None, :] * LOG2E_C)
         dv = tl.dot(aT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV += A^T dO
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # dA^T = V dO^T
-        if COG:
+        if MODE == EXPRESSIVE_C:
+            # dL/dx = (dA - Delta) / N * de/dx, de/dx = 2 scale^2 x / (1 + s^2)^2; the
+            # constant 2 scale^2 is applied once to dK (sm_scale)
+            dsT = (dpT - delta[None, :]) * (inv_n[None, :] * xT * r * r)
+        elif MODE == COG_C:
             # = sign(S) * P * (sign(S) * dA - Delta), as |A| = |sign(S)| * P
             dsT = tl.abs(aT) * dpT - aT * delta[None, :]
         else:
@@ -594,7 +641,7 @@ def _attn_bwd_dkdv_block(
     stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
     stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dvn, stride_dvd,
     sm_scale, qk_scale,
-    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    MODE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_N: tl.constexpr,
 ):
@@ -615,17 +662,17 @@ def _attn_bwd_dkdv_block(
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, 0, m_full, N_Q,
         stride_qm, stride_qd, stride_dom, stride_dod, qk_scale, offs_d,
-        COG, False, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION,
+        MODE, False, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION,
     )
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, m_full, m_tail, N_Q,
         stride_qm, stride_qd, stride_dom, stride_dod, qk_scale, offs_d,
-        COG, False, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
+        MODE, False, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
     )
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, Q_head, DO_head, Lse_head, Delta_head, m_tail, N_Q, N_Q,
         stride_qm, stride_qd, stride_dom, stride_dod, qk_scale, offs_d,
-        COG, True, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
+        MODE, True, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
     )
     dk = dk * sm_scale
 
@@ -660,7 +707,7 @@ def _attn_bwd_dkdv(
     stride_dkz, stride_dkh, stride_dkn, stride_dkd,
     stride_dvz, stride_dvh, stride_dvn, stride_dvd,
     H, BH, N_Q, N_KV, sm_scale, qk_scale,
-    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
+    MODE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dK and dV for one (head, key block) or one remainder program."""
@@ -682,7 +729,7 @@ def _attn_bwd_dkdv(
             start, N_Q, N_KV,
             stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
             stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dvn, stride_dvd,
-            sm_scale, qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, False,
+            sm_scale, qk_scale, MODE, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, False,
         )
     elif big_remainder:
         _attn_bwd_dkdv_block(
@@ -690,7 +737,7 @@ def _attn_bwd_dkdv(
             start, N_Q, N_KV,
             stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
             stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dvn, stride_dvd,
-            sm_scale, qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, True,
+            sm_scale, qk_scale, MODE, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, True,
         )
     else:
         _attn_bwd_dkdv_block(
@@ -698,15 +745,15 @@ def _attn_bwd_dkdv(
             start, N_Q, N_KV,
             stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
             stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dvn, stride_dvd,
-            sm_scale, qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, TAIL_C, True,
+            sm_scale, qk_scale, MODE, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, TAIL_C, True,
         )
 
 
 @triton.jit
 def _attn_bwd_dq_inner(
-    dq, q, do, lse2, delta, K_head, V_head, lo, hi, N_KV,
+    dq, q, do, lse, delta, K_head, V_head, lo, hi, N_KV,
     stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
-    COG: tl.constexpr, MASK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    MODE: tl.constexpr, MASK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Accumulate dQ of one query block over keys [lo, hi) in steps of BLOCK_N.
@@ -724,14 +771,20 @@ def _attn_bwd_dq_inner(
         kT = _load_tile(kT_ptrs + start_n * stride_kn, offs_d, HEAD_DIM, cols, N_KV, PAD_D, MASK_N)
         vT = _load_tile(vT_ptrs + start_n * stride_vn, offs_d, HEAD_DIM, cols, N_KV, PAD_D, MASK_N)
         x = tl.dot(q, kT, input_precision=DOT_PRECISION)  # raw q.k; s = x * scale
-        if COG:
-            a = _times_sign_of(tl.math.exp2(tl.abs(x) * qk_scale - lse2[:, None]), x)
+        if MODE == EXPRESSIVE_C:
+            # lse holds 1 / N here (see _attn_bwd_dq_block); masked keys give x = 0
+            z2 = x * x * qk_scale
+            r = tl.fdiv(tl.full(z2.shape, 1.0, tl.float32), 1.0 + z2)  # 1 / (1 + s^2)
+        elif MODE == COG_C:
+            a = _times_sign_of(tl.math.exp2(tl.abs(x) * qk_scale - lse[:, None]), x)
         else:
-            a = tl.math.exp2(x * qk_scale - lse2[:, None])
+            a = tl.math.exp2(x * qk_scale - lse[:, None])
             if MASK_N:
                 a = tl.where(cols[None, :] < N_KV, a, 0.0)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)  # dA = dO V^T
-        if COG:
+        if MODE == EXPRESSIVE_C:
+            ds = (dp - delta[:, None]) * (lse[:, None] * x * r * r)  # times 2 scale^2 later
+        elif MODE == COG_C:
             ds = tl.abs(a) * dp - a * delta[:, None]  # = sign(S) * P * (sign(S) * dA - Delta)
         else:
             ds = a * (dp - delta[:, None])
@@ -745,7 +798,7 @@ def _attn_bwd_dq_block(
     stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
     stride_om, stride_od, stride_dom, stride_dod, stride_dqm, stride_dqd,
     sm_scale, qk_scale,
-    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    MODE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_M: tl.constexpr,
 ):
@@ -764,29 +817,34 @@ def _attn_bwd_dq_block(
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     if MASK_M:
         tl.store(Delta_head + offs_m, delta, mask=offs_m < N_Q)
-        lse2 = tl.load(Lse_head + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E_C
+        lse = tl.load(Lse_head + offs_m, mask=offs_m < N_Q, other=0.0)
     else:
         tl.store(Delta_head + offs_m, delta)
-        lse2 = tl.load(Lse_head + offs_m) * LOG2E_C
+        lse = tl.load(Lse_head + offs_m)
+    # the row statistic the inner loop needs: LSE in log2 units, or 1 / N (expressive)
+    if MODE == EXPRESSIVE_C:
+        row_stat = _inverse_normaliser(lse)
+    else:
+        row_stat = lse * LOG2E_C
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # full key blocks, then the remainder in TAIL-wide steps (the last one masked)
     n_full = (N_KV // BLOCK_N) * BLOCK_N
     n_tail = (N_KV // TAIL_C) * TAIL_C
     dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, 0, n_full, N_KV,
+        dq, q, do, row_stat, delta, K_head, V_head, 0, n_full, N_KV,
         stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
-        COG, False, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
+        MODE, False, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
     )
     dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, n_full, n_tail, N_KV,
+        dq, q, do, row_stat, delta, K_head, V_head, n_full, n_tail, N_KV,
         stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
-        COG, False, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
+        MODE, False, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
     )
     dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, n_tail, N_KV, N_KV,
+        dq, q, do, row_stat, delta, K_head, V_head, n_tail, N_KV, N_KV,
         stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
-        COG, True, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
+        MODE, True, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
     )
     dq = dq * sm_scale
 
@@ -817,7 +875,7 @@ def _attn_bwd_dq(
     stride_doz, stride_doh, stride_dom, stride_dod,
     stride_dqz, stride_dqh, stride_dqm, stride_dqd,
     H, BH, N_Q, N_KV, sm_scale, qk_scale,
-    COG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
+    MODE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dQ (and Delta) for one (head, query block) or one remainder program."""
@@ -839,7 +897,7 @@ def _attn_bwd_dq(
             start, N_Q, N_KV,
             stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
             stride_om, stride_od, stride_dom, stride_dod, stride_dqm, stride_dqd,
-            sm_scale, qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, False,
+            sm_scale, qk_scale, MODE, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, False,
         )
     elif big_remainder:
         _attn_bwd_dq_block(
@@ -847,7 +905,7 @@ def _attn_bwd_dq(
             start, N_Q, N_KV,
             stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
             stride_om, stride_od, stride_dom, stride_dod, stride_dqm, stride_dqd,
-            sm_scale, qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, True,
+            sm_scale, qk_scale, MODE, HEAD_DIM, BLOCK_D, DOT_PRECISION, BLOCK_M, BLOCK_N, True,
         )
     else:
         _attn_bwd_dq_block(
@@ -855,7 +913,7 @@ def _attn_bwd_dq(
             start, N_Q, N_KV,
             stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
             stride_om, stride_od, stride_dom, stride_dod, stride_dqm, stride_dqd,
-            sm_scale, qk_scale, COG, HEAD_DIM, BLOCK_D, DOT_PRECISION, TAIL_C, BLOCK_N, True,
+            sm_scale, qk_scale, MODE, HEAD_DIM, BLOCK_D, DOT_PRECISION, TAIL_C, BLOCK_N, True,
         )
 
 
@@ -906,28 +964,41 @@ def _device_guard(t: torch.Tensor) -> contextlib.AbstractContextManager:
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
-def _positive_scale(q: torch.Tensor, cog: bool, scale: float) -> tuple[torch.Tensor, float, float]:
-    """``(q', scale', dq_sign)`` with ``scale' >= 0`` and ``scale' * q' k^T`` equal to the
-    scores the caller asked for, as the kernels' folded scale needs (module docstring).
+def _mode_id(mode: str | bool) -> int:
+    """The MODE constexpr of ``mode`` ("softmax", "cog", "expressive"); a bool is read as
+    the ``cog`` flag of the two-mode interface (True: cog, False: softmax)."""
+    if isinstance(mode, bool):
+        return MODE_IDS["cog" if mode else "softmax"]
+    return MODE_IDS[mode]
 
-    A negative scale runs as ``(-q) k^T * |scale|`` (dQ changes sign); a zero scale in
-    Cog mode as ``q = 0``, so every score is an exact zero with weight ``sign(0) = 0``
-    (softmax needs nothing: ``0 * x`` gives the same all-zero scores).
+
+def _kernel_scales(q: torch.Tensor, mode: int, scale: float):
+    """``(q', qk_scale, grad_scale, dq_sign)`` for the kernels (module docstring).
+
+    softmax / cog: the folded scale needs ``scale > 0``: a negative scale runs as
+    ``(-q) k^T * |scale|`` (dQ changes sign), a zero scale in Cog mode as ``q = 0`` (every
+    score an exact zero, weight ``sign(0) = 0``); ``qk_scale = scale * log2(e)`` and the
+    gradients are multiplied by ``scale``.  expressive: ``e = s^2 / (1 + s^2)`` depends on
+    ``s^2 = scale^2 x^2`` only, so ``qk_scale = scale^2`` and ``de/dx = 2 scale^2 x r^2``
+    puts ``2 scale^2`` on the gradients.
     """
+    if mode == MODE_IDS["expressive"]:
+        return q, scale * scale, 2.0 * scale * scale, 1.0
+    dq_sign = 1.0
     if scale < 0:
-        return -q, -scale, -1.0
-    if scale == 0 and cog:
-        return torch.zeros_like(q), 0.0, 1.0
-    return q, scale, 1.0
+        q, scale, dq_sign = -q, -scale, -1.0
+    elif scale == 0 and mode == MODE_IDS["cog"]:
+        q = torch.zeros_like(q)
+    return q, scale * LOG2E, scale, dq_sign
 
 
 def forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cog: bool, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str | bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(O, LSE)``: O (B, H, Nq, D) in the input dtype, LSE (B, H, Nq) in fp32.
-
-    LSE is the natural log-sum-exp of ``|S|`` (cog) or ``S`` (softmax) per query row.
-    Inputs are assumed validated (see ``uvic_kernels.attention``).
+    """Return ``(O, row statistic)``: O (B, H, Nq, D) in the input dtype, and per query row
+    in fp32 the natural log-sum-exp of ``|S|`` (cog) or ``S`` (softmax), or the row sum
+    ``N`` of ``s^2 / (1 + s^2)`` (expressive).  The backward reads it to recompute the
+    weights.  Inputs are assumed validated (see ``uvic_kernels.attention``).
     """
     B, H, n_q, head_dim = q.shape
     n_kv = k.shape[2]
@@ -935,7 +1006,8 @@ def forward(
     lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return o, lse
-    q, scale, _ = _positive_scale(q, cog, scale)
+    mode = _mode_id(mode)
+    q, qk_scale, _, _ = _kernel_scales(q, mode, scale)
 
     def grid(meta):
         return (num_programs(n_q, meta["BLOCK_M"]) * B * H,)
@@ -945,8 +1017,8 @@ def forward(
         _attn_fwd[grid](
             q, k, v, o, lse,
             *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(o, a),
-            H, B * H, n_q, n_kv, scale * LOG2E,
-            COG=cog, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), STRIDE_ALIGN=a,
+            H, B * H, n_q, n_kv, qk_scale,
+            MODE=mode, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), STRIDE_ALIGN=a,
             DOT_PRECISION=_dot_precision(q.dtype),
         )
     return o, lse
@@ -959,7 +1031,7 @@ def backward(
     o: torch.Tensor,
     lse: torch.Tensor,
     do: torch.Tensor,
-    cog: bool,
+    mode: str | bool,
     scale: float,
     need_dq: bool = True,
     need_dkdv: bool = True,
@@ -982,7 +1054,8 @@ def backward(
         return tuple(None if g is None else g.zero_() for g in (dq, dk, dv))
     if not (need_dq or need_dkdv):
         return dq, dk, dv
-    q, scale, dq_sign = _positive_scale(q, cog, scale)
+    mode = _mode_id(mode)
+    q, qk_scale, grad_scale, dq_sign = _kernel_scales(q, mode, scale)
 
     delta = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
 
@@ -999,8 +1072,8 @@ def backward(
                 q, k, v, o, do, dq, lse, delta,
                 *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(o, a),
                 *_strides(do, a), *_strides(dq, a),
-                H, B * H, n_q, n_kv, scale * dq_sign, scale * LOG2E,
-                COG=cog, HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a,
+                H, B * H, n_q, n_kv, grad_scale * dq_sign, qk_scale,
+                MODE=mode, HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a,
                 DOT_PRECISION=precision,
             )
         else:
@@ -1013,8 +1086,8 @@ def backward(
                 q, k, v, do, dk, dv, lse, delta,
                 *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(do, a),
                 *_strides(dk, a), *_strides(dv, a),
-                H, B * H, n_q, n_kv, scale, scale * LOG2E,
-                COG=cog, HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a,
+                H, B * H, n_q, n_kv, grad_scale, qk_scale,
+                MODE=mode, HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a,
                 DOT_PRECISION=precision,
             )
     return dq, dk, dv

@@ -23,6 +23,7 @@ from uvic_kernels import (
     attention,
     cog_attention_eq3,
     cog_attention_reference,
+    expressive_attention_reference,
     fused_attention,
     softmax_attention_reference,
 )
@@ -30,8 +31,12 @@ from uvic_kernels import (
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
-REFERENCES = {"cog": cog_attention_reference, "softmax": softmax_attention_reference}
-MODES = ["cog", "softmax"]
+REFERENCES = {
+    "cog": cog_attention_reference,
+    "softmax": softmax_attention_reference,
+    "expressive": expressive_attention_reference,
+}
+MODES = ["cog", "softmax", "expressive"]
 # bf16 tl.dot is wrong in the interpreter: bf16 kernels are checked on a GPU only
 KERNEL_DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if CUDA else [])
 
@@ -123,15 +128,35 @@ def test_torch_backend_equals_kernel(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_lse_is_row_logsumexp(mode):
+def test_row_statistic(mode):
+    """The forward's row statistic: log-sum-exp of S (softmax) or |S| (cog), or the row
+    sum N of S^2 / (1 + S^2) (expressive), which the backward recomputes weights from."""
     from uvic_kernels import triton_attention
 
     q, k, v = (randn(1, 2, 77, 32, seed=i) for i in range(3))
-    _, lse = triton_attention.forward(q, k, v, mode == "cog", 0.25)
+    _, stat = triton_attention.forward(q, k, v, mode, 0.25)
     s = 0.25 * q.double() @ k.double().transpose(-2, -1)
-    ref = torch.logsumexp(s.abs() if mode == "cog" else s, dim=-1)
-    assert lse.dtype == torch.float32 and lse.shape == (1, 2, 77)
-    assert rel_err(lse, ref) < 1e-6
+    if mode == "expressive":
+        ref = (s * s / (1 + s * s)).sum(dim=-1)
+    else:
+        ref = torch.logsumexp(s.abs() if mode == "cog" else s, dim=-1)
+    assert stat.dtype == torch.float32 and stat.shape == (1, 2, 77)
+    assert rel_err(stat, ref) < 1e-6
+
+
+def test_expressive_all_zero_row():
+    """A row whose scores are all exactly 0 has N = 0: weights, output and gradients 0."""
+    q, k, v, do = (randn(1, 2, 37, 32, seed=i) for i in range(4))
+    q[0, 0, 3] = 0.0  # one zero query row
+    q[0, 1] = 0.0  # a head whose rows are all zero
+    for backend in ("triton", "torch"):
+        out, (dq, dk, dv) = run(q, k, v, do, "expressive", backend=backend)
+        assert torch.isfinite(out).all() and (out[0, 0, 3] == 0).all() and (out[0, 1] == 0).all()
+        assert (dq[0, 0, 3] == 0).all() and (dq[0, 1] == 0).all()
+        assert (dk[0, 1] == 0).all() and (dv[0, 1] == 0).all()
+        assert_close_to_reference(q, k, v, do, "expressive", TOL[torch.float32], backend=backend)
+    ref = expressive_attention_reference(q.double(), k.double(), v.double())
+    assert (ref[0, 1] == 0).all()
 
 
 # ---------------------------------------------------------------------------------------
@@ -143,14 +168,33 @@ REMAINDER_NS = [1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 257, 334]
 REMAINDER_DS = [32, 64, 72, 128]
 
 
-@pytest.mark.parametrize("mode", MODES)
+# Expressive attention with one or two keys is checked in test_expressive_one_or_two_keys
+# instead: with one key its weight is E / E = 1 and the exact dQ, dK are 0, so a relative
+# error against float64 only measures rounding noise.
+REMAINDER_CASES = [(n, m) for n in REMAINDER_NS for m in MODES if m != "expressive" or n > 2]
+
+
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=lambda dt: str(dt)[6:])
 @pytest.mark.parametrize("d", REMAINDER_DS)
-@pytest.mark.parametrize("n", REMAINDER_NS)
-def test_sequence_remainders(n, d, dtype, mode):
+@pytest.mark.parametrize(("n", "mode"), REMAINDER_CASES)
+def test_sequence_remainders(n, mode, d, dtype):
     """Output and all three gradients against float64 for every remainder shape."""
     q, k, v, do = (randn(1, 1, n, d, dtype=dtype, seed=i) for i in range(4))
     assert_close_to_reference(q, k, v, do, mode, TOL[dtype])
+
+
+@pytest.mark.parametrize("d", REMAINDER_DS)
+def test_expressive_one_or_two_keys(d):
+    """One key: weight 1, so O = v and dQ = dK = 0 up to fp32 rounding (amplified by 1 / N,
+    N = E = s^2 / (1 + s^2) small for a near-orthogonal pair); two keys: fp32 accuracy."""
+    q, k, v, do = (randn(1, 2, 1, d, seed=i) for i in range(4))
+    out, (dq, dk, dv) = run(q, k, v, do, "expressive")
+    assert rel_err(out, v) < 1e-6 and rel_err(dv, do) < 1e-6
+    s = (q * k).sum(-1, keepdim=True) * d**-0.5
+    noise = 1e-6 * do.norm() * v.norm() / (s * s / (1 + s * s)).min()  # rounding / N
+    assert dq.norm() < noise * k.norm() and dk.norm() < noise * q.norm()
+    q, k, v, do = (randn(1, 2, 2, d, seed=i) for i in range(4))
+    assert_close_to_reference(q, k, v, do, "expressive", TOL[torch.float32])
 
 
 def _force_tiles(monkeypatch, fwd, dkdv, dq):
@@ -164,23 +208,26 @@ def _force_tiles(monkeypatch, fwd, dkdv, dq):
         monkeypatch.setattr(kernel, "configs", [config])
 
 
-@pytest.mark.parametrize(
-    "tiles",
-    [
-        ((128, 32), (32, 128), (128, 32)),
-        ((16, 16), (16, 16), (16, 16)),
-        ((32, 64), (64, 32), (16, 64)),
-    ],
-    ids=["tall-wide", "tail-sized", "mixed"],
-)
-@pytest.mark.parametrize("n", [45, 129, 170, 334])
+OTHER_TILES = {
+    "tall-wide": ((128, 32), (32, 128), (128, 32)),
+    "tail-sized": ((16, 16), (16, 16), (16, 16)),  # slow in the interpreter: short N only
+    "mixed": ((32, 64), (64, 32), (16, 64)),
+}
+OTHER_TILE_CASES = [
+    (name, n) for name in OTHER_TILES for n in (45, 129, 170, 334)
+    if name != "tail-sized" or n < 170
+]
+
+
+@pytest.mark.parametrize(("tiles", "n"), OTHER_TILE_CASES,
+                         ids=[f"{name}-{n}" for name, n in OTHER_TILE_CASES])
 @pytest.mark.parametrize("mode", MODES)
 def test_other_tiles(monkeypatch, tiles, n, mode):
     """Blocks larger than, equal to and smaller than TAIL-multiples of N: every split of
     a sequence into full blocks, TAIL-wide steps, TAIL-row programs and masked
     full-size remainder programs is exact (e.g. N = 170 with 128-row blocks: a 42-row
     remainder runs as one masked program; N = 129: one 16-row program)."""
-    _force_tiles(monkeypatch, *tiles)
+    _force_tiles(monkeypatch, *OTHER_TILES[tiles])
     q, k, v, do = (randn(1, 2, n, 32, seed=i) for i in range(4))
     k2, v2 = randn(1, 2, n + 30, 32, seed=5), randn(1, 2, n + 30, 32, seed=6)
     assert_close_to_reference(q, k, v, do, mode, TOL[torch.float32])

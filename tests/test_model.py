@@ -122,6 +122,9 @@ def ref_attention(q: Tensor, k: Tensor, v: Tensor, mode: str) -> Tensor:
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if mode == "softmax":
         a = torch.softmax(s, dim=-1)
+    elif mode == "expressive":
+        e = s * s / (1 + s * s)
+        a = e / e.sum(dim=-1, keepdim=True)  # no all-zero rows here
     else:
         a = torch.sign(s) * torch.softmax(s.abs(), dim=-1)
     return a @ v
@@ -216,6 +219,7 @@ def test_attention_presets_and_lists() -> None:
     assert resolve_attention(" UViC ", 2) == ["softmax", "cog", "softmax"]
     assert resolve_attention("cog, softmax,cog", 2) == ["cog", "softmax", "cog"]
     assert resolve_attention(["cog", "cog", "cog"], 2) == ["cog"] * 3
+    assert resolve_attention("uvie", 3) == ["softmax", "expressive", "expressive", "softmax"]
 
     model = build_model(load_config(CONFIGS / "cifar10_uvic.py").model)
     assert model.attention_modes == uvic
@@ -300,7 +304,7 @@ def test_forward_matches_reference(kind: str, tmp_path: Path) -> None:
     load_weights(model, tmp_path / "nnet_ema.pth")
     sd = {k: v.double() for k, v in model.state_dict().items()}  # the float32-rounded weights
     x, t, context, y = inputs(kind, dtype=torch.float64)
-    for spec in ("uvit", "uvic", ",".join(["cog"] * (arch["depth"] + 1))):
+    for spec in ("uvit", "uvic", "uvie", ",".join(["cog"] * (arch["depth"] + 1))):
         model.set_attention(spec)
         modes = resolve_attention(spec, arch["depth"])
         with torch.no_grad():

@@ -36,8 +36,8 @@ from torch import Tensor, nn
 import uvic_kernels
 from uvic.config import Config, ModelConfig
 
-ATTENTION_MODES = ("softmax", "cog")
-ATTENTION_PRESETS = ("uvit", "uvic")
+ATTENTION_MODES = ("softmax", "cog", "expressive")
+ATTENTION_PRESETS = ("uvit", "uvic", "uvie")
 ATTENTION_BACKENDS = {"auto": None, "triton": "triton", "torch": "torch", "sdpa": "sdpa"}
 
 # Model sizes of the U-ViT paper (Table 1), as in the release configs:
@@ -67,15 +67,17 @@ def resolve_attention(spec: str | Sequence[str], depth: int) -> list[str]:
     """Per-block attention modes, in order in_blocks..., mid_block, out_blocks....
 
     `spec` is a preset ("uvit": all softmax; "uvic": cog except the first in-block and
-    the last out-block) or an explicit comma-separated string / list of depth + 1 modes.
+    the last out-block; "uvie": expressive attention, likewise keeping softmax first and
+    last) or an explicit comma-separated string / list of depth + 1 modes.
     """
     num_blocks = depth + 1
     if isinstance(spec, str):
         name = spec.strip().lower()
         if name == "uvit":
             return ["softmax"] * num_blocks
-        if name == "uvic":
-            return ["softmax"] + ["cog"] * (num_blocks - 2) + ["softmax"]
+        if name in ("uvic", "uvie"):
+            inner = "cog" if name == "uvic" else "expressive"
+            return ["softmax"] + [inner] * (num_blocks - 2) + ["softmax"]
         if "," not in name and name not in ATTENTION_MODES:
             raise ValueError(
                 f"model.attention={spec!r}: expected a preset {ATTENTION_PRESETS} or a "
