@@ -35,7 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples-dir", help="sample PNG folder (default: next to --out)")
     p.add_argument("--mode", choices=MODES, help="clean-fid mode (default: eval.mode)")
     p.add_argument("--steps", type=int, help="sampling steps (default: sample.steps)")
-    p.add_argument("--scheduler", help="dpm_solver++, dpm_solver or a diffusers class name")
+    p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, dpm_solver_fast, "
+                   "euler_maruyama or a diffusers class name (uvic.samplers)")
     p.add_argument("--order", type=int, help="DPM-Solver order (default: sample.order)")
     p.add_argument("--cfg-scale", type=float, help="guidance s in eps = c + s (c - u)")
     p.add_argument("--batch-size", type=int, help="samples per forward pass per process")
