@@ -242,6 +242,18 @@ def test_euler_maruyama_reaches_the_data_distribution() -> None:
     assert abs(x.std().item() / S - 1) < 0.05
 
 
+def test_stochastic_sampling_leaves_the_global_rng_alone() -> None:
+    """Without generators (the training loop's grids) the step noise is private."""
+    noise = torch.zeros(2, *SHAPE)
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    a = run_sampler(torch_eps_fn("vp_continuous"), VP, noise, scheduler="euler_maruyama", steps=5)
+    assert torch.equal(torch.rand(3), expected)
+    b = run_sampler(torch_eps_fn("vp_continuous"), VP, noise, scheduler="euler_maruyama", steps=5)
+    assert torch.equal(a, b)
+
+
 def test_euler_maruyama_needs_the_vp_schedule() -> None:
     with pytest.raises(ValueError, match=r"euler_maruyama.*vp_continuous"):
         make_scheduler(COCO, "euler_maruyama")
@@ -334,6 +346,7 @@ def measure() -> None:
                     row.append(rel_l2(x, exact))
                 print(f"  order {order}, {steps:2d} steps: time-uniform {row[0]:.2e}  "
                       f"logSNR-uniform {row[1]:.2e}")
+    random_model_grids(noise)
     ref = release_dpm_solver_fast(x_t, 50)
     exact = exact_ode_solution(x_t, LOG_ALPHA_TABLE[-1], LOG_ALPHA_TABLE[0])
     print(f"release DPM-Solver fast (float64 formula), 50 calls, vs exact: "
@@ -352,6 +365,36 @@ def measure() -> None:
                     steps=steps, generator=sample_generators(0, range(8)))
     print(f"euler_maruyama, 1000 steps, vs the release's formula (same increments): "
           f"{rel_l2(x, release_euler_maruyama(x_t, inc, steps, 1e-3)):.2e}")
+
+
+def random_model_grids(noise: torch.Tensor) -> None:
+    """The same comparison on the Gaussian predictor plus 0.1 x a random tiny U-ViT (a
+    function without a closed-form answer; a bare random network's x0 prediction diverges)
+    against 500-step solutions (both grids at 500 steps agree to the 'reference gap')."""
+    from uvic.config import ModelConfig
+    from uvic.uvit import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(img_size=8, patch_size=2, embed_dim=32, depth=2,
+                                    num_heads=2, attention_backend="torch")).eval()
+
+    gaussian = torch_eps_fn("vp_continuous")
+
+    def eps_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return gaussian(x, t) + 0.1 * model(x, t)
+
+    def solve(steps: int, order: int, lu: bool) -> torch.Tensor:
+        return run_sampler(eps_fn, VP, noise, scheduler="dpm_solver++", steps=steps, order=order,
+                           scheduler_kwargs={"use_lu_lambdas": lu})
+
+    refs = [solve(500, 2, lu) for lu in (False, True)]  # 1000 time-uniform steps: NaN
+    print(f"vp_continuous, Gaussian + 0.1 random U-ViT: vs 500-step solution (reference gap "
+          f"{rel_l2(refs[0], refs[1]):.1e})")
+    for order in (2, 3):
+        for steps in (10, 25, 50):
+            errs = [rel_l2(solve(steps, order, lu), refs[0]) for lu in (False, True)]
+            print(f"  order {order}, {steps:2d} steps: time-uniform {errs[0]:.2e}  "
+                  f"logSNR-uniform {errs[1]:.2e}")
 
 
 if __name__ == "__main__":

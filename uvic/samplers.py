@@ -147,7 +147,9 @@ def run_sampler(
     """Solve from x_T = `noise` (B, ...) to x_0 with `eps_fn(x, net_time) -> eps`, float32.
 
     `net_time` is the network's time input, shape (B,). `generator` (one per sample) feeds
-    the step noise of stochastic samplers.
+    the step noise of stochastic samplers; without one they draw from a private generator
+    seeded 0, never from torch's global RNG (training draws its data and noise from that,
+    and its periodic grids must not shift it).
     """
     if steps < 1:
         raise ValueError(f"sample.steps must be >= 1, got {steps}")
@@ -159,6 +161,8 @@ def run_sampler(
     sched = make_scheduler(diffusion, scheduler, order, steps, scheduler_kwargs)
     sched.set_timesteps(steps, device=noise.device)
     gens = list(generator) if isinstance(generator, Sequence) else generator
+    if gens is None:
+        gens = torch.Generator().manual_seed(0)
     b = noise.shape[0]
     x = noise.float() * getattr(sched, "init_noise_sigma", 1.0)
     if hasattr(sched, "step_pred"):  # ScoreSdeVpScheduler: Euler-Maruyama
