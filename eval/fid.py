@@ -1,12 +1,18 @@
-"""FID / KID of a checkpoint with clean-fid (the paper's Table 3 protocol by default).
+"""FID / KID of a checkpoint with clean-fid, under the U-ViT release's protocol by default.
 
     python eval/fid.py --config configs/cifar10_uvic.py --ckpt runs/cifar10_uvic/ema.safetensors
     accelerate launch --multi_gpu --num_processes 8 eval/fid.py \
         --config configs/mscoco_uvic.py --ckpt runs/mscoco_uvic/ema.safetensors \
         --out runs/fid/mscoco_uvic.json --precision fp16
 
-Generates N samples (default eval.n_samples: CIFAR-10 50,000, MS-COCO 30,000 with captions
-from the val split) as PNGs into --samples-dir (resumable: existing samples are kept and
+The protocol comes from the config (`uvic.protocols`): with configs/cifar10_*.py,
+Euler-Maruyama 1000 steps, 50,000 samples, clean-fid `legacy_pytorch` against CIFAR-10
+train; with configs/mscoco_*.py, the release's DPM-Solver "fast" 50 steps with guidance
+scale 1, 30,000 samples with captions of the val split, `legacy_pytorch` against val2014 at
+256x256. A faster protocol is one option away (`--scheduler dpm_solver++ --steps 50`,
+`--mode clean`); the result JSON and the table name the protocol either way.
+
+Generates N samples as PNGs into --samples-dir (resumable: existing samples are kept and
 sample i is always seeded by (seed, i)), then computes FID and KID against the reference
 statistics of eval.ref_stats and writes a result JSON. Offline by default: missing
 Inception weights or statistics stop the run before sampling with a message saying which
@@ -35,7 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples-dir", help="sample PNG folder (default: next to --out)")
     p.add_argument("--mode", choices=MODES, help="clean-fid mode (default: eval.mode)")
     p.add_argument("--steps", type=int, help="sampling steps (default: sample.steps)")
-    p.add_argument("--scheduler", help="dpm_solver++, dpm_solver or a diffusers class name")
+    p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, dpm_solver_fast, "
+                   "euler_maruyama or a diffusers class name (uvic.samplers)")
     p.add_argument("--order", type=int, help="DPM-Solver order (default: sample.order)")
     p.add_argument("--cfg-scale", type=float, help="guidance s in eps = c + s (c - u)")
     p.add_argument("--batch-size", type=int, help="samples per forward pass per process")
@@ -80,9 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if result:  # main process
         kid = "n/a" if result["kid"] is None else f"{result['kid']:.5f}"
-        print(f"{result['model']} {result['dataset']}: FID {result['fid']:.3f}  KID {kid}  "
-              f"(N={result['n']}, {result['mode']}, {result['sampler']['scheduler']} "
-              f"{result['sampler']['steps']} steps, guidance {result['guidance']})")
+        print(f"{result['model']} {result['dataset']}: FID {result['fid']:.3f}  KID {kid}")
+        print(f"protocol: {result['protocol']['label']}")
         print(f"result: {result['result_json']}")
     return 0
 

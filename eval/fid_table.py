@@ -2,8 +2,10 @@
 
     python eval/fid_table.py runs/fid --out runs/fid/table.md
 
-Rows U-ViT / U-ViC, columns CIFAR-10 / MS-COCO (our best FID per cell beside the paper's
-and the U-ViT release's numbers); missing cells show "—". Built by `uvic.fid.results_table`.
+Rows U-ViT / U-ViC; one column per (dataset, FID protocol) with our best FID under that
+protocol, beside the paper's and the U-ViT release's numbers; the protocols are listed
+under the table and the release's is marked. Missing cells show "—". Built by
+`uvic.protocols.protocol_table`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from uvic.fid import load_results, results_table
+from uvic.fid import load_results
+from uvic.protocols import protocol_table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="also write the table to this markdown file")
     args = p.parse_args(argv)
     try:
-        table = results_table(load_results(args.results_dir))
+        table = protocol_table(load_results(args.results_dir))
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -39,7 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="number of images (default 64)")
     p.add_argument("--nrow", type=int, help="images per grid row")
     p.add_argument("--steps", type=int, help="sampling steps (default: sample.steps)")
-    p.add_argument("--scheduler", help="dpm_solver++, dpm_solver or a diffusers class name")
+    p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, dpm_solver_fast, "
+                   "euler_maruyama or a diffusers class name (uvic.samplers)")
     p.add_argument("--order", type=int, help="DPM-Solver order (default: sample.order)")
     p.add_argument("--cfg-scale", type=float,
                    help="guidance s in eps = c + s (c - u) (diffusers' guidance_scale = s + 1)")

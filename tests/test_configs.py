@@ -1,6 +1,6 @@
 """Config files hold the paper's hyper-parameters; overrides and JSON round trips are typed.
 
-Expected values are the U-ViT release's (REFERENCE.md section 3), written out here
+Expected values are the U-ViT release's (its configs and FID protocol), written out here
 independently of the config files.
 """
 
@@ -32,7 +32,7 @@ SHARED = {  # both paper configs (U-ViT-S/2)
     "model.conv": True, "model.skip": True, "model.img_size": 32,
     "optim.lr": 2e-4, "optim.weight_decay": 0.03, "optim.grad_clip": 0.0,
     "train.ema_decay": 0.9999, "train.seed": 1234, "train.mixed_precision": "fp16",
-    "sample.scheduler": "dpm_solver++", "sample.steps": 50, "eval.mode": "clean",
+    "eval.mode": "legacy_pytorch",  # the release's pytorch-fid port
 }
 PAPER = {
     "cifar10": {
@@ -42,7 +42,7 @@ PAPER = {
         "diffusion.beta_max": 20.0,
         "optim.betas": (0.99, 0.999), "optim.warmup_steps": 2500,
         "train.batch_size": 128, "train.max_steps": 500_000,
-        "sample.cfg_scale": 0.0,
+        "sample.cfg_scale": 0.0, "sample.scheduler": "euler_maruyama", "sample.steps": 1000,
         "eval.n_samples": 50_000, "eval.ref_stats": "cifar10", "eval.ref_split": "train",
         "eval.ref_res": 32,
     },
@@ -55,7 +55,8 @@ PAPER = {
         "diffusion.p_uncond": 0.1,
         "optim.betas": (0.9, 0.9), "optim.warmup_steps": 5000,
         "train.batch_size": 256, "train.max_steps": 1_000_000,
-        "sample.order": 2, "sample.cfg_scale": 1.0, "sample.batch_size": 50,
+        "sample.scheduler": "dpm_solver_fast", "sample.steps": 50,
+        "sample.cfg_scale": 1.0, "sample.batch_size": 50,
         "eval.n_samples": 30_000, "eval.ref_res": 256,
     },
 }

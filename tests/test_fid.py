@@ -19,6 +19,7 @@ from torch import nn
 import uvic.fid as fid
 from uvic.checkpoint import save_safetensors
 from uvic.config import Config, DataConfig, EvalConfig, ModelConfig, SampleConfig, apply_overrides
+from uvic.protocols import RELEASE
 from uvic.uvit import build_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -170,23 +171,32 @@ def test_evaluate_end_to_end_resume_and_table(tmp_path: Path, capsys) -> None:
     with pytest.raises(ValueError, match="seed"):
         run_eval(cfg, tmp_path, seed=1)
 
-    # Table 3 from the results folder
+    # the protocol is recorded: sampler, steps, samples, mode, reference, features
+    assert saved["protocol"]["label"] == ("dpm_solver++ order 2 3 steps, 6 samples, clean, "
+                                          "ref shapes/train/8, features tiny16")
+
+    # Table 3 from the results folder: a release-protocol CIFAR-10 result beside it
     other = dict(saved, model="U-ViT", dataset="cifar10", fid=3.5, n=50_000,
-                 feature_extractor="inception", mode="clean")
+                 protocol=RELEASE["cifar10"].as_dict())
     (tmp_path / "results" / "cifar.json").write_text(json.dumps(other))
     table_path = tmp_path / "table.md"
     assert load_script("eval/fid_table.py").main([str(tmp_path / "results"), "--out",
                                                   str(table_path)]) == 0
     table = table_path.read_text()
     assert table == capsys.readouterr().out
+    header = [c.strip() for c in table.splitlines()[0].split("|")[1:-1]]
+    assert header[:3] == ["Model", "CIFAR-10 (P1)", "CIFAR-10 (paper)"]
     rows = {line.split("|")[1].strip(): line for line in table.splitlines()
             if line.startswith("| U-Vi")}
     assert rows["U-ViT"].split("|")[2].strip() == "3.50"
     assert "3.39 (release 3.11)" in rows["U-ViT"] and "5.99 (release 5.95)" in rows["U-ViT"]
     assert "3.27" in rows["U-ViC"] and "5.85" in rows["U-ViC"]
     assert rows["U-ViC"].split("|")[2].strip() == "—"  # no U-ViC CIFAR-10 result
+    assert f"- P1: {RELEASE['cifar10'].label()} — *release protocol*" in table
+    assert header[-1] == "Shapes (P2)"  # the stand-in features make it another protocol
+    assert "features tiny16" in table
     latest = json.loads((tmp_path / "results" / "shapes.json").read_text())  # the n=8 run
-    assert latest["n"] == 8 and f"{latest['fid']:.2f}†" in rows["U-ViC"]  # stand-in flagged
+    assert latest["n"] == 8 and f"{latest['fid']:.2f}" in rows["U-ViC"]
 
 
 def test_results_table_marks_and_best() -> None:

@@ -19,6 +19,7 @@ from torch import nn
 from uvic.checkpoint import save_safetensors
 from uvic.config import Config, DataConfig, DiffusionConfig, ModelConfig, SampleConfig
 from uvic.diffusion import Diffusion
+from uvic.samplers import make_scheduler
 from uvic.sampling import (
     generate,
     guided_eps,
@@ -110,7 +111,7 @@ def test_time_inputs_cifar10_50_steps() -> None:
     diffusion = Diffusion(VP)
     model = PointMassEps("vp_continuous", torch.zeros(1, 3, 4, 4, dtype=torch.float64))
     sample_images(model, diffusion, torch.randn(2, 3, 4, 4), steps=50)
-    sched = diffusion.make_scheduler()
+    sched = make_scheduler(diffusion)  # the logSNR-uniform grid of dpm_solver++
     sched.set_timesteps(50)
     ks = sched.timesteps.double()
     seen = torch.stack(model.times)  # (50, B)
@@ -124,7 +125,7 @@ def test_time_inputs_mscoco() -> None:
     diffusion = Diffusion(COCO)
     model = PointMassEps("scaled_linear", torch.zeros(1, 4, 4, 4, dtype=torch.float64))
     sample_images(model, diffusion, torch.randn(1, 4, 4, 4), steps=50)
-    sched = diffusion.make_scheduler()
+    sched = make_scheduler(diffusion)
     sched.set_timesteps(50)
     seen = torch.cat(model.times).double()
     torch.testing.assert_close(seen, sched.timesteps.double() + 1)
@@ -229,8 +230,12 @@ class Tamed(nn.Module):
         return exact + 0.02 * self.net(x, t)
 
 
-def test_same_seed_same_images_and_batch_independence() -> None:
+@pytest.mark.parametrize("scheduler", ["dpm_solver++", "dpm_solver_fast", "euler_maruyama"])
+def test_same_seed_same_images_and_batch_independence(scheduler: str) -> None:
+    """Also for Euler-Maruyama, whose step noise comes from the per-sample generators."""
     cfg = tiny_config()
+    cfg.sample.scheduler = scheduler
+    cfg.sample.steps = 20 if scheduler == "euler_maruyama" else 3
     model, diffusion = Tamed(tiny_model(cfg)), Diffusion(cfg.diffusion)
 
     def run(seed: int, indices: list[int], batch: int) -> torch.Tensor:

@@ -120,9 +120,14 @@ class TrainConfig:
 class SampleConfig:
     """DPM-Solver (or another diffusers scheduler) sampling."""
 
-    scheduler: str = "dpm_solver++"  # or a diffusers scheduler class name
+    # dpm_solver++ | dpm_solver | dpm_solver_fast | euler_maruyama | a diffusers class name
+    # (see uvic.samplers)
+    scheduler: str = "dpm_solver++"
     steps: int = 50
     order: int = 2
+    # Extra scheduler constructor arguments (a JSON object on the command line), e.g.
+    # --set 'sample.scheduler_kwargs={"use_lu_lambdas": false}'
+    scheduler_kwargs: dict[str, Any] = field(default_factory=dict)
     cfg_scale: float = 1.0  # eps = c + s (c - u); diffusers' guidance_scale = s + 1
     batch_size: int = 500
     decode_batch_size: int = 50
@@ -268,6 +273,10 @@ def _check_type(value: Any, tp: Any, key: str, source: str = "config") -> Any:
         return tuple(_check_type(v, a, key, source) for v, a in zip(value, args))
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {key} must be a mapping, got {value!r}")
+        return dict(value)
     if (tp in (int, float) and isinstance(value, bool)) or not isinstance(value, tp):
         raise ConfigError(
             f"{source}: {key} must be {tp.__name__}, got {type(value).__name__} {value!r}"
@@ -296,6 +305,11 @@ def parse_value(raw: str, tp: Any, key: str) -> Any:
             return float(raw)
         if tp is str:
             return raw
+        if origin is dict:  # a JSON object
+            value = json.loads(raw)
+            if not isinstance(value, dict):
+                raise ValueError
+            return value
         if origin is tuple:
             parts = [p for p in raw.strip("()[]").split(",") if p.strip()]
             args = typing.get_args(tp)

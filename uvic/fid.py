@@ -1,11 +1,13 @@
 """FID / KID evaluation with clean-fid: generate N samples, extract Inception features, compare.
 
-Protocol (REFERENCE.md section 3): CIFAR-10, 50,000 unconditional samples against the
-CIFAR-10 train set (clean-fid's named statistics `cifar10`/train/32, or statistics built
-from a local CIFAR-10 copy); MS-COCO 256, 30,000 samples whose captions are drawn from the
-val split, DPM-Solver 50 steps with guidance `eps = c + 1.0 (c - u)`, against val2014 at
+Protocol (the U-ViT release's, see `uvic.protocols`): CIFAR-10, 50,000 unconditional samples
+(Euler-Maruyama, 1000 steps) against the CIFAR-10 train set (clean-fid's named statistics
+`cifar10`/train/32, or statistics built from a local CIFAR-10 copy); MS-COCO 256, 30,000
+samples whose captions are drawn from the val split, the release's DPM-Solver "fast" 50
+steps with guidance `eps = c + 1.0 (c - u)`, against val2014 at
 256x256 (center crop, resize). `evaluate` does all of it and writes a result JSON;
-`results_table` turns a folder of results into the paper's Table 3.
+every result names its protocol (`uvic.protocols.protocol_of`), and
+`uvic.protocols.protocol_table` turns a folder of results into the paper's Table 3.
 
 What we take from clean-fid and what we do ourselves:
 
@@ -50,6 +52,7 @@ from scipy import linalg
 
 from uvic.config import Config, to_dict
 from uvic.diffusion import Diffusion
+from uvic.protocols import protocol_of
 from uvic.sampling import (
     distributed_state,
     generate,
@@ -493,6 +496,7 @@ def _samples_meta(cfg: Config, ckpt_sha: str, seed: int, precision: str) -> dict
         "checkpoint_sha256": ckpt_sha, "seed": seed, "precision": precision,
         "model": to_dict(cfg)["model"], "diffusion": to_dict(cfg)["diffusion"],
         "scheduler": s.scheduler, "steps": s.steps, "order": s.order,
+        "scheduler_kwargs": s.scheduler_kwargs,
         "cfg_scale": guidance_scale(cfg), "data": cfg.data.name,
         "captions": cfg.eval.captions if cfg.model.clip_dim > 0 else "",
     }
@@ -702,8 +706,10 @@ def evaluate(
         "checkpoint": str(ckpt_path),
         "checkpoint_sha256": ckpt_sha,
         "step": checkpoint_step(ckpt_path),
+        "protocol": protocol_of(cfg, n, extractor_tag(feat_extractor)).as_dict(),
         "sampler": {"scheduler": cfg.sample.scheduler, "steps": cfg.sample.steps,
-                    "order": cfg.sample.order, "precision": precision, "seed": seed},
+                    "order": cfg.sample.order, "scheduler_kwargs": cfg.sample.scheduler_kwargs,
+                    "precision": precision, "seed": seed},
         "guidance": guidance_scale(cfg),
         "n": n,
         "fid": fid,

@@ -20,7 +20,6 @@ k + 1 for the discrete scaled-linear one (MS-COCO).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import math
 import re
@@ -38,6 +37,7 @@ from tqdm.auto import tqdm
 
 from uvic.config import Config, to_dict
 from uvic.diffusion import Diffusion
+from uvic.samplers import run_sampler
 
 LATENT_DATASETS = ("mscoco",)  # data whose model space is VAE latents, not pixels
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -152,6 +152,7 @@ def sample_images(
     order: int = 2,
     progress: bool = False,
     generator: torch.Generator | list[torch.Generator] | None = None,
+    scheduler_kwargs: dict | None = None,
 ) -> torch.Tensor:
     """Run the reverse process from the initial noise x_T (B, C, H, W) to x_0.
 
@@ -159,28 +160,20 @@ def sample_images(
     caller owns seeding (it draws `noise`) and the model's mode (`model.eval()`); wrap the
     call in `torch.autocast` for mixed precision (the solver itself stays in float32).
     `generator` (one per sample, see `sample_generators`) only matters for stochastic
-    schedulers.
+    schedulers. The samplers (`scheduler`, `scheduler_kwargs`) are `uvic.samplers`'.
     """
-    if steps < 1:
-        raise ValueError(f"sample.steps must be >= 1, got {steps}")
     if context is not None and context.shape[0] != noise.shape[0]:
         raise ValueError(f"context batch {context.shape[0]} != noise batch {noise.shape[0]}")
-    sched = diffusion.make_scheduler(scheduler, order)  # fresh: multistep solvers keep state
-    sched.set_timesteps(steps, device=noise.device)
-    step_kwargs = {}
-    if generator is not None and "generator" in inspect.signature(sched.step).parameters:
-        step_kwargs["generator"] = generator
     if context is not None:
         context = context.to(noise.device)
-    b = noise.shape[0]
 
-    x = noise.float() * sched.init_noise_sigma
-    for k in tqdm(sched.timesteps, desc="sampling", disable=not progress, leave=False):
-        x_in = sched.scale_model_input(x, k)
-        t = diffusion.net_time(k.reshape(1).expand(b)).to(noise.device)
-        eps = guided_eps(model, x_in, t, context, uncond_context, cfg_scale).float()
-        x = sched.step(eps, k, x, **step_kwargs).prev_sample
-    return x
+    def eps_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return guided_eps(model, x, t, context, uncond_context, cfg_scale)
+
+    return run_sampler(
+        eps_fn, diffusion, noise, scheduler=scheduler, steps=steps, order=order,
+        scheduler_kwargs=scheduler_kwargs, generator=generator, progress=progress,
+    )
 
 
 def guidance_scale(cfg: Config) -> float:
@@ -338,7 +331,7 @@ def generate(
             x0 = sample_images(
                 model, diffusion, noise, context=context, uncond_context=uncond_context,
                 cfg_scale=scale, scheduler=s.scheduler, steps=s.steps, order=s.order,
-                generator=gens,
+                generator=gens, scheduler_kwargs=s.scheduler_kwargs,
             )
         with torch.inference_mode():
             images = to_pixels(cfg, x0, vae)

@@ -2,14 +2,18 @@
 
 The U-ViT release conditions on the 77 token states of OpenAI's CLIP ViT-L/14 text
 transformer, taken after the final LayerNorm (Hugging Face's ``last_hidden_state``), not
-the pooled ``encode_text`` vector. We compute the same states with open_clip. Two traps
-(REFERENCE.md section 3):
+the pooled ``encode_text`` vector. We compute the same states with open_clip's model and
+tokenize exactly as the release's transformers ``CLIPTokenizer`` does (`ReleaseTokenizer`):
 
-* Padding. The release tokenised with Hugging Face's ``CLIPTokenizer(padding="max_length")``,
-  which fills every position after the end-of-text token with the end-of-text id 49407;
-  open_clip pads with 0. The text transformer is causal, so positions up to the end-of-text
-  token do not care, but the states after it do (and U-ViT attends to all 77). ``tokenize``
-  therefore rewrites open_clip's zero padding to 49407.
+* Cleaning. The release runs ``ftfy.fix_text``, collapses whitespace and lower-cases;
+  open_clip also HTML-unescapes twice, which changes captions such as ``fish &amp chips``
+  or ``x < y &amp; z`` (ftfy leaves text containing ``<`` or entities without ``;`` alone).
+* Special tokens. ``<|startoftext|>`` and ``<|endoftext|>`` in a caption are the special
+  ids in the release (open_clip's are ``<start_of_text>`` / ``<end_of_text>``).
+* Padding. The release pads every position after the end-of-text token with the
+  end-of-text id 49407 (``padding="max_length"``); open_clip pads with 0. The text
+  transformer is causal, so positions up to the end-of-text token do not care, but the
+  states after it do (and U-ViT attends to all 77).
 * Activation. OpenAI's weights were trained with QuickGELU: use ``ViT-L-14-quickgelu``
   (with ``pretrained="openai"`` we force QuickGELU for any model name).
 """
@@ -17,10 +21,13 @@ the pooled ``encode_text`` vector. We compute the same states with open_clip. Tw
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
+import ftfy
 import open_clip
+import regex
 import torch
 from open_clip.transformer import TextTransformer
 from torch import nn
@@ -36,18 +43,59 @@ class ClipLoadError(RuntimeError):
     """The CLIP text encoder could not be built or its weights were not found."""
 
 
-def release_padding(tokens: torch.Tensor, eot_id: int) -> torch.Tensor:
-    """Fill every position after the first end-of-text token with `eot_id`.
+SOT_TEXT, EOT_TEXT = "<|startoftext|>", "<|endoftext|>"
+# transformers' CLIPTokenizer: added tokens split first, then this pattern (IGNORECASE) on
+# each cleaned piece; a piece equal to a special token's text maps to its id (its BPE cache).
+_SPECIAL = re.compile(r"(<\|startoftext\|>|<\|endoftext\|>)")
+_PIECES = regex.compile(
+    r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|"""
+    r"""[^\s\p{L}\p{N}]+""",
+    regex.IGNORECASE,
+)
 
-    tokens: (n, L) int64 from open_clip's tokenizer (zero padded). Returns a new tensor,
-    identical up to and including the end-of-text token.
+
+class ReleaseTokenizer:
+    """CLIP tokenization as the release's ``CLIPTokenizer(truncation=True, max_length=77,
+    padding="max_length")``, on open_clip's BPE vocabulary (the same 49408 tokens).
+
+    Ids: start, the caption's BPE tokens (truncated to 75), end, then end-of-text padding.
     """
-    positions = torch.arange(tokens.shape[1], device=tokens.device)
-    is_eot = tokens == eot_id
-    if not bool(is_eot.any(dim=1).all()):
-        raise ValueError("every tokenized row must contain the end-of-text token")
-    first_eot = is_eot.int().argmax(dim=1, keepdim=True)  # argmax returns the first maximum
-    return torch.where(positions[None, :] > first_eot, torch.full_like(tokens, eot_id), tokens)
+
+    def __init__(self, bpe: open_clip.SimpleTokenizer | None = None,
+                 context_length: int = CONTEXT_LENGTH) -> None:
+        self.bpe = bpe or open_clip.SimpleTokenizer()
+        if not isinstance(self.bpe, open_clip.SimpleTokenizer):
+            raise ClipLoadError(f"needs CLIP's BPE tokenizer, got {type(self.bpe).__name__}")
+        self.sot_id, self.eot_id = int(self.bpe.sot_token_id), int(self.bpe.eot_token_id)
+        self.context_length = context_length
+        self._special = {SOT_TEXT: self.sot_id, EOT_TEXT: self.eot_id}
+
+    def encode(self, text: str) -> list[int]:
+        """BPE ids of a caption, without start/end tokens and untruncated."""
+        ids: list[int] = []
+        for chunk in _SPECIAL.split(text):
+            if chunk in self._special:
+                ids.append(self._special[chunk])
+                continue
+            clean = re.sub(r"\s+", " ", ftfy.fix_text(chunk)).strip().lower()
+            for piece in _PIECES.findall(clean):
+                if piece in self._special:
+                    ids.append(self._special[piece])
+                    continue
+                token = "".join(self.bpe.byte_encoder[b] for b in piece.encode("utf-8"))
+                ids.extend(self.bpe.encoder[t] for t in self.bpe.bpe(token).split(" "))
+        return ids
+
+    def __call__(self, texts: Sequence[str]) -> torch.Tensor:
+        """(n, context_length) int64 ids of `texts`."""
+        if isinstance(texts, str):
+            raise TypeError("tokenize expects a list of strings, not a single str")
+        n = self.context_length
+        out = torch.full((len(texts), n), self.eot_id, dtype=torch.int64)
+        for row, text in enumerate(texts):
+            ids = [self.sot_id, *self.encode(text)[: n - 2], self.eot_id]
+            out[row, : len(ids)] = torch.tensor(ids)
+        return out
 
 
 def _looks_like_path(value: str) -> bool:
@@ -136,10 +184,9 @@ class ClipTextEncoder(nn.Module):
         self.register_buffer("attn_mask", source.attn_mask.clone(), persistent=False)
         self.context_length = int(self.positional_embedding.shape[0])
         self.width = int(self.positional_embedding.shape[1])
-        self.tokenizer = tokenizer or open_clip.get_tokenizer(model_name)
-        if not hasattr(self.tokenizer, "eot_token_id"):
-            raise ClipLoadError(f"{model_name}: needs CLIP's BPE tokenizer (with eot_token_id)")
-        self.eot_id = int(self.tokenizer.eot_token_id)
+        self.tokenizer = ReleaseTokenizer(tokenizer or open_clip.get_tokenizer(model_name),
+                                          self.context_length)
+        self.eot_id = self.tokenizer.eot_id
         self.requires_grad_(False)
         self.eval()
         self.to(device)
@@ -149,12 +196,12 @@ class ClipTextEncoder(nn.Module):
         return self.positional_embedding.device
 
     def tokenize(self, texts: Sequence[str]) -> torch.Tensor:
-        """(n, 77) int64 token ids: start, BPE tokens (truncated to keep end-of-text at the
-        last position), end-of-text, then end-of-text padding (the release's padding)."""
+        """(n, 77) int64 token ids, the release's (`ReleaseTokenizer`): start, BPE tokens
+        (truncated to keep end-of-text at the last position), end-of-text, then
+        end-of-text padding."""
         if isinstance(texts, str):
             raise TypeError("tokenize expects a list of strings, not a single str")
-        tokens = self.tokenizer(list(texts), context_length=self.context_length)
-        return release_padding(tokens, self.eot_id)
+        return self.tokenizer(list(texts))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token ids (n, 77) -> text transformer states after ln_final, (n, 77, width)."""

@@ -711,7 +711,8 @@ class Trainer:
                 x0 = sample_images(
                     self.ema.model, self.diffusion, g["noise"], context=g["context"],
                     uncond_context=g["uncond"], cfg_scale=guidance_scale(self.cfg),
-                    scheduler=s.scheduler, steps=s.steps, order=s.order)
+                    scheduler=s.scheduler, steps=s.steps, order=s.order,
+                    scheduler_kwargs=s.scheduler_kwargs)
             images = to_pixels(self.cfg, x0, vae=g["vae"])
             save_grid(images, self.run_dir / "samples" / f"{CHECKPOINT_PREFIX}{self.step:06d}.png",
                       captions=g["captions"])

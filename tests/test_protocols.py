@@ -1,0 +1,65 @@
+"""FID protocols: the paper configs default to the release's, results and tables name them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from uvic.config import apply_overrides, load_config
+from uvic.protocols import RELEASE, Protocol, protocol_of, protocol_table
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.mark.parametrize("name", ["cifar10_uvit", "cifar10_uvic", "mscoco_uvit", "mscoco_uvic"])
+def test_paper_configs_default_to_the_release_protocol(name: str) -> None:
+    cfg = load_config(CONFIGS / f"{name}.py")
+    assert protocol_of(cfg) == RELEASE[cfg.data.name]
+    fast = apply_overrides(cfg, ["sample.scheduler=dpm_solver++", "eval.mode=clean"])
+    assert protocol_of(fast) != RELEASE[cfg.data.name]
+
+
+def test_protocol_labels() -> None:
+    assert RELEASE["cifar10"].label() == (
+        "euler_maruyama 1000 steps, 50000 samples, legacy_pytorch, ref cifar10/train/32")
+    assert RELEASE["mscoco"].label() == (
+        "dpm_solver_fast 50 steps, guidance 1, 30000 samples, legacy_pytorch, "
+        "ref mscoco_val2014_256/val/256")
+    cfg = apply_overrides(load_config(CONFIGS / "cifar10_uvit.py"), [
+        "sample.scheduler=dpm_solver++", "sample.steps=50",
+        'sample.scheduler_kwargs={"use_lu_lambdas": false}'])
+    p = protocol_of(cfg, n=1000, features="tiny16")
+    assert p.label() == ("dpm_solver++ order 3 (use_lu_lambdas=False) 50 steps, 1000 samples, "
+                         "legacy_pytorch, ref cifar10/train/32, features tiny16")
+    assert Protocol(**{k: v for k, v in p.as_dict().items() if k != "label"}) == p
+
+
+def result(model: str, dataset: str, fid: float, protocol: Protocol) -> dict:
+    return {"model": model, "dataset": dataset, "fid": fid, "checkpoint": f"{model}.pth",
+            "protocol": protocol.as_dict(), "_path": "r.json"}
+
+
+def test_table_never_mixes_protocols_in_a_column() -> None:
+    fast = Protocol("dpm_solver++ order 3", 50, 0.0, 50_000, "clean", "cifar10/train/32")
+    results = [result("U-ViT", "cifar10", 3.30, RELEASE["cifar10"]),
+               result("U-ViT", "cifar10", 3.20, RELEASE["cifar10"]),  # best of a protocol
+               result("U-ViC", "cifar10", 2.90, fast),  # better, but another protocol
+               result("U-ViC", "mscoco", 6.10, RELEASE["mscoco"])]
+    table = protocol_table(results)
+    lines = table.splitlines()
+    header = [c.strip() for c in lines[0].split("|")[1:-1]]
+    assert header == ["Model", "CIFAR-10 (P1)", "CIFAR-10 (P2)", "CIFAR-10 (paper)",
+                      "MS-COCO 256 (P3)", "MS-COCO 256 (paper)"]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in lines if line.startswith("| U-Vi")}
+    assert rows["U-ViT"] == ["3.20", "—", "3.39 (release 3.11)", "—", "5.99 (release 5.95)"]
+    assert rows["U-ViC"] == ["—", "2.90", "3.27", "6.10", "5.85"]
+    assert f"- P1: {RELEASE['cifar10'].label()} — *release protocol*" in lines
+    assert f"- P2: {fast.label()}" in lines
+    assert f"- P3: {RELEASE['mscoco'].label()} — *release protocol*" in lines
+
+
+def test_table_refuses_results_without_protocol() -> None:
+    with pytest.raises(ValueError, match="names no protocol"):
+        protocol_table([{"model": "U-ViT", "dataset": "cifar10", "fid": 3.0, "_path": "old.json"}])

@@ -1,0 +1,165 @@
+"""FID protocols: what a number was measured under, named in every result and table column.
+
+An FID is only comparable with another measured under the same protocol: the sampler and
+its steps, the number of samples, clean-fid's mode, the reference statistics and the
+feature extractor. `protocol_of(cfg)` reads it from a config; `RELEASE` holds the U-ViT
+release's protocols, which the paper's Table 3 follows (the paper defers to U-ViT's
+setup); `protocol_table` renders Table 3 with one column per (dataset, protocol), so two
+protocols never share a column.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from uvic.config import Config
+
+# The paper's Table 3 and the U-ViT release's reported FIDs.
+PAPER_FID = {("U-ViT", "cifar10"): 3.39, ("U-ViT", "mscoco"): 5.99,
+             ("U-ViC", "cifar10"): 3.27, ("U-ViC", "mscoco"): 5.85}
+RELEASE_FID = {("U-ViT", "cifar10"): 3.11, ("U-ViT", "mscoco"): 5.95}
+DATASET_TITLES = {"cifar10": "CIFAR-10", "mscoco": "MS-COCO 256", "shapes": "Shapes"}
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Everything besides the model that determines an FID."""
+
+    sampler: str  # sample.scheduler (with its kwargs, if any)
+    steps: int  # model calls per sample (guided calls count once)
+    guidance: float  # s in eps = c + s (c - u); 0 for unconditional models
+    n_samples: int
+    fid_mode: str  # clean-fid mode
+    reference: str  # reference statistics: name or file, split, resolution
+    features: str = "inception"  # the feature extractor
+
+    def label(self) -> str:
+        """One line, e.g. `euler_maruyama 1000 steps, 50000 samples, legacy_pytorch,
+        ref cifar10/train/32`."""
+        guided = f", guidance {self.guidance:g}" if self.guidance else ""
+        features = "" if self.features == "inception" else f", features {self.features}"
+        return (f"{self.sampler} {self.steps} steps{guided}, {self.n_samples} samples, "
+                f"{self.fid_mode}, ref {self.reference}{features}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "label": self.label()}
+
+
+def sampler_name(cfg: Config) -> str:
+    """sample.scheduler, with the order for DPM-Solver multistep and any scheduler kwargs."""
+    s = cfg.sample
+    name = s.scheduler
+    if name in ("dpm_solver++", "dpm_solver"):
+        name += f" order {s.order}"
+    if s.scheduler_kwargs:
+        items = ", ".join(f"{k}={v}" for k, v in sorted(s.scheduler_kwargs.items()))
+        name += f" ({items})"
+    return name
+
+
+def reference_name(cfg: Config) -> str:
+    """The reference statistics as `name/split/resolution` (a file: its stem)."""
+    ev = cfg.eval
+    stats = ev.ref_stats
+    if stats.endswith(".npz") or "/" in stats:
+        stats = Path(stats).stem
+    return f"{stats}/{ev.ref_split}/{ev.ref_res}"
+
+
+def protocol_of(
+    cfg: Config, n: int | None = None, features: str = "inception"
+) -> Protocol:
+    """The protocol a run of `eval/fid.py` with this config (and `n` samples) follows."""
+    return Protocol(
+        sampler=sampler_name(cfg), steps=cfg.sample.steps,
+        guidance=cfg.sample.cfg_scale if cfg.model.clip_dim > 0 else 0.0,
+        n_samples=int(n if n is not None else cfg.eval.n_samples), fid_mode=cfg.eval.mode,
+        reference=reference_name(cfg), features=features,
+    )
+
+
+# The release's protocols (configs/cifar10_*.py and configs/mscoco_*.py by default).
+RELEASE = {
+    "cifar10": Protocol("euler_maruyama", 1000, 0.0, 50_000, "legacy_pytorch",
+                        "cifar10/train/32"),
+    "mscoco": Protocol("dpm_solver_fast", 50, 1.0, 30_000, "legacy_pytorch",
+                       "mscoco_val2014_256/val/256"),
+}
+
+
+def protocol_from_result(result: dict[str, Any]) -> Protocol:
+    """The protocol recorded in a result JSON of `eval/fid.py`."""
+    p = result.get("protocol")
+    if not isinstance(p, dict):
+        raise ValueError(f"{result.get('_path', 'result')}: names no protocol (made before "
+                         "protocols were recorded; evaluate it again)")
+    return Protocol(**{k: v for k, v in p.items() if k != "label"})
+
+
+# --------------------------------------------------------------------------- Table 3
+
+
+def protocol_table(results: list[dict[str, Any]]) -> str:
+    """Markdown Table 3: rows U-ViT / U-ViC (and other attention patterns), one column per
+    (dataset, protocol) holding our best FID under that protocol, and the paper's column
+    per dataset. Protocols are listed under the table; the release's is marked."""
+    cells: dict[tuple[str, str, Protocol], dict[str, Any]] = {}
+    for r in results:
+        key = (r["model"], r["dataset"], protocol_from_result(r))
+        if key not in cells or r["fid"] < cells[key]["fid"]:
+            cells[key] = r
+    datasets = ["cifar10", "mscoco"]
+    datasets += sorted({d for _, d, _ in cells} - set(datasets))
+    models = ["U-ViT", "U-ViC"]
+    models += sorted({m for m, _, _ in cells} - set(models))
+
+    columns: list[tuple[str, Protocol | None]] = []  # (dataset, protocol or None: paper)
+    for d in datasets:
+        protocols = sorted({p for _, dd, p in cells if dd == d},
+                           key=lambda p: (p != RELEASE.get(d), p.label()))
+        columns += [(d, p) for p in protocols]
+        if any(key[1] == d for key in PAPER_FID):
+            columns.append((d, None))
+    names = {p: f"P{i + 1}" for i, p in enumerate(dict.fromkeys(p for _, p in columns if p))}
+
+    header = ["Model"]
+    for d, p in columns:
+        title = DATASET_TITLES.get(d, d)
+        header.append(f"{title} (paper)" if p is None else f"{title} ({names[p]})")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for m in models:
+        row = [m]
+        for d, p in columns:
+            if p is None:
+                paper, release = PAPER_FID.get((m, d)), RELEASE_FID.get((m, d))
+                cell = "—" if paper is None else f"{paper:.2f}"
+                row.append(cell + (f" (release {release:.2f})" if release is not None else ""))
+            else:
+                r = cells.get((m, d, p))
+                row.append("—" if r is None else f"{r['fid']:.2f}")
+        lines.append("| " + " | ".join(row) + " |")
+
+    lines += ["", "Lower is better. Paper: the Cog-attention paper's Table 3 (U-ViT-S/2, 44M "
+              "parameters), under the U-ViT release's protocol; release: the U-ViT "
+              "repository's reported FID. Our numbers are comparable with them only in a "
+              "column whose protocol is marked *release protocol*.", "", "Protocols:", ""]
+    for p, name in names.items():
+        d = next(dd for dd, pp in columns if pp == p)
+        mark = " — *release protocol*" if RELEASE.get(d) == p else ""
+        lines.append(f"- {name}: {p.label()}{mark}")
+    details = [_describe(r, names[p]) for (_, _, p), r in sorted(
+        cells.items(), key=lambda kv: (kv[0][1], kv[0][0], names[kv[0][2]]))]
+    if details:
+        lines += ["", "Results shown:", "", *details]
+    return "\n".join(lines) + "\n"
+
+
+def _describe(r: dict[str, Any], protocol: str) -> str:
+    kid = r.get("kid")
+    kid_text = f", KID {kid:.5f}" if isinstance(kid, int | float) and not math.isnan(kid) else ""
+    step = f" step {r['step']}" if r.get("step") is not None else ""
+    return (f"- {r['model']} / {DATASET_TITLES.get(r['dataset'], r['dataset'])} ({protocol}): "
+            f"FID {r['fid']:.3f}{kid_text}; {r['checkpoint']}{step}")
