@@ -70,14 +70,26 @@ def heatmap_figure(result: dict, metric: str, path: Path) -> Path:
     grids = [_grid(result, label, metric) for label in labels]
     vmin, vmax = _limits(grids)
     rows = grids[0].shape[0]
-    fig = Figure(figsize=(1.6 + 2.6 * len(labels), 1.2 + 0.3 * rows))
+    fig = Figure(figsize=(2.2 + 2.6 * len(labels), 1.4 + 0.3 * rows), layout="constrained")
     axes = fig.subplots(1, len(labels), squeeze=False)
     for ax, label, values in zip(axes[0], labels, grids):
         image = _draw_heatmap(ax, values, result, label, vmin, vmax)
+        if ax is not axes[0][0]:
+            ax.set_yticklabels([])  # block names once, on the left
     fig.colorbar(image, ax=list(axes[0]), shrink=0.8)
     fig.suptitle(HEATMAPS[metric], fontsize=10)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
+
+
+def _signed_overlay(attn: np.ndarray) -> np.ndarray:
+    """(rows, cols) weights -> RGBA: blue where > 0, red where < 0, opacity ~ |weight|
+    relative to the map's largest |weight|, so the image shows through weak weights."""
+    rgba = np.zeros((*attn.shape, 4))
+    rgba[..., 2] = attn > 0  # blue
+    rgba[..., 0] = attn < 0  # red
+    rgba[..., 3] = 0.75 * np.abs(attn) / max(float(np.abs(attn).max()), 1e-12)
+    return rgba
 
 
 def maps_figure(result: dict, label: str, level: int, path: Path) -> Path:
@@ -87,16 +99,16 @@ def maps_figure(result: dict, label: str, level: int, path: Path) -> Path:
     blocks = result["models"][label]["blocks"]
     queries = result["queries"]
     height, width = background.shape[:2]
-    fig = Figure(figsize=(1.6 * len(queries) + 1, 1.6 * len(blocks)))
+    fig = Figure(figsize=(1.6 * len(queries) + 1, 1.6 * len(blocks)), layout="constrained")
     axes = fig.subplots(len(blocks), len(queries), squeeze=False)
     for b, blk in enumerate(blocks):
         for q, (qr, qc) in enumerate(queries):
             ax = axes[b][q]
             attn = np.array(blk["maps"][level][q], dtype=float).reshape(rows, cols)
-            limit = max(float(np.abs(attn).max()), 1e-12)
-            ax.imshow(background, extent=(0, width, height, 0))
-            ax.imshow(attn, cmap="bwr_r", vmin=-limit, vmax=limit, alpha=0.65,
-                      extent=(0, width, height, 0), interpolation="nearest")
+            ax.imshow(background.mean(axis=-1), cmap="gray", vmin=0, vmax=1,
+                      extent=(0, width, height, 0))
+            ax.imshow(_signed_overlay(attn), extent=(0, width, height, 0),
+                      interpolation="nearest")
             ph, pw = height / rows, width / cols
             ax.add_patch(Rectangle((qc * pw, qr * ph), pw, ph, fill=False, lw=1.2, ec="k"))
             ax.set_xticks([])
@@ -106,7 +118,8 @@ def maps_figure(result: dict, label: str, level: int, path: Path) -> Path:
             if b == 0:
                 ax.set_title(f"query ({qr}, {qc})", fontsize=7)
     timestep = result["noise_levels"][level]["timestep"]
-    fig.suptitle(f"{label}, timestep {timestep}: blue > 0, red < 0 (max |A| per map)",
+    fig.suptitle(f"{label}, timestep {timestep}: blue > 0, red < 0, "
+                 "opacity ~ |A| / max |A| of the map",
                  fontsize=8)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
@@ -115,7 +128,9 @@ def maps_figure(result: dict, label: str, level: int, path: Path) -> Path:
 def overview_figure(result: dict, path: Path) -> Path:
     """Key metrics (columns) for every model (rows), each column on one colour scale."""
     labels = list(result["models"])
-    fig = Figure(figsize=(3.0 * len(OVERVIEW), 0.5 + 2.6 * len(labels)))
+    rows = len(result["models"][labels[0]]["blocks"]) + 2
+    fig = Figure(figsize=(3.4 * len(OVERVIEW), 0.6 + 0.3 * rows * len(labels)),
+                 layout="constrained")
     axes = fig.subplots(len(labels), len(OVERVIEW), squeeze=False)
     for c, metric in enumerate(OVERVIEW):
         grids = [_grid(result, label, metric) for label in labels]
@@ -132,8 +147,13 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def save_figures(result: dict, out_dir: str | Path) -> dict[str, Path]:
-    """Write every figure of `result` into `out_dir`; returns {figure name: path}."""
+def save_figures(result: dict, out_dir: str | Path,
+                 map_levels: list[int] | None = None) -> dict[str, Path]:
+    """Write the figures of `result` into `out_dir`; returns {figure name: path}.
+
+    Map grids are drawn for the noise levels (indices into result["noise_levels"]) in
+    `map_levels`, by default all of them.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     metrics = [m for m in HEATMAPS if m != "text_weight" or result["layout"]["text"]]
@@ -141,6 +161,8 @@ def save_figures(result: dict, out_dir: str | Path) -> dict[str, Path]:
              for m in metrics}
     for label in result["models"]:
         for level, record in enumerate(result["noise_levels"]):
+            if map_levels is not None and level not in map_levels:
+                continue
             name = f"maps_{_safe(label)}_t{record['timestep']}"
             paths[name] = maps_figure(result, label, level, out / f"{name}.png")
     paths["overview"] = overview_figure(result, out / "overview.png")

@@ -7,7 +7,8 @@ normalised per row (the share of the row's attention each key receives) and, apa
 from that, at the signs. A row whose weights are all 0 counts as "no attention":
 its shares are 0 and its entropy is 0.
 
-Row metrics return (..., Nq); `head_means` averages them to one value per head.
+Row metrics return (..., Nq); the analysis averages them over images and queries
+to one value per head.
 """
 
 from __future__ import annotations
@@ -62,13 +63,6 @@ def key_share(a: Tensor, keys: slice | int) -> Tensor:
     if isinstance(keys, int):
         return p[..., keys]
     return p[..., keys].sum(dim=-1)
-
-
-def head_means(row_values: Tensor) -> Tensor:
-    """Average (B, h, Nq) row values over images and queries -> (h,)."""
-    if row_values.dim() != 3:
-        raise ValueError(f"expected row values of shape (B, h, Nq), got {tuple(row_values.shape)}")
-    return row_values.mean(dim=(0, 2))
 
 
 def sink_share(first_token_weight: Tensor, threshold: float = 0.3) -> float:
