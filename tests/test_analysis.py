@@ -23,7 +23,7 @@ from uvic.analysis import (
     write_json,
 )
 from uvic.analysis import metrics as M
-from uvic.analysis.capture import token_layout
+from uvic.analysis.capture import TokenLayout, row_metrics, token_layout
 from uvic.config import load_config
 from uvic.uvit import Attention, build_model
 from uvic_kernels import reference
@@ -124,6 +124,25 @@ def test_unknown_mode_is_named():
         attention_weights(attn, torch.randn(1, 4, 16))
 
 
+def test_a_new_mode_needs_only_a_reference_formula(monkeypatch):
+    """E.g. expressive attention z^2 / (1 + z^2) / row sum: weights >= 0, rows sum to 1."""
+    def squared(q, k, v, scale=None):
+        z2 = (scale * q @ k.transpose(-2, -1)) ** 2
+        a = z2 / (1 + z2)
+        return a / a.sum(dim=-1, keepdim=True) @ v
+
+    monkeypatch.setitem(REFERENCE_ATTENTION, "squared", squared)
+    torch.manual_seed(0)
+    attn = Attention(16, num_heads=2)
+    attn.mode = "squared"
+    a = attention_weights(attn, torch.randn(2, 9, 16))
+    assert torch.allclose(a.sum(-1), torch.ones(2, 2, 9), atol=1e-5) and bool((a >= 0).all())
+    layout = TokenLayout(num_tokens=9, num_extras=1, time_index=0, text=None, grid=(2, 4))
+    rows = row_metrics(a, layout)
+    assert rows["negative_mass"].abs().max() == 0
+    assert float(rows["entropy"].max()) <= math.log(9) + 1e-6
+
+
 def test_reference_table_follows_the_kernel_package():
     assert {"softmax", "cog"} <= set(REFERENCE_ATTENTION)
     has_expressive = hasattr(reference, "expressive_attention_reference")
@@ -166,6 +185,7 @@ def test_pixel_models_end_to_end(pixel_result, tmp_path):
     assert pixel_result["metrics"] == list(HEAD_METRICS)
     uvit, uvic = pixel_result["models"]["U-ViT"], pixel_result["models"]["U-ViC"]
     assert uvic["attention_modes"] == ["softmax", "cog", "softmax"]
+    assert len(uvic["sink_share"]) == 2 and all(0 <= s <= 1 for s in uvic["sink_share"])
     assert all(v == 0 for blk in uvit["blocks"] for v in blk["mean"]["negative_mass"])
     cog = uvic["blocks"][1]
     assert cog["mode"] == "cog" and min(cog["mean"]["negative_mass"]) > 0.1

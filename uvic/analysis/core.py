@@ -15,10 +15,13 @@ Result schema (version 1); L levels, h heads, Q query patches, P = rows * cols p
     queries: [[row, col]] * Q  (query patches of the maps)
     background: [rows_px][cols_px][3] floats in [0, 1] (image 0, drawn under the maps)
     metrics: the names in HEAD_METRICS
-    models: {label: {"attention_modes": [str], "num_heads": h, "blocks": [{
+    models: {label: {"attention_modes": [str], "num_heads": h,
+        "sink_share": [L] (over the heads of all blocks), "blocks": [{
         "index": int, "name": "in_blocks.0" | "mid_block" | "out_blocks.0", "mode": str,
         "heads": {metric: [L][h]}, "mean": {metric: [L]} (over heads),
         "sink_share": [L], "collapse": [L], "maps": [L][Q][P]}]}}
+Head metrics average over the images and the patch-token queries (the rows that make
+the predicted noise); "maps" are rows of image 0, averaged over heads, on patch keys.
 """
 
 from __future__ import annotations
@@ -124,8 +127,12 @@ def _analyze_model(model: nn.Module, levels: list, layout: TokenLayout,
             "collapse": [lv["collapse"] for lv in levels_i],
             "maps": [lv["map"].tolist() for lv in levels_i],
         })
+    all_heads = [[w for blk in blocks for w in blk["heads"]["first_token_weight"][level]]
+                 for level in range(len(levels))]
     return {"attention_modes": [blk.attn.mode for blk in model.blocks()],
-            "num_heads": model.blocks()[0].attn.num_heads, "blocks": blocks}
+            "num_heads": model.blocks()[0].attn.num_heads,
+            "sink_share": [sink_share(torch.tensor(w), threshold) for w in all_heads],
+            "blocks": blocks}
 
 
 def analyze(
@@ -177,6 +184,8 @@ def check_result(result: dict) -> None:
     rows, cols = result["layout"]["grid"]
     for label, entry in result["models"].items():
         heads = entry["num_heads"]
+        if len(entry["sink_share"]) != levels:
+            raise ValueError(f"models.{label}.sink_share has not {levels} levels")
         if len(entry["blocks"]) != len(entry["attention_modes"]):
             raise ValueError(f"models.{label}: {len(entry['blocks'])} blocks but "
                              f"{len(entry['attention_modes'])} attention modes")

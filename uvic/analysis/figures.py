@@ -53,8 +53,10 @@ def _draw_heatmap(ax: Axes, values: np.ndarray, result: dict, label: str,
                   fontsize=7)
     ax.set_xlabel("timestep (noise level)", fontsize=7)
     ax.set_title(label, fontsize=9)
-    for (r, c), value in np.ndenumerate(values):
-        ax.text(c, r, f"{value:.2g}", ha="center", va="center", fontsize=6, color="w")
+    for (r, c), value in np.ndenumerate(values):  # dark text on the bright end of viridis
+        bright = (value - vmin) / (vmax - vmin) > 0.6
+        ax.text(c, r, f"{value:.2g}", ha="center", va="center", fontsize=6,
+                color="k" if bright else "w")
     return image
 
 
@@ -74,8 +76,9 @@ def heatmap_figure(result: dict, metric: str, path: Path) -> Path:
     axes = fig.subplots(1, len(labels), squeeze=False)
     for ax, label, values in zip(axes[0], labels, grids):
         image = _draw_heatmap(ax, values, result, label, vmin, vmax)
-        if ax is not axes[0][0]:
-            ax.set_yticklabels([])  # block names once, on the left
+        if ax is not axes[0][0]:  # block names once, on the left; each panel its modes
+            ax.set_yticklabels([f"({blk['mode'][0].upper()})"
+                                for blk in result["models"][label]["blocks"]])
     fig.colorbar(image, ax=list(axes[0]), shrink=0.8)
     fig.suptitle(HEATMAPS[metric], fontsize=10)
     fig.savefig(path, dpi=110, bbox_inches="tight")
