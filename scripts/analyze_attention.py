@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--attention names label {unknown[0]!r}, which no checkpoint has")
         cfg = load_config(args.config, args.set)
         models = load_models(cfg, checkpoints, attention, device=args.device)
+        for label, model in models.items():
+            print(f"{label}: attention {','.join(model.attention_modes)}")
         images, contexts = load_inputs(cfg, args.num_images, args.split, args.seed)
         result = analyze(models, cfg, images, contexts, timesteps=args.timestep,
                          num_levels=args.levels, queries=args.query,

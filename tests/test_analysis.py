@@ -18,6 +18,7 @@ from uvic.analysis import (
     attention_weights,
     check_result,
     load_inputs,
+    load_models,
     save_figures,
     spread_timesteps,
     write_json,
@@ -229,6 +230,17 @@ def test_latent_text_models_end_to_end():
     assert len(blk["maps"][0][0]) == 16
     with pytest.raises(ValueError, match="outside"):
         analyze(models, cfg, images, contexts, queries=[(4, 0)])
+
+
+def test_load_models_takes_an_explicit_pattern(tmp_path):
+    path = tmp_path / "w.safetensors"
+    save_file(tiny_model("uvit").state_dict(), str(path))
+    models = load_models(tiny_cfg(), {"a": path, "b": path}, {"a": "cog,softmax,cog"})
+    assert models["a"].attention_modes == ["cog", "softmax", "cog"]
+    assert models["b"].attention_modes == ["softmax"] * 3  # the config's pattern
+    assert not models["a"].training
+    with pytest.raises(ValueError, match="'bogus'"):
+        load_models(tiny_cfg(), {"a": path}, {"a": "bogus"})
 
 
 # --------------------------------------------------------------------------- command line

@@ -64,8 +64,8 @@ def token_layout(model: nn.Module) -> TokenLayout:
 def attention_weights(attn: nn.Module, x: Tensor) -> Tensor:
     """Attention weights A (B, h, N, N) of an `Attention` module on its input x (B, N, D).
 
-    Computed in float32 without gradients; costs B h N^3 multiply-adds (the product with
-    the identity), a few seconds per model on a CPU at N = 257.
+    Computed in float32 without gradients. The product with the identity costs B h N^3
+    multiply-adds: at U-ViT-S/2 size (N = 257, h = 8) under a tenth of the forward pass.
     """
     mode = attn.mode
     if mode not in REFERENCE_ATTENTION:

@@ -34,8 +34,10 @@ from torch import Tensor, nn
 
 from uvic.analysis.capture import HEAD_METRICS, BlockRecorder, TokenLayout, token_layout
 from uvic.analysis.metrics import sink_share
+from uvic.checkpoint import load_weights
 from uvic.config import Config, apply_overrides
 from uvic.diffusion import Diffusion
+from uvic.uvit import build_model
 
 SCHEMA_VERSION = 1
 
@@ -223,12 +225,10 @@ def load_models(cfg: Config, checkpoints: dict[str, str | Path],
     """Build and load one model per checkpoint (strict), in eval mode.
 
     A checkpoint does not record its attention pattern; each model's pattern is, in
-    order: `attention[label]`, the `model.attention` of a run's `config.json` next to the
-    checkpoint (or one folder up), else `cfg.model.attention`.
+    order: `attention[label]`, the `model.attention` of a run's `config.json` in the
+    checkpoint's folder or up to two folders up (a run folder holds `ema.safetensors`
+    and `checkpoints/step_*/`), else `cfg.model.attention`.
     """
-    from uvic.checkpoint import load_weights
-    from uvic.uvit import build_model
-
     models = {}
     for label, path in checkpoints.items():
         spec = (attention or {}).get(label) or _run_attention(Path(path)) or cfg.model.attention
@@ -239,7 +239,7 @@ def load_models(cfg: Config, checkpoints: dict[str, str | Path],
 
 
 def _run_attention(checkpoint: Path) -> str | None:
-    for folder in (checkpoint.parent, checkpoint.parent.parent):
+    for folder in checkpoint.resolve().parents[:3]:
         saved = folder / "config.json"
         if saved.is_file():
             try:
@@ -254,7 +254,7 @@ def load_inputs(cfg: Config, num_images: int, split: str = "test",
     """The first `num_images` items of the config's dataset: images (B, C, H, W) and,
     for text-to-image data, contexts (B, 77, clip_dim). MS-COCO items draw a latent and
     a caption at random; the torch RNG is seeded with `seed` so the draw is fixed."""
-    from uvic.data import build_dataset
+    from uvic.data import build_dataset  # here: it imports torchvision, only needed here
 
     dataset = build_dataset(cfg, split)
     if len(dataset) < num_images:
