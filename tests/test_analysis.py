@@ -212,6 +212,10 @@ def test_check_result_names_the_bad_key(pixel_result):
     broken["models"]["U-ViT"]["blocks"][0]["heads"]["entropy"].pop()
     with pytest.raises(ValueError, match=r"models.U-ViT.blocks\[0\].heads.entropy"):
         check_result(broken)
+    broken = json.loads(json.dumps(pixel_result))
+    del broken["models"]["U-ViT"]["blocks"][1]["heads"]["entropy"]
+    with pytest.raises(ValueError, match="'entropy'"):
+        check_result(broken)
     del broken["layout"]
     with pytest.raises(ValueError, match="'layout'"):
         check_result(broken)

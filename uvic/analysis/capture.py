@@ -95,8 +95,9 @@ class BlockRecorder:
     """Hooks on every block of a model that accumulate metrics over batches.
 
     Per block: sums of the per-head metrics over (images, patch queries), the summed
-    mean pairwise cosine of the output patch tokens, and, for the image `map_image`,
-    the attention rows of the chosen query patches (mean over heads, patch keys only).
+    mean pairwise cosine of the output patch tokens, and, for image 0 (in the batch the
+    caller marks with `batch_start = 0`), the attention rows of the chosen query patches
+    (mean over heads, patch keys only).
     Use as a context manager; call `reset()` between noise levels and `means()` after.
     """
 
@@ -134,7 +135,8 @@ class BlockRecorder:
                 summed = values.sum(dim=(0, 2)).double()  # (h,)
                 self.sums[i][name] = self.sums[i].get(name, 0) + summed
             if self.batch_start == 0:
-                rows = a[0, :, self.query_tokens, self.layout.num_extras:]  # (h, Q, L)
+                first = a[0]  # image 0: (h, N, N)
+                rows = first[:, self.query_tokens, self.layout.num_extras:]  # (h, Q, L)
                 self.maps[i] = rows.mean(dim=0).double().cpu()
         return hook
 

@@ -99,24 +99,35 @@ def noised_inputs(cfg: Config, images: Tensor, timesteps: list[int],
 
 
 @torch.no_grad()
-def _analyze_model(model: nn.Module, levels: list, layout: TokenLayout,
+def _record_levels(model: nn.Module, levels: list, layout: TokenLayout,
                    queries: list[tuple[int, int]], contexts: Tensor | None,
-                   labels: Tensor | None, batch_size: int, threshold: float) -> dict:
+                   labels: Tensor | None, batch_size: int) -> list[list[dict]]:
+    """Run `model` (in eval mode) on every level's inputs: [level][block] of recorder means."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     per_level = []
-    with BlockRecorder(model, layout, queries) as recorder:
-        for x_t, net_t, _ in levels:
-            recorder.reset()
-            for start in range(0, x_t.shape[0], batch_size):
-                part = slice(start, start + batch_size)
-                recorder.batch_start = start
-                model(x_t[part].to(device), net_t[part].to(device),
-                      context=None if contexts is None else contexts[part].to(device),
-                      y=None if labels is None else labels[part].to(device))
-            per_level.append(recorder.means())
-    model.train(was_training)
+    try:
+        with BlockRecorder(model, layout, queries) as recorder:
+            for x_t, net_t, _ in levels:
+                recorder.reset()
+                for start in range(0, x_t.shape[0], batch_size):
+                    part = slice(start, start + batch_size)
+                    recorder.batch_start = start
+                    model(x_t[part].to(device), net_t[part].to(device),
+                          context=None if contexts is None else contexts[part].to(device),
+                          y=None if labels is None else labels[part].to(device))
+                per_level.append(recorder.means())
+    finally:
+        model.train(was_training)
+    return per_level
+
+
+def _analyze_model(model: nn.Module, levels: list, layout: TokenLayout,
+                   queries: list[tuple[int, int]], contexts: Tensor | None,
+                   labels: Tensor | None, batch_size: int, threshold: float) -> dict:
+    """One model's entry of the result (see the schema above)."""
+    per_level = _record_levels(model, levels, layout, queries, contexts, labels, batch_size)
     blocks = []
     for i, (name, blk) in enumerate(zip(block_names(model), model.blocks())):
         levels_i = [level[i] for level in per_level]
@@ -177,6 +188,13 @@ def analyze(
 
 def check_result(result: dict) -> None:
     """Raise ValueError naming the first key of `result` that breaks the schema above."""
+    try:
+        _check_result(result)
+    except (KeyError, IndexError, TypeError) as err:
+        raise ValueError(f"analysis result is malformed: missing or bad entry {err}") from err
+
+
+def _check_result(result: dict) -> None:
     top = ("schema_version", "config_name", "num_images", "seed", "sink_threshold",
            "noise_levels", "layout", "queries", "background", "metrics", "models")
     for key in top:
