@@ -1,0 +1,281 @@
+"""Attention analysis: metrics on hand-made matrices, hook capture, schema, end to end, CLI."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from uvic.analysis import (
+    HEAD_METRICS,
+    REFERENCE_ATTENTION,
+    analyze,
+    attention_weights,
+    check_result,
+    load_inputs,
+    load_models,
+    save_figures,
+    spread_timesteps,
+    write_json,
+)
+from uvic.analysis import metrics as M
+from uvic.analysis.capture import TokenLayout, row_metrics, token_layout
+from uvic.config import load_config
+from uvic.uvit import Attention, build_model
+from uvic_kernels import reference
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["model.img_size=8", "model.patch_size=2", "model.embed_dim=16", "model.depth=2",
+        "model.num_heads=2", "model.attention_backend=torch", "data.num_images=4"]
+
+
+def tiny_cfg(attention: str = "uvit", text: bool = False):
+    if text:  # latent + text layout: 4 latent channels, 5 context tokens of width 12
+        return load_config(ROOT / "configs/mscoco_uvit.py", [
+            *TINY, "model.in_chans=4", "model.clip_dim=12", "model.num_clip_token=5",
+            "model.mlp_time_embed=false", f"model.attention={attention}"])
+    return load_config(ROOT / "configs/quickstart.py", [*TINY, f"model.attention={attention}"])
+
+
+def tiny_model(attention: str, text: bool = False, seed: int = 0):
+    torch.manual_seed(seed)
+    return build_model(tiny_cfg(attention, text))
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def test_uniform_row_has_entropy_log_n():
+    a = torch.full((1, 1, 3, 10), 0.1)
+    assert torch.allclose(M.entropy(a), torch.full((1, 1, 3), math.log(10)))
+    assert torch.allclose(M.effective_tokens(a), torch.full((1, 1, 3), 10.0))
+    assert M.negative_mass(a).abs().max() == 0 and M.negative_fraction(a).abs().max() == 0
+
+
+def test_one_hot_row():
+    a = torch.zeros(1, 1, 1, 6)
+    a[..., 2] = 1.0
+    assert M.entropy(a).item() == pytest.approx(0.0, abs=1e-7)
+    assert M.effective_tokens(a).item() == pytest.approx(1.0)
+    assert M.key_share(a, 2).item() == 1.0 and M.key_share(a, 0).item() == 0.0
+    assert M.key_share(a, slice(1, 4)).item() == 1.0
+
+
+def test_row_with_known_negative_share():
+    a = torch.tensor([0.5, -0.25, 0.25, 0.0]).view(1, 1, 1, 4)
+    assert M.negative_mass(a).item() == pytest.approx(0.25)
+    assert M.negative_fraction(a).item() == pytest.approx(0.25)
+    assert M.entropy(a).item() == pytest.approx(1.5 * math.log(2))  # |A| = (1/2, 1/4, 1/4, 0)
+    assert M.key_share(a, 1).item() == pytest.approx(0.25)  # a share of |A|, not signed
+    # unnormalised rows give the same shares: the metrics normalise |A| per row
+    assert M.entropy(4 * a).item() == pytest.approx(M.entropy(a).item())
+
+
+def test_all_zero_row_counts_as_no_attention():
+    a = torch.zeros(1, 1, 2, 5)
+    for fn in (M.negative_mass, M.negative_fraction, M.entropy):
+        assert torch.equal(fn(a), torch.zeros(1, 1, 2))
+
+
+def test_sink_share_counts_heads_strictly_above_threshold():
+    assert M.sink_share(torch.tensor([0.5, 0.1, 0.31, 0.3])) == 0.5
+    assert M.sink_share(torch.tensor([0.5, 0.1]), threshold=0.05) == 1.0
+
+
+def test_mean_pairwise_cosine():
+    same = torch.ones(1, 5, 4)
+    assert M.mean_pairwise_cosine(same).item() == pytest.approx(1.0)
+    orthogonal = torch.eye(4).unsqueeze(0)
+    assert M.mean_pairwise_cosine(orthogonal).item() == pytest.approx(0.0, abs=1e-7)
+    opposite = torch.tensor([[[1.0, 2.0], [-2.0, -4.0]]])
+    assert M.mean_pairwise_cosine(opposite).item() == pytest.approx(-1.0)
+    x = torch.randn(3, 7, 5)
+    unit = torch.nn.functional.normalize(x, dim=-1)
+    gram = unit @ unit.transpose(1, 2)
+    brute = (gram.sum(dim=(1, 2)) - 7) / 42
+    assert torch.allclose(M.mean_pairwise_cosine(x), brute, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- capture
+
+
+@pytest.mark.parametrize("mode", ["softmax", "cog"])
+def test_attention_weights_reproduce_the_module(mode):
+    torch.manual_seed(0)
+    attn = Attention(16, num_heads=2, mode=mode, backend="torch")
+    x = torch.randn(3, 9, 16)
+    a = attention_weights(attn, x)  # (B, h, N, N)
+    assert a.shape == (3, 2, 9, 9)
+    assert torch.allclose(a.abs().sum(-1), torch.ones(3, 2, 9), atol=1e-5)
+    assert bool((a < 0).any()) == (mode == "cog")
+    v = attn.qkv(x)[..., 32:].reshape(3, 9, 2, 8).transpose(1, 2)  # (B, h, N, d)
+    out = attn.proj((a @ v).transpose(1, 2).reshape(3, 9, 16))
+    assert torch.allclose(out, attn(x), atol=1e-5)
+
+
+def test_unknown_mode_is_named():
+    attn = Attention(16, num_heads=2)
+    attn.mode = "bogus"
+    with pytest.raises(ValueError, match="'bogus'"):
+        attention_weights(attn, torch.randn(1, 4, 16))
+
+
+def test_a_new_mode_needs_only_a_reference_formula(monkeypatch):
+    """E.g. expressive attention z^2 / (1 + z^2) / row sum: weights >= 0, rows sum to 1."""
+    def squared(q, k, v, scale=None):
+        z2 = (scale * q @ k.transpose(-2, -1)) ** 2
+        a = z2 / (1 + z2)
+        return a / a.sum(dim=-1, keepdim=True) @ v
+
+    monkeypatch.setitem(REFERENCE_ATTENTION, "squared", squared)
+    torch.manual_seed(0)
+    attn = Attention(16, num_heads=2)
+    attn.mode = "squared"
+    a = attention_weights(attn, torch.randn(2, 9, 16))
+    assert torch.allclose(a.sum(-1), torch.ones(2, 2, 9), atol=1e-5) and bool((a >= 0).all())
+    layout = TokenLayout(num_tokens=9, num_extras=1, time_index=0, text=None, grid=(2, 4))
+    rows = row_metrics(a, layout)
+    assert rows["negative_mass"].abs().max() == 0
+    assert float(rows["entropy"].max()) <= math.log(9) + 1e-6
+
+
+def test_reference_table_follows_the_kernel_package():
+    assert {"softmax", "cog"} <= set(REFERENCE_ATTENTION)
+    has_expressive = hasattr(reference, "expressive_attention_reference")
+    assert ("expressive" in REFERENCE_ATTENTION) == has_expressive
+
+
+def test_token_layouts():
+    pixel = token_layout(tiny_model("uvit"))
+    assert (pixel.num_tokens, pixel.num_extras, pixel.time_index, pixel.text) == (17, 1, 0, None)
+    text = token_layout(tiny_model("uvit", text=True))
+    assert (text.num_tokens, text.num_extras, text.text, text.grid) == (22, 6, (1, 6), (4, 4))
+
+
+def test_spread_timesteps():
+    assert spread_timesteps(5, 1000) == [99, 299, 499, 699, 899]
+    assert spread_timesteps(1, 1000) == [499]
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def pixel_result():
+    cfg = tiny_cfg()
+    images, contexts = load_inputs(cfg, 4)
+    assert contexts is None and images.shape == (4, 3, 8, 8)
+    models = {"U-ViT": tiny_model("uvit"), "U-ViC": tiny_model("uvic"),
+              "U-ViC again": tiny_model("uvic")}
+    result = analyze(models, cfg, images, num_levels=2, batch_size=3)
+    for model in models.values():  # hooks are gone, the model is left as it was
+        assert all(not blk.attn._forward_pre_hooks and not blk._forward_hooks
+                   for blk in model.blocks())
+        assert model.training
+    return result
+
+
+def test_pixel_models_end_to_end(pixel_result, tmp_path):
+    check_result(pixel_result)
+    assert pixel_result["noise_levels"][0]["timestep"] == 249
+    assert pixel_result["metrics"] == list(HEAD_METRICS)
+    uvit, uvic = pixel_result["models"]["U-ViT"], pixel_result["models"]["U-ViC"]
+    assert uvic["attention_modes"] == ["softmax", "cog", "softmax"]
+    assert len(uvic["sink_share"]) == 2 and all(0 <= s <= 1 for s in uvic["sink_share"])
+    assert all(v == 0 for blk in uvit["blocks"] for v in blk["mean"]["negative_mass"])
+    cog = uvic["blocks"][1]
+    assert cog["mode"] == "cog" and min(cog["mean"]["negative_mass"]) > 0.1
+    for blk in uvit["blocks"]:
+        assert all(0 < e <= math.log(17) + 1e-6 for e in blk["mean"]["entropy"])
+        assert blk["mean"]["time_weight"] == blk["mean"]["first_token_weight"]
+        assert all(-1 <= c <= 1 for c in blk["collapse"])
+    # every model sees the same images and noise: equal weights give equal numbers
+    assert pixel_result["models"]["U-ViC again"]["blocks"] == uvic["blocks"]
+    # the JSON round-trips and the figures come from it
+    loaded = json.loads(write_json(pixel_result, tmp_path / "a.json").read_text())
+    check_result(loaded)
+    paths = save_figures(loaded, tmp_path / "figures", map_levels=[1])
+    assert "overview" in paths and "heatmap_negative_mass" in paths
+    assert "heatmap_text_weight" not in paths  # no text tokens here
+    assert sorted(p for p in paths if p.startswith("maps_")) == [
+        "maps_U-ViC_again_t749", "maps_U-ViC_t749", "maps_U-ViT_t749"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths.values())
+
+
+def test_check_result_names_the_bad_key(pixel_result):
+    broken = json.loads(json.dumps(pixel_result))
+    broken["models"]["U-ViT"]["blocks"][0]["heads"]["entropy"].pop()
+    with pytest.raises(ValueError, match=r"models.U-ViT.blocks\[0\].heads.entropy"):
+        check_result(broken)
+    broken = json.loads(json.dumps(pixel_result))
+    del broken["models"]["U-ViT"]["blocks"][1]["heads"]["entropy"]
+    with pytest.raises(ValueError, match="'entropy'"):
+        check_result(broken)
+    del broken["layout"]
+    with pytest.raises(ValueError, match="'layout'"):
+        check_result(broken)
+
+
+def test_latent_text_models_end_to_end():
+    cfg = tiny_cfg(text=True)
+    images, contexts = torch.randn(3, 4, 8, 8), torch.randn(3, 5, 12)
+    models = {"uvit": tiny_model("uvit", text=True), "uvic": tiny_model("uvic", text=True)}
+    result = analyze(models, cfg, images, contexts, timesteps=[10, 900], queries=[(0, 3)])
+    check_result(result)
+    assert result["layout"]["text"] == [1, 6] and result["queries"] == [[0, 3]]
+    assert [lv["net_time"] for lv in result["noise_levels"]] == [11.0, 901.0]
+    blk = result["models"]["uvic"]["blocks"][1]
+    assert blk["mode"] == "cog" and min(blk["mean"]["text_weight"]) > 0
+    assert len(blk["maps"][0][0]) == 16
+    with pytest.raises(ValueError, match="outside"):
+        analyze(models, cfg, images, contexts, queries=[(4, 0)])
+
+
+def test_load_models_takes_an_explicit_pattern(tmp_path):
+    path = tmp_path / "w.safetensors"
+    save_file(tiny_model("uvit").state_dict(), str(path))
+    models = load_models(tiny_cfg(), {"a": path, "b": path}, {"a": "cog,softmax,cog"})
+    assert models["a"].attention_modes == ["cog", "softmax", "cog"]
+    assert models["b"].attention_modes == ["softmax"] * 3  # the config's pattern
+    assert not models["a"].training
+    with pytest.raises(ValueError, match="'bogus'"):
+        load_models(tiny_cfg(), {"a": path}, {"a": "bogus"})
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _cli():
+    spec = importlib.util.spec_from_file_location("analyze_attention",
+                                                  ROOT / "scripts/analyze_attention.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def test_cli_on_tiny_checkpoints(tmp_path, capsys):
+    run = tmp_path / "run_uvic"
+    run.mkdir()
+    save_file(tiny_model("uvit").state_dict(), str(tmp_path / "uvit.safetensors"))
+    save_file(tiny_model("uvic", seed=1).state_dict(), str(run / "ema.safetensors"))
+    (run / "config.json").write_text(json.dumps({"model": {"attention": "uvic"}}))
+    sets = [arg for item in TINY for arg in ("--set", item)]
+    main = _cli()
+    out = tmp_path / "out"
+    rc = main(["--config", str(ROOT / "configs/quickstart.py"), *sets, "--num-images", "2",
+               "--levels", "1", "--checkpoint", f"U-ViT={tmp_path / 'uvit.safetensors'}",
+               str(run / "ema.safetensors"), "--query", "1,2", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads((out / "attention.json").read_text())
+    check_result(result)
+    assert result["models"]["run_uvic"]["attention_modes"] == ["softmax", "cog", "softmax"]
+    assert result["models"]["U-ViT"]["attention_modes"] == ["softmax"] * 3
+    assert (out / "overview.png").is_file()
+    rc = main(["--config", str(ROOT / "configs/quickstart.py"), *sets, "--checkpoint",
+               f"x={tmp_path / 'missing.safetensors'}", "--out", str(out)])
+    assert rc == 2 and "missing.safetensors" in capsys.readouterr().err

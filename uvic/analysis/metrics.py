@@ -1,0 +1,91 @@
+"""Attention metrics on explicit attention matrices, one value per query row.
+
+Every function takes attention weights ``A`` of shape (..., Nq, N): Nq query rows over
+N keys. Softmax rows are >= 0 and sum to 1; Cog rows may hold negative weights and
+their absolute values sum to 1. To treat any mode alike, the metrics look at |A|
+normalised per row (the share of the row's attention each key receives) and, apart
+from that, at the signs. A row whose weights are all 0 counts as "no attention":
+its shares are 0 and its entropy is 0.
+
+Row metrics return (..., Nq); the analysis averages them over images and queries
+to one value per head.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_TINY = 1e-30  # guards divisions by a zero row sum
+
+
+def abs_shares(a: Tensor) -> Tensor:
+    """|A| / sum_row |A|: (..., Nq, N) -> (..., Nq, N), each non-zero row sums to 1."""
+    mag = a.abs()
+    return mag / mag.sum(dim=-1, keepdim=True).clamp_min(_TINY)
+
+
+def negative_mass(a: Tensor) -> Tensor:
+    """Share of a row's sum |A| carried by negative weights: (..., Nq, N) -> (..., Nq).
+
+    0 for softmax; for Cog, 0.5 means the row subtracts as much as it adds.
+    """
+    mag = a.abs()
+    negative = torch.where(a < 0, mag, torch.zeros_like(mag)).sum(dim=-1)
+    return negative / mag.sum(dim=-1).clamp_min(_TINY)
+
+
+def negative_fraction(a: Tensor) -> Tensor:
+    """Share of a row's entries that are negative: (..., Nq, N) -> (..., Nq)."""
+    return (a < 0).to(a.dtype).mean(dim=-1)
+
+
+def entropy(a: Tensor) -> Tensor:
+    """Entropy (nats) of each row of |A| normalised to sum 1: (..., Nq, N) -> (..., Nq).
+
+    log N for a uniform row, 0 for a one-hot row; 0 log 0 counts as 0.
+    """
+    p = abs_shares(a)
+    return -torch.xlogy(p, p).sum(dim=-1)
+
+
+def effective_tokens(a: Tensor) -> Tensor:
+    """exp(entropy): how many keys a row attends to "in effect" (N uniform, 1 one-hot)."""
+    return entropy(a).exp()
+
+
+def key_share(a: Tensor, keys: slice | int) -> Tensor:
+    """Share of each row's |A| that falls on `keys` (an index or a slice): -> (..., Nq).
+
+    E.g. the weight on the time token, or the summed weight on the text tokens.
+    """
+    p = abs_shares(a)
+    if isinstance(keys, int):
+        return p[..., keys]
+    return p[..., keys].sum(dim=-1)
+
+
+def sink_share(first_token_weight: Tensor, threshold: float = 0.3) -> float:
+    """Share of heads whose mean weight on the first token exceeds `threshold`.
+
+    `first_token_weight` is (h,) (or any shape: one entry per head). A head counts as an
+    attention sink when, averaged over the queries, more than `threshold` of its
+    attention goes to the first token, as in the attention-sink literature (0.3 there).
+    """
+    return float((first_token_weight > threshold).to(torch.float64).mean())
+
+
+def mean_pairwise_cosine(tokens: Tensor) -> Tensor:
+    """Mean cosine similarity over all pairs of distinct tokens: (B, L, D) -> (B,).
+
+    Measures representational collapse: 1 when all tokens point the same way, about 0
+    for unrelated tokens. Needs L >= 2.
+    """
+    if tokens.dim() != 3 or tokens.shape[1] < 2:
+        raise ValueError(f"expected tokens (B, L >= 2, D), got {tuple(tokens.shape)}")
+    unit = torch.nn.functional.normalize(tokens.to(torch.float64), dim=-1)
+    length = tokens.shape[1]
+    summed = unit.sum(dim=1)  # sum_ij <u_i, u_j> = |sum_i u_i|^2
+    total = (summed * summed).sum(dim=-1)
+    diagonal = (unit * unit).sum(dim=(1, 2))  # 1 per non-zero token
+    return ((total - diagonal) / (length * (length - 1))).to(tokens.dtype)
