@@ -247,6 +247,25 @@ def test_load_models_takes_an_explicit_pattern(tmp_path):
         load_models(tiny_cfg(), {"a": path}, {"a": "bogus"})
 
 
+def test_release_format_checkpoint_and_expressive_pattern(tmp_path):
+    """A checkpoint in the U-ViT release's format (a torch.save'd state dict with the
+    release's names, as nnet_ema.pth) is analysed under any pattern, expressive too."""
+    path = tmp_path / "nnet_ema.pth"
+    torch.save({k: v.clone() for k, v in tiny_model("uvit", seed=3).state_dict().items()}, path)
+    cfg = tiny_cfg()
+    models = load_models(cfg, {"release": path, "as U-ViE": path}, {"as U-ViE": "uvie"})
+    images, _ = load_inputs(cfg, 2)
+    result = analyze(models, cfg, images, num_levels=2)
+    check_result(result)
+    release, uvie = result["models"]["release"], result["models"]["as U-ViE"]
+    assert release["attention_modes"] == ["softmax"] * 3
+    assert uvie["attention_modes"] == ["softmax", "expressive", "softmax"]
+    # expressive weights are >= 0: no negative mass; the first block is the same softmax
+    assert all(v == 0 for blk in uvie["blocks"] for v in blk["mean"]["negative_mass"])
+    assert uvie["blocks"][0]["mean"] == release["blocks"][0]["mean"]
+    assert uvie["blocks"][1]["mean"]["entropy"] != release["blocks"][1]["mean"]["entropy"]
+
+
 # --------------------------------------------------------------------------- command line
 
 
