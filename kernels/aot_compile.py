@@ -38,10 +38,11 @@ TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = make_backend(TARGET)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
 H100_MAX_SMEM = 232448  # 227 KB opt-in per block
+H100_SMS = 132
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 HEAD_DIMS = [32, 64, 72, 128]
-MODES = {"cog": True, "softmax": False}
+MODES = tuple(ta.MODE_IDS)
 
 
 class Recorder:
@@ -55,7 +56,7 @@ class Recorder:
         return launch
 
 
-def record_launches(cog, head_dim, dtype, n_q=334, n_kv=334):
+def record_launches(mode, head_dim, dtype, n_q=334, n_kv=334):
     names = ["_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"]
     saved = {n: getattr(ta, n) for n in names}
     recs = {n: Recorder(n, saved[n]) for n in names}
@@ -65,9 +66,12 @@ def record_launches(cog, head_dim, dtype, n_q=334, n_kv=334):
         q = torch.randn(2, 3, n_q, head_dim, dtype=dtype)
         k = torch.randn(2, 3, n_kv, head_dim, dtype=dtype)
         v = torch.randn_like(k)
-        ta.forward(q, k, v, cog, head_dim**-0.5)
+        ta.forward(q, k, v, mode, head_dim**-0.5)
         lse = torch.zeros(2, 3, n_q)
-        ta.backward(q, k, v, torch.randn_like(q), lse, torch.randn_like(q), cog, head_dim**-0.5)
+        ta.backward(q, k, v, torch.randn_like(q), lse, torch.randn_like(q), mode, head_dim**-0.5)
+        # Delta has a kernel of its own only when dQ is not needed
+        ta.backward(q, k, v, torch.randn_like(q), lse, torch.randn_like(q), mode, head_dim**-0.5,
+                    need_dq=False)
     finally:
         for n in names:
             setattr(ta, n, saved[n])
@@ -103,6 +107,7 @@ def configs_of(kernel, kname, args, kwargs, dtype):
     named = dict(zip(kernel.fn.arg_names, args))
     named["Q"] = FakeQ(dtype)
     ta._max_shared_mem = lambda index: H100_MAX_SMEM
+    ta._multiprocessor_count = lambda index: H100_SMS
     kept = ta._prune(list(kernel.configs), named, kind=kind, **kwargs)
     kept_t = [ta._tile(c) for c in kept]
     return [(c, ta._tile(c) in kept_t, bool(kept_t) and ta._tile(c) == kept_t[0]) for c in cfgs]
@@ -110,8 +115,7 @@ def configs_of(kernel, kname, args, kwargs, dtype):
 
 def compile_one(job):
     kname, mode, dname, head_dim, cfg_kwargs, num_warps, num_stages, kept, first = job
-    cog = MODES[mode]
-    args, kwargs = record_launches(cog, head_dim, DTYPES[dname])[kname]
+    args, kwargs = record_launches(mode, head_dim, DTYPES[dname])[kname]
     kernel = getattr(ta, kname)
     fn = jit_fn(kernel)
     kw = dict(kwargs)
@@ -165,7 +169,7 @@ def compile_one(job):
 def jobs(dtypes, modes, head_dims, tiles=None):
     out = []
     for mode, dname, head_dim in itertools.product(modes, dtypes, head_dims):
-        launches = record_launches(MODES[mode], head_dim, DTYPES[dname])
+        launches = record_launches(mode, head_dim, DTYPES[dname])
         for kname, (args, kwargs) in launches.items():
             kernel = getattr(ta, kname)
             cfgs = configs_of(kernel, kname, args, kwargs, DTYPES[dname])
@@ -181,7 +185,7 @@ def jobs(dtypes, modes, head_dims, tiles=None):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dtypes", default="fp16,bf16,fp32")
-    p.add_argument("--modes", default="cog,softmax")
+    p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--dims", default="32,64,72,128")
     p.add_argument("--kernels", default="")
     p.add_argument("--workers", type=int, default=2)
