@@ -9,7 +9,6 @@ and the target model is unwrapped the same way.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+
+from uvic.files import atomic_write
 
 # Keys under which training scripts commonly nest a state dict.
 WRAPPER_KEYS = ("state_dict", "model", "ema", "model_ema", "nnet_ema", "nnet", "module")
@@ -151,7 +152,7 @@ def save_safetensors(
     model_or_state_dict: nn.Module | Mapping[str, Tensor], path: str | Path,
     metadata: Mapping[str, str] | None = None,
 ) -> None:
-    """Write weights to `path` as safetensors, atomically (temporary file + os.replace).
+    """Write weights to `path` as safetensors, atomically (`uvic.files.atomic_write`).
 
     Keys are saved without wrapper prefixes so the file loads into the plain model.
     """
@@ -171,13 +172,8 @@ def save_safetensors(
             raise CheckpointError(f"cannot save {path}: metadata {bad[0]!r} must map str to str")
         meta = dict(metadata)
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
+    with atomic_write(path) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _listing(names: list[str]) -> str:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from uvic.files import write_json
+
 
 class ConfigError(ValueError):
     """A config file, key or value is wrong; the message names it."""
@@ -221,11 +223,7 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 def save_config(cfg: Config, path: str | Path) -> None:
     """Write the resolved config as JSON (atomically)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
-    tmp.replace(path)
+    write_json(path, to_dict(cfg))
 
 
 def from_dict(data: dict[str, Any], source: str = "config") -> Config:

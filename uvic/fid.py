@@ -50,6 +50,7 @@ from scipy import linalg
 
 from uvic.config import Config, to_dict
 from uvic.diffusion import Diffusion
+from uvic.files import atomic_write, write_json
 from uvic.sampling import (
     distributed_state,
     generate,
@@ -441,12 +442,10 @@ def reference_statistics(
         progress=progress,
     )
     mu, sigma = feature_statistics(feats)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.npz")
     source = f"{images.description}, {len(files)} images"
-    np.savez_compressed(tmp, mu=mu, sigma=sigma, feats=feats.astype(np.float32),
-                        source=np.array(source))
-    os.replace(tmp, path)
+    with atomic_write(path, suffix=".npz") as tmp:
+        np.savez_compressed(tmp, mu=mu, sigma=sigma, feats=feats.astype(np.float32),
+                            source=np.array(source))
     return ReferenceStats(mu, sigma, feats, f"{source} ({path})")
 
 
@@ -723,10 +722,7 @@ def evaluate(
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": to_dict(cfg),
     }
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_json.with_name(f".{out_json.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(out_json)
+    write_json(out_json, result)
     return result
 
 

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from uvic.config import Config, to_dict
 from uvic.diffusion import Diffusion
+from uvic.files import atomic_write
 
 LATENT_DATASETS = ("mscoco",)  # data whose model space is VAE latents, not pixels
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -350,15 +351,14 @@ def generate(
 
 def save_images(images: torch.Tensor, folder: str | Path, indices: Sequence[int]) -> list[Path]:
     """Write images [0, 1] (N, 3, H, W) as `folder/{index:06d}.png`, each atomically
-    (a temporary name, then rename) so an interrupted run never leaves a broken PNG."""
+    (`uvic.files.atomic_write`) so an interrupted run never leaves a broken PNG."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for array, index in zip(to_uint8(images).numpy(), indices):
         path = folder / f"{int(index):06d}.png"
-        tmp = folder / f".{path.name}.tmp"
-        Image.fromarray(array).save(tmp, format="PNG")
-        tmp.replace(path)
+        with atomic_write(path) as tmp:
+            Image.fromarray(array).save(tmp, format="PNG")
         paths.append(path)
     return paths
 

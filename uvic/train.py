@@ -74,6 +74,7 @@ from uvic.config import Config, ConfigError, load_config, save_config, to_dict
 from uvic.data import build_dataset, load_empty_context, load_sample_prompts
 from uvic.diffusion import Diffusion
 from uvic.ema import EMA
+from uvic.files import fsync, fsync_tree, write_json, write_text
 from uvic.sampling import (
     guidance_scale,
     is_latent,
@@ -260,22 +261,6 @@ def _config_differences(saved: dict[str, Any], current: dict[str, Any], section:
     keys = sorted(set(saved) | set(current))
     return [f"{section}.{k}: {saved.get(k)!r} in the checkpoint vs {current.get(k)!r} now"
             for k in keys if saved.get(k) != current.get(k)]
-
-
-def _fsync(path: Path) -> None:
-    """Flush one file or folder entry to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(folder: Path) -> None:
-    """Flush every file under `folder` to disk (so a renamed checkpoint is complete)."""
-    for path in folder.rglob("*"):
-        if path.is_file():
-            _fsync(path)
 
 
 def _remove_tree(path: Path) -> None:
@@ -467,9 +452,7 @@ class Trainer:
             if log.is_file():  # drop lines of steps that will be redone (or cut by a kill)
                 keep = [line for line in log.read_text().splitlines()
                         if (step := _log_step(line)) is not None and step <= self.step]
-                tmp = log.with_suffix(".jsonl.tmp")
-                tmp.write_text("".join(line + "\n" for line in keep))
-                os.replace(tmp, log)
+                write_text(log, "".join(line + "\n" for line in keep))
         self.accelerator.wait_for_everyone()
 
     def _prepare_grid(self) -> None:
@@ -690,11 +673,11 @@ class Trainer:
                 # training time so far, including the current (unlogged) window
                 "train_time_s": self.train_time + time.perf_counter() - self.window_start,
             }
-            (tmp / TRAINER_STATE).write_text(json.dumps(state, indent=2) + "\n")
-            _fsync_tree(tmp)
+            write_json(tmp / TRAINER_STATE, state)
+            fsync_tree(tmp)
             _remove_tree(final)  # only if a previous run wrote this same step
             os.replace(tmp, final)
-            _fsync(root)  # make the rename itself durable
+            fsync(root)  # make the rename itself durable
             save_safetensors(self.ema.model, self.run_dir / "ema.safetensors")
             for old in list_checkpoints(self.run_dir)[:-max(self.cfg.train.keep_last, 1)]:
                 _remove_tree(old)
@@ -733,7 +716,7 @@ class Trainer:
             "global_batch": self.cfg.train.batch_size,
             "resumed_from": str(self.resume_from) if self.resume_from else None,
         }
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_json(self.run_dir / "summary.json", summary)
 
 
 # --------------------------------------------------------------------------- helpers
