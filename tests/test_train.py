@@ -21,22 +21,13 @@ from datagen import make_cifar10, make_mscoco_features, patch_cifar10_checksums,
 from safetensors.torch import load_file
 
 import uvic.train as train_module
-from uvic.checkpoint import load_weights
+from uvic.checkpoint import list_checkpoints, load_weights
 from uvic.config import Config, ConfigError, load_config
 from uvic.data import SHAPES_SEEDS, ShapesDataset, build_dataset, to_signed
-from uvic.diffusion import Diffusion
+from uvic.diffusion import Diffusion, diffusion_loss
 from uvic.ema import EMA
-from uvic.train import (
-    DEBUG_ENV,
-    EpochSampler,
-    SeededItems,
-    TrainError,
-    derive_seed,
-    diffusion_loss,
-    list_checkpoints,
-    train,
-    warmup_constant,
-)
+from uvic.seeding import DEBUG_ENV, EpochSampler, SeededItems, derive_seed
+from uvic.train import TrainError, train, warmup_constant
 from uvic.uvit import build_model
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,8 +23,10 @@ from typing import Any
 
 import diffusers
 import torch
+import torch.nn.functional as F
 from diffusers import DDPMScheduler, DPMSolverMultistepScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
+from torch import Tensor, nn
 
 from uvic.config import DiffusionConfig
 
@@ -136,3 +138,38 @@ class Diffusion:
         params = inspect.signature(cls.__init__).parameters
         extra = {"clip_sample": False} if "clip_sample" in params else {}
         return cls(**kwargs, **extra)
+
+
+# --------------------------------------------------------------------------- objective
+
+
+def diffusion_loss(
+    model: nn.Module,
+    diffusion: Diffusion,
+    batch: dict[str, Tensor],
+    generator: torch.Generator,
+    *,
+    empty_context: Tensor | None = None,
+    p_uncond: float = 0.0,
+) -> Tensor:
+    """Noise-prediction MSE of `model` on `batch` ({"x", optional "context", "y"}).
+
+    With a "context" and p_uncond > 0, each sample's context is replaced by
+    `empty_context` (L, D) with probability p_uncond (drawn from `generator` first).
+    """
+    x0 = batch["x"]
+    kwargs: dict[str, Tensor] = {}
+    context = batch.get("context")
+    if context is not None:
+        if p_uncond > 0:
+            if empty_context is None:
+                raise ValueError("p_uncond > 0 needs the empty-prompt context")
+            drop = torch.rand(x0.shape[0], generator=generator, device=x0.device) < p_uncond
+            empty = empty_context.to(device=context.device, dtype=context.dtype)
+            context = torch.where(drop[:, None, None], empty[None], context)
+        kwargs["context"] = context
+    if batch.get("y") is not None:
+        kwargs["y"] = batch["y"]
+    x_t, net_t, noise = diffusion.training_inputs(x0, generator)
+    pred = model(x_t, net_t, **kwargs)
+    return F.mse_loss(pred.float(), noise.float())

@@ -21,7 +21,7 @@ What we take from clean-fid and what we do ourselves:
   downloading happens only with `allow_download=True` (`--download`).
 
 Samples are PNG files `{index:06d}.png`. Sample i is seeded by (seed, i) (see
-`uvic.sampling.SampleGenerator`), so a run can be interrupted and resumed (samples on disk are
+`uvic.seeding.SampleGenerator`), so a run can be interrupted and resumed (samples on disk are
 kept) and split over any number of processes (Accelerate) with identical results.
 """
 
