@@ -51,13 +51,14 @@ from scipy import linalg
 from uvic.config import Config, to_dict
 from uvic.diffusion import Diffusion
 from uvic.files import atomic_write, write_json
+from uvic.images import save_images
 from uvic.sampling import (
+    SamplingAssets,
     distributed_state,
     generate,
     guidance_scale,
     is_latent,
     load_model,
-    save_images,
 )
 
 MODES = ("clean", "legacy_pytorch", "legacy_tensorflow")
@@ -649,23 +650,15 @@ def evaluate(
         device = state.device
         model = load_model(cfg, ckpt_path, device)
         diffusion = Diffusion(cfg.diffusion)
-        context_fn = uncond = vae = None
-        if cfg.model.clip_dim > 0:
-            from uvic.data import load_empty_context
-
-            context_fn = caption_context_fn(cfg, seed)
-            uncond = load_empty_context(cfg).to(device)
-        if is_latent(cfg):
-            from uvic.autoencoder import load_vae
-
-            vae = load_vae(cfg.data.vae, device)
+        assets = SamplingAssets.from_config(cfg, device)
+        context_fn = caption_context_fn(cfg, seed) if cfg.model.clip_dim > 0 else None
         for indices, images in generate(
             model, diffusion, cfg, mine, seed=seed, context_fn=context_fn,
-            uncond_context=uncond, vae=vae, device=device, precision=precision,
+            uncond_context=assets.uncond, vae=assets.vae, device=device, precision=precision,
             progress=progress and state.is_main_process,
         ):
             save_images(images, samples_dir, indices)
-        del model, vae
+        del model, assets
     t_sampling = time.perf_counter() - t0
     state.wait_for_everyone()
     if not state.is_main_process:

@@ -56,7 +56,6 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from uvic.autoencoder import load_vae
 from uvic.checkpoint import (
     TRAINER_STATE,
     checkpoint_name,
@@ -68,18 +67,17 @@ from uvic.checkpoint import (
     save_safetensors,
 )
 from uvic.config import Config, ConfigError, load_config, save_config, to_dict
-from uvic.data import build_dataset, load_empty_context, load_sample_prompts
+from uvic.data import build_dataset, load_empty_context
 from uvic.diffusion import Diffusion, diffusion_loss
 from uvic.ema import EMA
 from uvic.files import write_json, write_text
-from uvic.sampling import guidance_scale, is_latent, sample_images, save_grid, to_pixels
+from uvic.images import save_grid
+from uvic.sampling import SampleGrid
 from uvic.seeding import (
     EpochSampler,
     SeededItems,
-    make_noise,
     noise_seed,
     record_batches,
-    sample_generators,
 )
 from uvic.uvit import build_model
 
@@ -360,15 +358,9 @@ class Trainer:
     def _sample_grid(self) -> None:
         """Sample the EMA model from the fixed noise into samples/step_N.png (main process)."""
         if self.is_main and self.grid is not None:
-            s, g = self.cfg.sample, self.grid
-            with self.accelerator.autocast():
-                x0 = sample_images(
-                    self.ema.model, self.diffusion, g["noise"], context=g["context"],
-                    uncond_context=g["uncond"], cfg_scale=guidance_scale(self.cfg),
-                    scheduler=s.scheduler, steps=s.steps, order=s.order)
-            images = to_pixels(self.cfg, x0, vae=g["vae"])
+            images = self.grid.sample(self.ema.model, self.diffusion, self.accelerator.autocast())
             save_grid(images, self.run_dir / "samples" / f"{checkpoint_name(self.step)}.png",
-                      captions=g["captions"])
+                      captions=self.grid.captions)
         self.accelerator.wait_for_everyone()
 
     def _write_summary(self, start_step: int, wall_time: float) -> None:
@@ -470,7 +462,7 @@ class Trainer:
                 write_text(log, "".join(line + "\n" for line in keep))
         self.accelerator.wait_for_everyone()
 
-    def _prepare_grid(self) -> dict[str, Any] | None:
+    def _prepare_grid(self) -> SampleGrid | None:
         """Fixed noise (and prompts, VAE) for the periodic sample grids, on the main process.
 
         Loading errors are shared with every process so that all of them stop together.
@@ -480,29 +472,13 @@ class Trainer:
         grid, error = None, None
         if self.is_main:
             try:
-                grid = self._grid_assets()
+                t = self.cfg.train
+                grid = SampleGrid(self.cfg, self.device, t.seed, t.n_grid)
             except (OSError, ValueError, RuntimeError) as err:
                 error = f"sample grid: {err} (or disable the grids with --set train.sample_every=0)"
         error = broadcast_object_list([error])[0]
         if error is not None:
             raise TrainError(error)
-        return grid
-
-    def _grid_assets(self) -> dict[str, Any]:
-        cfg, m = self.cfg, self.cfg.model
-        n = cfg.train.n_grid
-        grid: dict[str, Any] = {"vae": None, "context": None, "uncond": None, "captions": None}
-        if m.clip_dim > 0:
-            prompts, contexts = load_sample_prompts(cfg)
-            n = min(n, len(prompts))
-            grid["captions"] = prompts[:n]
-            grid["context"] = contexts[:n].to(self.device)
-            grid["uncond"] = load_empty_context(cfg).to(self.device)
-        if is_latent(cfg):
-            grid["vae"] = load_vae(cfg.data.vae, self.device)
-        # Sample i of the grid is sample i of `scripts/sample.py` with the same seed.
-        generators = sample_generators(cfg.train.seed, range(n))
-        grid["noise"] = make_noise((m.in_chans, m.img_size, m.img_size), generators, self.device)
         return grid
 
 
