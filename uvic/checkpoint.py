@@ -13,7 +13,11 @@ and the target model is unwrapped the same way.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -257,3 +261,33 @@ def remove_leftovers(run_dir: Path) -> None:
     for pattern in (f"{CHECKPOINT_PREFIX}*.tmp", f"{CHECKPOINT_PREFIX}*.deleting"):
         for leftover in (run_dir / "checkpoints").glob(pattern):
             shutil.rmtree(leftover)
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file (identifies a checkpoint in results and sample folders)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checkpoint_step(ckpt: str | Path) -> int | None:
+    """Training step of a weights file if known: `trainer_state.json` beside it, the
+    checkpoint `checkpoints/step_N/` holding the same file (a run's top-level
+    ema.safetensors), or a `step_N` in its folder or file name."""
+    ckpt = Path(ckpt)
+    state = ckpt.parent / TRAINER_STATE
+    if state.is_file():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            return int(json.loads(state.read_text())["step"])
+    size, digest = ckpt.stat().st_size, None
+    for other in reversed(list_checkpoints(ckpt.parent)):
+        copy = other / ckpt.name
+        if not copy.is_file() or copy.stat().st_size != size:
+            continue
+        digest = digest or file_sha256(ckpt)
+        if file_sha256(copy) == digest:
+            return checkpoint_step(copy)
+    match = re.search(r"step[_-]?(\d+)", ckpt.parent.name + "/" + ckpt.stem)
+    return int(match.group(1)) if match else None
