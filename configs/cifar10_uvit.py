@@ -1,7 +1,7 @@
 """CIFAR-10 unconditional U-ViT-S/2 (softmax attention everywhere).
 
 Every number follows the U-ViT release (configs/cifar10_uvit.py of baofff/U-ViT) and
-REFERENCE.md section 3; the Cog-attention paper trains U-ViC with the same recipe.
+docs/conventions.md; the Cog-attention paper trains U-ViC with the same recipe.
 """
 
 from uvic.config import (

@@ -1,7 +1,7 @@
 """MS-COCO 256x256 text-to-image U-ViT-S/2 on Stable Diffusion VAE latents.
 
 Every number follows the U-ViT release (configs/mscoco_uvit.py of baofff/U-ViT) and
-REFERENCE.md section 3; the Cog-attention paper trains U-ViC with the same recipe.
+docs/conventions.md; the Cog-attention paper trains U-ViC with the same recipe.
 """
 
 from uvic.config import (

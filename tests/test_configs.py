@@ -1,6 +1,6 @@
 """Config files hold the paper's hyper-parameters; overrides and JSON round trips are typed.
 
-Expected values are the U-ViT release's (REFERENCE.md section 3), written out here
+Expected values are the U-ViT release's (docs/conventions.md), written out here
 independently of the config files.
 """
 

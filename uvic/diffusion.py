@@ -1,6 +1,6 @@
 """Noise schedules: the one definition that training and sampling share.
 
-Two schedules, as in the U-ViT release (REFERENCE.md section 3):
+Two schedules, as in the U-ViT release (docs/conventions.md):
 
 * ``vp_continuous`` (CIFAR-10): beta(t) = beta_min + t (beta_max - beta_min), so
   alpha_bar(t) = exp(-t^2 (beta_max - beta_min) / 2 - beta_min t). Training draws

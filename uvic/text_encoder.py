@@ -3,7 +3,7 @@
 The U-ViT release conditions on the 77 token states of OpenAI's CLIP ViT-L/14 text
 transformer, taken after the final LayerNorm (Hugging Face's ``last_hidden_state``), not
 the pooled ``encode_text`` vector. We compute the same states with open_clip. Two traps
-(REFERENCE.md section 3):
+(docs/conventions.md):
 
 * Padding. The release tokenised with Hugging Face's ``CLIPTokenizer(padding="max_length")``,
   which fills every position after the end-of-text token with the end-of-text id 49407;
