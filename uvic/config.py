@@ -26,6 +26,13 @@ class ConfigError(ValueError):
     """A config file, key or value is wrong; the message names it."""
 
 
+# Allowed values, checked by `validate` (the modules that use them import them from here).
+DATASETS = ("cifar10", "mscoco", "shapes")
+SCHEDULES = ("vp_continuous", "scaled_linear")
+MIXED_PRECISIONS = ("no", "fp16", "bf16")
+FID_MODES = ("clean", "legacy_pytorch", "legacy_tensorflow")
+
+
 # --------------------------------------------------------------------------- sections
 
 
@@ -159,6 +166,60 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
+# --------------------------------------------------------------------------- validation
+
+
+def validate(cfg: Config) -> Config:
+    """Check every value of `cfg` before any work starts; returns `cfg` or raises a
+    ConfigError naming the key and the value.
+
+    The one place for the rules on values: the training loop, the FID evaluator and the
+    sampling CLI call it on their config; `Diffusion` and `build_dataset` call the rules of
+    their own section. The architecture rules (divisibility, attention pattern) are the
+    model's: `UViT` checks its arguments, and the trainer reports them as ConfigError.
+    """
+    t, o, s = cfg.train, cfg.optim, cfg.sample
+    check_data(cfg.data)
+    check_diffusion(cfg.diffusion)
+    _require([
+        (t.grad_accum >= 1, f"train.grad_accum={t.grad_accum} must be >= 1"),
+        (t.batch_size >= 1, f"train.batch_size={t.batch_size} must be >= 1"),
+        (t.max_steps >= 0, f"train.max_steps={t.max_steps} must be >= 0"),
+        (0.0 <= t.ema_decay <= 1.0, f"train.ema_decay={t.ema_decay} must be in [0, 1]"),
+        (t.keep_last >= 1, f"train.keep_last={t.keep_last} must be >= 1"),
+        (t.mixed_precision in MIXED_PRECISIONS,
+         f"train.mixed_precision={t.mixed_precision!r} must be no, fp16 or bf16"),
+        (o.grad_clip >= 0, f"optim.grad_clip={o.grad_clip} must be >= 0"),
+        (s.steps >= 1, f"sample.steps={s.steps} must be >= 1"),
+        (cfg.eval.mode in FID_MODES, f"eval.mode={cfg.eval.mode!r} must be one of {FID_MODES}"),
+    ])
+    return cfg
+
+
+def check_data(data: DataConfig) -> None:
+    """The rules on `data.*` values."""
+    _require([
+        (data.name in DATASETS, f"data.name={data.name!r} must be one of {DATASETS}"),
+        (data.num_workers >= 0, f"data.num_workers={data.num_workers} must be >= 0"),
+    ])
+
+
+def check_diffusion(diffusion: DiffusionConfig) -> None:
+    """The rules on `diffusion.*` values."""
+    _require([
+        (diffusion.schedule in SCHEDULES,
+         f"diffusion.schedule={diffusion.schedule!r} must be one of {SCHEDULES}"),
+        (0.0 <= diffusion.p_uncond < 1.0,
+         f"diffusion.p_uncond={diffusion.p_uncond} must be in [0, 1)"),
+    ])
+
+
+def _require(checks: list[tuple[bool, str]]) -> None:
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
 # --------------------------------------------------------------------------- loading
 
 
@@ -224,6 +285,26 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 def save_config(cfg: Config, path: str | Path) -> None:
     """Write the resolved config as JSON (atomically)."""
     write_json(path, to_dict(cfg))
+
+
+def flat_dict(cfg: Config) -> dict[str, Any]:
+    """"section/field" -> value with scalars only (for trackers' hyper-parameter tables)."""
+    flat = {}
+    for section, values in to_dict(cfg).items():
+        if isinstance(values, dict):
+            for key, value in values.items():
+                ok = isinstance(value, int | float | str | bool)
+                flat[f"{section}/{key}"] = value if ok else str(value)
+        else:
+            flat[section] = values
+    return flat
+
+
+def config_changes(saved: Config, current: Config, section: str) -> list[str]:
+    """The fields of `section` that differ between two configs, one line each."""
+    old, new = to_dict(saved)[section], to_dict(current)[section]
+    return [f"{section}.{k}: {old.get(k)!r} in the checkpoint vs {new.get(k)!r} now"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 
 
 def from_dict(data: dict[str, Any], source: str = "config") -> Config:

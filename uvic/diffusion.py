@@ -28,9 +28,8 @@ from diffusers import DDPMScheduler, DPMSolverMultistepScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from torch import Tensor, nn
 
-from uvic.config import DiffusionConfig
+from uvic.config import DiffusionConfig, check_diffusion
 
-SCHEDULES = ("vp_continuous", "scaled_linear")
 # Short names for the DPM-Solver family; any other diffusers scheduler class name works too.
 DPM_SOLVERS = {"dpm_solver++": "dpmsolver++", "dpm_solver": "dpmsolver"}
 
@@ -39,8 +38,7 @@ class Diffusion:
     """Forward process, training inputs and sampler construction for one schedule."""
 
     def __init__(self, cfg: DiffusionConfig) -> None:
-        if cfg.schedule not in SCHEDULES:
-            raise ValueError(f"diffusion.schedule must be one of {SCHEDULES}, got {cfg.schedule!r}")
+        check_diffusion(cfg)
         self.cfg = cfg
         self.num_timesteps = cfg.num_train_timesteps
         # The discrete table used by diffusers (training add_noise and every sampler).

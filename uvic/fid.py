@@ -37,7 +37,7 @@ from cleanfid.fid import kernel_distance as cleanfid_kid
 from scipy import linalg
 
 from uvic.checkpoint import checkpoint_step, file_sha256
-from uvic.config import Config, to_dict
+from uvic.config import Config, to_dict, validate
 from uvic.data import MSCOCOFeatures, build_dataset
 from uvic.diffusion import Diffusion
 from uvic.fid_stats import InceptionWeightsMissing as InceptionWeightsMissing
@@ -45,7 +45,6 @@ from uvic.fid_stats import ReferenceStatsMissing as ReferenceStatsMissing
 from uvic.fid_stats import (
     build_inception,
     check_inception,
-    check_mode,
     default_stats_dir,
     extractor_tag,
     feature_statistics,
@@ -220,8 +219,9 @@ def evaluate(
     from here too) before sampling anything.
     """
     t_start = time.perf_counter()
+    validate(cfg)
     state = distributed_state()
-    mode = check_mode(cfg.eval.mode)
+    mode = cfg.eval.mode
     n = int(n if n is not None else cfg.eval.n_samples)
     if n < 2:
         raise ValueError(f"FID needs at least 2 samples, got n={n}")

@@ -40,11 +40,11 @@ from cleanfid.utils import EXTENSIONS
 from PIL import Image
 from torchvision.datasets import CIFAR10
 
-from uvic.config import Config
+from uvic.config import FID_MODES, Config
 from uvic.data import SHAPES_SEEDS, center_crop_resize, save_shapes_folder
 from uvic.files import atomic_write
 
-MODES = ("clean", "legacy_pytorch", "legacy_tensorflow")
+MODES = FID_MODES
 INCEPTION_FILE = "inception-2015-12-05.pt"  # clean-fid's TorchScript Inception (clean mode)
 STATS_URL = "https://www.cs.cmu.edu/~clean-fid/stats"  # clean-fid's get_reference_statistics
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 # Tags that keep the seed streams of different purposes apart.
 _DATA_STREAM, _NOISE_STREAM = 1, 2
@@ -107,6 +107,16 @@ class SeededItems(Dataset):
             raise TypeError(f"{type(self.dataset).__name__}[{index}] must be a dict with key "
                             f"'x', got {type(item).__name__}")
         return item
+
+
+def seeded_loader(dataset: Dataset, seed: int, batch_size: int, num_workers: int = 0,
+                  pin_memory: bool = False) -> DataLoader:
+    """The training loader: items in the order of `EpochSampler`, each computed under
+    `SeededItems`; the last incomplete batch of an epoch is dropped."""
+    return DataLoader(SeededItems(dataset, seed), batch_size=batch_size,
+                      sampler=EpochSampler(len(dataset), seed), drop_last=True,
+                      num_workers=num_workers, persistent_workers=num_workers > 0,
+                      pin_memory=pin_memory)
 
 
 # --------------------------------------------------------------------------- samples

@@ -18,15 +18,14 @@ Checkpoints hold the model, EMA, optimizer, LR schedule, grad scaler (Accelerate
 `save_state`) and the data position (`trainer_state.json`). They are written to
 `step_XXXXXX.tmp/` and renamed when complete, so a half-written one is never picked up.
 
-Precision: `train.mixed_precision` when set, else the launcher's (`accelerate launch
---mixed_precision`, `accelerate config`); accumulation and the seed come from the config.
-Metrics go to `train.log_with` (an Accelerate tracker: tensorboard, wandb, ...). With
-several nodes, `train.output_dir` must be on a filesystem they share.
+Precision, accumulation and the seed come from the config (`train.*`), not from
+`accelerate launch` flags. With several nodes, `train.output_dir` must be on a filesystem
+they share.
 
 Run folder (`train.output_dir`):
     config.json            resolved config
     log.jsonl              one line per log step: step, loss, lr, grad_norm, images/s, time
-    tensorboard/           the same scalars for TensorBoard (the tracker's logging folder)
+    tensorboard/           the same scalars for TensorBoard
     samples/step_*.png     sample grids of the EMA model with fixed noise (and prompts)
     checkpoints/step_*/    the last `train.keep_last` checkpoints
     ema.safetensors        EMA weights of the latest checkpoint (what sampling loads)
@@ -41,7 +40,6 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -53,7 +51,6 @@ from accelerate.utils import (
     set_seed,
 )
 from torch import Tensor
-from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from uvic.checkpoint import (
@@ -66,7 +63,15 @@ from uvic.checkpoint import (
     resolve_resume,
     save_safetensors,
 )
-from uvic.config import Config, ConfigError, load_config, save_config, to_dict
+from uvic.config import (
+    Config,
+    ConfigError,
+    config_changes,
+    flat_dict,
+    load_config,
+    save_config,
+    validate,
+)
 from uvic.data import build_dataset, load_empty_context
 from uvic.diffusion import Diffusion, diffusion_loss
 from uvic.ema import EMA
@@ -74,10 +79,9 @@ from uvic.files import write_json, write_text
 from uvic.images import save_grid
 from uvic.sampling import SampleGrid
 from uvic.seeding import (
-    EpochSampler,
-    SeededItems,
     noise_seed,
     record_batches,
+    seeded_loader,
 )
 from uvic.uvit import build_model
 
@@ -138,8 +142,7 @@ class Trainer:
     """State of one training run; `fit()` runs the loop. See the module docstring."""
 
     def __init__(self, cfg: Config, resume: str | None = None) -> None:
-        _check_train_config(cfg)
-        self.cfg, t = cfg, cfg.train
+        self.cfg, t = validate(cfg), cfg.train
         self.run_dir = Path(t.output_dir).resolve()
         self.accelerator = acc = make_accelerator(cfg, self.run_dir)
         self.is_main, self.device = acc.is_main_process, acc.device
@@ -149,10 +152,7 @@ class Trainer:
         self.batch_per_process = t.batch_size // (acc.num_processes * t.grad_accum)
         self.resume_from = self._find_start(resume)
 
-        try:
-            self.diffusion = Diffusion(cfg.diffusion)
-        except ValueError as err:  # a bad diffusion.* value, named in the message
-            raise ConfigError(str(err)) from err
+        self.diffusion = Diffusion(cfg.diffusion)
         self.empty_context = None
         if cfg.model.clip_dim > 0 and cfg.diffusion.p_uncond > 0:
             self.empty_context = load_empty_context(cfg).to(self.device)
@@ -167,8 +167,12 @@ class Trainer:
                                       weight_decay=cfg.optim.weight_decay)
         lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, warmup_constant(cfg.optim.warmup_steps))
+        dataset = build_dataset(cfg, "train")  # checks that the items fit the model
+        self.num_items = len(dataset)
+        loader = seeded_loader(dataset, t.seed, self.batch_per_process, cfg.data.num_workers,
+                               pin_memory=self.device.type == "cuda")
         self.model, self.optimizer, self.loader, self.lr_scheduler = acc.prepare(
-            model, optimizer, self._data_loader(), lr_scheduler)
+            model, optimizer, loader, lr_scheduler)
         if len(self.loader) == 0:
             raise ConfigError(f"data: {self.num_items} items is less than one batch of "
                               f"{self.batch_per_process} per process x {acc.num_processes} "
@@ -184,7 +188,7 @@ class Trainer:
         self._prepare_run_dir()
         self.grid = self._prepare_grid()
         if self.is_main:
-            acc.init_trackers(cfg.name, config=_flat_config(cfg))
+            acc.init_trackers(cfg.name, config=flat_dict(cfg))
 
     # ------------------------------------------------------------------ loop
 
@@ -400,36 +404,15 @@ class Trainer:
         if not saved_path.is_file():
             raise TrainError(f"cannot resume from {start}: no config.json in it or its run "
                              "folder")
-        saved, current = to_dict(load_config(saved_path)), to_dict(self.cfg)
-        diffs = _config_differences(saved["model"], current["model"], "model")
+        saved = load_config(saved_path)
+        diffs = config_changes(saved, self.cfg, "model")
         if diffs:
             raise ConfigError(f"refusing to resume from {start}: the model differs from "
                               f"the checkpoint's ({'; '.join(diffs)})")
         for section in ("data", "diffusion", "optim"):  # allowed, but said out loud
-            for change in _config_differences(saved[section], current[section], section):
+            for change in config_changes(saved, self.cfg, section):
                 self._print(f"note: resuming with a changed setting, {change}")
         return start
-
-    def _data_loader(self) -> DataLoader:
-        """The training data in the order of `EpochSampler`, items seeded by `SeededItems`."""
-        cfg = self.cfg
-        dataset = build_dataset(cfg, "train")
-        self.num_items = len(dataset)
-        items = SeededItems(dataset, cfg.train.seed)
-        m = cfg.model
-        if m.clip_dim > 0:  # the context must have the model's token count and width
-            item = items[(0, 0)]
-            got = tuple(item["context"].shape) if "context" in item else None
-            if got != (m.num_clip_token, m.clip_dim):
-                raise ConfigError(f"data.name={cfg.data.name} gives context of shape {got} "
-                                  f"but model.num_clip_token/clip_dim expect "
-                                  f"{(m.num_clip_token, m.clip_dim)}")
-        return DataLoader(
-            items, batch_size=self.batch_per_process,
-            sampler=EpochSampler(self.num_items, cfg.train.seed), drop_last=True,
-            num_workers=cfg.data.num_workers, persistent_workers=cfg.data.num_workers > 0,
-            pin_memory=self.device.type == "cuda",
-        )
 
     def _load_checkpoint(self, checkpoint: Path) -> None:
         self.accelerator.load_state(str(checkpoint))
@@ -485,12 +468,6 @@ class Trainer:
 # --------------------------------------------------------------------------- helpers
 
 
-def _config_differences(saved: dict[str, Any], current: dict[str, Any], section: str) -> list[str]:
-    keys = sorted(set(saved) | set(current))
-    return [f"{section}.{k}: {saved.get(k)!r} in the checkpoint vs {current.get(k)!r} now"
-            for k in keys if saved.get(k) != current.get(k)]
-
-
 def _log_step(line: str) -> int | None:
     """Step of one log.jsonl line; None for a line cut short by a kill."""
     try:
@@ -501,38 +478,3 @@ def _log_step(line: str) -> int | None:
 
 def _every(step: int, interval: int) -> bool:
     return interval > 0 and step % interval == 0
-
-
-def _flat_config(cfg: Config) -> dict[str, Any]:
-    """section/field -> value with scalars only (TensorBoard's hparams)."""
-    flat = {}
-    for section, values in to_dict(cfg).items():
-        if isinstance(values, dict):
-            for key, value in values.items():
-                ok = isinstance(value, int | float | str | bool)
-                flat[f"{section}/{key}"] = value if ok else str(value)
-        else:
-            flat[section] = values
-    return flat
-
-
-def _check_train_config(cfg: Config) -> None:
-    t = cfg.train
-    checks = [
-        (t.grad_accum >= 1, f"train.grad_accum={t.grad_accum} must be >= 1"),
-        (t.batch_size >= 1, f"train.batch_size={t.batch_size} must be >= 1"),
-        (t.max_steps >= 0, f"train.max_steps={t.max_steps} must be >= 0"),
-        (0.0 <= t.ema_decay <= 1.0, f"train.ema_decay={t.ema_decay} must be in [0, 1]"),
-        (t.keep_last >= 1, f"train.keep_last={t.keep_last} must be >= 1"),
-        (t.mixed_precision in ("no", "fp16", "bf16"),
-         f"train.mixed_precision={t.mixed_precision!r} must be no, fp16 or bf16"),
-        (0.0 <= cfg.diffusion.p_uncond < 1.0,
-         f"diffusion.p_uncond={cfg.diffusion.p_uncond} must be in [0, 1)"),
-        (cfg.optim.grad_clip >= 0, f"optim.grad_clip={cfg.optim.grad_clip} must be >= 0"),
-        (cfg.data.num_workers >= 0, f"data.num_workers={cfg.data.num_workers} must be >= 0"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
-
-

@@ -31,7 +31,7 @@ import torch
 from accelerate.utils import gather_object
 
 from uvic.checkpoint import CheckpointError
-from uvic.config import Config, ConfigError, load_config, to_dict
+from uvic.config import Config, ConfigError, load_config, to_dict, validate
 from uvic.diffusion import Diffusion
 from uvic.images import save_comparison_grid, save_grid, save_images, to_uint8
 from uvic.sampling import (
@@ -150,6 +150,7 @@ def sample_to_folder(
     """
     if n < 1:
         raise ValueError(f"--n must be >= 1, got {n}")
+    validate(cfg)
     state = distributed_state()
     device = state.device
     out = Path(out)
