@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 # Allowed values, checked by `validate` (the modules that use them import them from here).
 DATASETS = ("cifar10", "mscoco", "shapes")
 SCHEDULES = ("vp_continuous", "scaled_linear")
-MIXED_PRECISIONS = ("no", "fp16", "bf16")
+MIXED_PRECISIONS = ("", "no", "fp16", "bf16")  # "": the launcher's
 FID_MODES = ("clean", "legacy_pytorch", "legacy_tensorflow")
 
 
@@ -114,7 +114,9 @@ class TrainConfig:
     batch_size: int = 128  # global batch (all processes, after accumulation)
     max_steps: int = 500_000
     grad_accum: int = 1
-    mixed_precision: str = "fp16"  # no | fp16 | bf16
+    # no | fp16 | bf16; "" (unset): the launcher's (`accelerate launch --mixed_precision`,
+    # `accelerate config`)
+    mixed_precision: str = ""
     ema_decay: float = 0.9999
     seed: int = 1234
     compile: bool = False
@@ -123,6 +125,7 @@ class TrainConfig:
     ckpt_every: int = 25_000
     keep_last: int = 3
     n_grid: int = 64  # images in the periodic sample grid
+    log_with: str = "tensorboard"  # Accelerate tracker(s), comma-separated: wandb, all, ...
 
 
 @dataclass
@@ -188,7 +191,8 @@ def validate(cfg: Config) -> Config:
         (0.0 <= t.ema_decay <= 1.0, f"train.ema_decay={t.ema_decay} must be in [0, 1]"),
         (t.keep_last >= 1, f"train.keep_last={t.keep_last} must be >= 1"),
         (t.mixed_precision in MIXED_PRECISIONS,
-         f"train.mixed_precision={t.mixed_precision!r} must be no, fp16 or bf16"),
+         f"train.mixed_precision={t.mixed_precision!r} must be no, fp16, bf16 or empty "
+         "(the launcher's)"),
         (o.grad_clip >= 0, f"optim.grad_clip={o.grad_clip} must be >= 0"),
         (s.steps >= 1, f"sample.steps={s.steps} must be >= 1"),
         (cfg.eval.mode in FID_MODES, f"eval.mode={cfg.eval.mode!r} must be one of {FID_MODES}"),

@@ -18,14 +18,15 @@ Checkpoints hold the model, EMA, optimizer, LR schedule, grad scaler (Accelerate
 `save_state`) and the data position (`trainer_state.json`). They are written to
 `step_XXXXXX.tmp/` and renamed when complete, so a half-written one is never picked up.
 
-Precision, accumulation and the seed come from the config (`train.*`), not from
-`accelerate launch` flags. With several nodes, `train.output_dir` must be on a filesystem
-they share.
+Precision: `train.mixed_precision` when set, else the launcher's (`accelerate launch
+--mixed_precision`, `accelerate config`); accumulation and the seed come from the config.
+Metrics go to `train.log_with` (an Accelerate tracker: tensorboard, wandb, ...). With
+several nodes, `train.output_dir` must be on a filesystem they share.
 
 Run folder (`train.output_dir`):
     config.json            resolved config
     log.jsonl              one line per log step: step, loss, lr, grad_norm, images/s, time
-    tensorboard/           the same scalars for TensorBoard
+    tensorboard/           the same scalars for TensorBoard (the tracker's logging folder)
     samples/step_*.png     sample grids of the EMA model with fixed noise (and prompts)
     checkpoints/step_*/    the last `train.keep_last` checkpoints
     ema.safetensors        EMA weights of the latest checkpoint (what sampling loads)
@@ -109,13 +110,19 @@ def warmup_constant(warmup_steps: int):
 
 
 def make_accelerator(cfg: Config, run_dir: Path) -> Accelerator:
-    """Accelerate for this run: processes, precision, accumulation, tracker, folders."""
+    """Accelerate for this run: processes, precision, accumulation, trackers, folders.
+
+    Precision: train.mixed_precision when set (a launcher setting that disagrees is named
+    in a note), else the launcher's (`accelerate launch --mixed_precision`, `accelerate
+    config`), which Accelerate reads from ACCELERATE_MIXED_PRECISION.
+    """
     t = cfg.train
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")
     acc = Accelerator(
-        mixed_precision=t.mixed_precision,
+        mixed_precision=t.mixed_precision or None,
         gradient_accumulation_plugin=GradientAccumulationPlugin(
             num_steps=t.grad_accum, sync_with_dataloader=False),
-        log_with="tensorboard",
+        log_with=[name.strip() for name in t.log_with.split(",") if name.strip()] or None,
         project_config=ProjectConfiguration(
             project_dir=str(run_dir), logging_dir=str(run_dir / "tensorboard"),
             automatic_checkpoint_naming=False),
@@ -132,6 +139,10 @@ def make_accelerator(cfg: Config, run_dir: Path) -> Accelerator:
         raise TrainError(f"launched as {world} processes (WORLD_SIZE) but Accelerate runs "
                          f"{acc.num_processes} ({acc.distributed_type}); without GPUs set "
                          "ACCELERATE_USE_CPU=1 for multi-process CPU training (gloo)")
+    if t.mixed_precision and launcher and launcher != t.mixed_precision and acc.is_main_process:
+        tqdm.write(f"note: train.mixed_precision={t.mixed_precision} overrides the launcher's "
+                   f"--mixed_precision {launcher}; set train.mixed_precision= (empty) to "
+                   "follow the launcher")
     return acc
 
 

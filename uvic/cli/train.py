@@ -8,8 +8,8 @@
 `--config` takes a configs/*.py file or a run's config.json; `--set section.field=value`
 (repeatable) overrides any field; `--resume latest` continues the run in
 train.output_dir from its newest checkpoint (or starts it if it has none), `--resume PATH`
-from a given checkpoint or run folder. Precision comes from train.mixed_precision, not
-from launcher flags. Several processes without GPUs (gloo):
+from a given checkpoint or run folder. Precision comes from train.mixed_precision when the
+config sets it (the presets do), else from the launcher. Several processes without GPUs (gloo):
 `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 scripts/train.py ...`
 (Accelerate's `--cpu` flag alone starts a single process).
 Expected problems (bad config, missing data, diverged run) end with a one-line
