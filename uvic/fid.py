@@ -57,8 +57,8 @@ from uvic.images import save_images
 from uvic.sampling import (
     SamplingAssets,
     distributed_state,
+    effective_cfg_scale,
     generate,
-    guidance_scale,
     is_latent,
     load_model,
 )
@@ -125,7 +125,7 @@ def _samples_meta(cfg: Config, ckpt_sha: str, seed: int, precision: str) -> dict
         "checkpoint_sha256": ckpt_sha, "seed": seed, "precision": precision,
         "model": to_dict(cfg)["model"], "diffusion": to_dict(cfg)["diffusion"],
         "scheduler": s.scheduler, "steps": s.steps, "order": s.order,
-        "cfg_scale": guidance_scale(cfg), "data": cfg.data.name,
+        "cfg_scale": effective_cfg_scale(cfg), "data": cfg.data.name,
         "captions": cfg.eval.captions if cfg.model.clip_dim > 0 else "",
     }
 
@@ -307,7 +307,7 @@ def evaluate(
         "step": checkpoint_step(ckpt_path),
         "sampler": {"scheduler": cfg.sample.scheduler, "steps": cfg.sample.steps,
                     "order": cfg.sample.order, "precision": precision, "seed": seed},
-        "guidance": guidance_scale(cfg),
+        "guidance": effective_cfg_scale(cfg),
         "n": n,
         "fid": fid,
         "kid": kid,

@@ -127,8 +127,9 @@ def sample_images(
     return x
 
 
-def guidance_scale(cfg: Config) -> float:
-    """The guidance scale to use for this config: 0 for unconditional models."""
+def effective_cfg_scale(cfg: Config) -> float:
+    """The guidance s of `eps = c + s (c - u)` for this config: `sample.cfg_scale` for
+    text-conditional models, 0 for the others. (diffusers' `guidance_scale` is s + 1.)"""
     return cfg.sample.cfg_scale if cfg.model.clip_dim > 0 else 0.0
 
 
@@ -275,7 +276,7 @@ class SampleGrid:
         with autocast or contextlib.nullcontext():
             x0 = sample_images(
                 model, diffusion, self.noise, context=self.context,
-                uncond_context=self.assets.uncond, cfg_scale=guidance_scale(self.cfg),
+                uncond_context=self.assets.uncond, cfg_scale=effective_cfg_scale(self.cfg),
                 scheduler=s.scheduler, steps=s.steps, order=s.order)
         return self.assets.to_pixels(x0)
 
@@ -307,7 +308,7 @@ def generate(
     """
     s = cfg.sample
     shape = (cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size)
-    scale = guidance_scale(cfg)
+    scale = effective_cfg_scale(cfg)
     batch = max(1, s.batch_size)
     chunks = [list(indices[i : i + batch]) for i in range(0, len(indices), batch)]
     for chunk in tqdm(chunks, desc="generating", unit="batch", disable=not progress):

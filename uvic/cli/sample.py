@@ -38,8 +38,8 @@ from uvic.sampling import (
     PRECISIONS,
     SamplingAssets,
     distributed_state,
+    effective_cfg_scale,
     generate,
-    guidance_scale,
     load_model,
     prompt_contexts,
     read_prompts,
@@ -215,7 +215,7 @@ def sample_to_folder(
             "config": to_dict(cfg),
             "checkpoints": {label: str(c) for label, c in zip(labels, ckpts)},
             "n": total, "seed": seed, "precision": precision,
-            "guidance": guidance_scale(cfg), "prompts": prompts,
+            "guidance": effective_cfg_scale(cfg), "prompts": prompts,
             "num_processes": state.num_processes, "device": str(device),
             **(record or {}),
         }
