@@ -28,6 +28,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from uvic.config import Config, ConfigError, config_changes, load_config
 from uvic.files import atomic_write, fsync, fsync_tree
 
 # Keys under which training scripts commonly nest a state dict.
@@ -235,6 +236,24 @@ def resolve_resume(run_dir: str | Path, resume: str | None) -> Path | None:
         return checkpoints[-1]
     raise CheckpointError(f"--resume {resume}: not a checkpoint folder (no {TRAINER_STATE}) "
                           "nor a run folder with checkpoints")
+
+
+def check_resume_config(checkpoint: Path, cfg: Config) -> list[str]:
+    """Refuse to resume `checkpoint` under a different model (ConfigError naming the fields);
+    returns one line per changed data/diffusion/optim field, which a resume may change."""
+    saved_path = checkpoint / "config.json"
+    if not saved_path.is_file():
+        saved_path = checkpoint.parent.parent / "config.json"
+    if not saved_path.is_file():
+        raise CheckpointError(f"cannot resume from {checkpoint}: no config.json in it or its "
+                              "run folder")
+    saved = load_config(saved_path)
+    diffs = config_changes(saved, cfg, "model")
+    if diffs:
+        raise ConfigError(f"refusing to resume from {checkpoint}: the model differs from "
+                          f"the checkpoint's ({'; '.join(diffs)})")
+    return [change for section in ("data", "diffusion", "optim")
+            for change in config_changes(saved, cfg, section)]
 
 
 def commit_checkpoint(tmp: Path, final: Path) -> None:

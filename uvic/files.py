@@ -65,3 +65,21 @@ def fsync_tree(folder: str | Path) -> None:
     for path in Path(folder).rglob("*"):
         if path.is_file():
             fsync(path)
+
+
+def truncate_log(path: str | Path, last_step: int) -> None:
+    """Keep the lines of a JSON-lines log (`log.jsonl`) whose "step" is <= `last_step`;
+    a line cut short by a kill is dropped too. No file: nothing to do."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    keep = [line for line in path.read_text().splitlines()
+            if (step := _line_step(line)) is not None and step <= last_step]
+    write_text(path, "".join(line + "\n" for line in keep))
+
+
+def _line_step(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None

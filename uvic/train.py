@@ -56,6 +56,7 @@ from tqdm.auto import tqdm
 
 from uvic.checkpoint import (
     TRAINER_STATE,
+    check_resume_config,
     checkpoint_name,
     commit_checkpoint,
     list_checkpoints,
@@ -64,26 +65,14 @@ from uvic.checkpoint import (
     resolve_resume,
     save_safetensors,
 )
-from uvic.config import (
-    Config,
-    ConfigError,
-    config_changes,
-    flat_dict,
-    load_config,
-    save_config,
-    validate,
-)
+from uvic.config import Config, ConfigError, flat_dict, save_config, validate
 from uvic.data import build_dataset, load_empty_context
 from uvic.diffusion import Diffusion, diffusion_loss
 from uvic.ema import EMA
-from uvic.files import write_json, write_text
+from uvic.files import truncate_log, write_json
 from uvic.images import save_grid
 from uvic.sampling import SampleGrid
-from uvic.seeding import (
-    noise_seed,
-    record_batches,
-    seeded_loader,
-)
+from uvic.seeding import noise_seed, record_batches, seeded_loader
 from uvic.uvit import build_model
 
 
@@ -409,20 +398,8 @@ class Trainer:
                                  f"{existing[-1].name}); pass --resume latest to continue or "
                                  "set train.output_dir to a new folder")
             return None
-        saved_path = start / "config.json"
-        if not saved_path.is_file():
-            saved_path = start.parent.parent / "config.json"
-        if not saved_path.is_file():
-            raise TrainError(f"cannot resume from {start}: no config.json in it or its run "
-                             "folder")
-        saved = load_config(saved_path)
-        diffs = config_changes(saved, self.cfg, "model")
-        if diffs:
-            raise ConfigError(f"refusing to resume from {start}: the model differs from "
-                              f"the checkpoint's ({'; '.join(diffs)})")
-        for section in ("data", "diffusion", "optim"):  # allowed, but said out loud
-            for change in config_changes(saved, self.cfg, section):
-                self._print(f"note: resuming with a changed setting, {change}")
+        for change in check_resume_config(start, self.cfg):  # allowed, but said out loud
+            self._print(f"note: resuming with a changed setting, {change}")
         return start
 
     def _load_checkpoint(self, checkpoint: Path) -> None:
@@ -449,11 +426,8 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(self.cfg, self.run_dir / "config.json")
             remove_leftovers(self.run_dir)
-            log = self.run_dir / "log.jsonl"
-            if log.is_file():  # drop lines of steps that will be redone (or cut by a kill)
-                keep = [line for line in log.read_text().splitlines()
-                        if (step := _log_step(line)) is not None and step <= self.step]
-                write_text(log, "".join(line + "\n" for line in keep))
+            # drop the lines of steps that will be redone (or cut short by a kill)
+            truncate_log(self.run_dir / "log.jsonl", self.step)
         self.accelerator.wait_for_everyone()
 
     def _prepare_grid(self) -> SampleGrid | None:
@@ -477,14 +451,6 @@ class Trainer:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _log_step(line: str) -> int | None:
-    """Step of one log.jsonl line; None for a line cut short by a kill."""
-    try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def _every(step: int, interval: int) -> bool:
