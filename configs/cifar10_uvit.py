@@ -1,8 +1,8 @@
 """CIFAR-10 unconditional U-ViT-S/2 (softmax attention everywhere).
 
 Model, schedule, optimiser, sampler and FID protocol follow the U-ViT release
-(configs/cifar10_uvit_small.py of baofff/U-ViT); the Cog-attention paper trains and
-evaluates U-ViC with the same recipe. Where we differ from the release, the README's
+(configs/cifar10_uvit_small.py of baofff/U-ViT; docs/conventions.md); the Cog-attention paper trains
+and evaluates U-ViC with the same recipe. Where we differ from the release, the README's
 "Fidelity" section says so.
 """
 

@@ -1,8 +1,8 @@
 """MS-COCO 256x256 text-to-image U-ViT-S/2 on Stable Diffusion VAE latents.
 
 Model, schedule, optimiser, sampler and FID protocol follow the U-ViT release
-(configs/mscoco_uvit_small.py of baofff/U-ViT); the Cog-attention paper trains and
-evaluates U-ViC with the same recipe. Where we differ from the release, the README's
+(configs/mscoco_uvit_small.py of baofff/U-ViT; docs/conventions.md); the Cog-attention paper trains
+and evaluates U-ViC with the same recipe. Where we differ from the release, the README's
 "Fidelity" section says so.
 """
 

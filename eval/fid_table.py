@@ -14,8 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from uvic.fid import load_results
-from uvic.protocols import protocol_table
+from uvic.protocols import load_results, protocol_table
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,9 @@ compiled with triton.compile for every autotune config.  ptxas -v (sm_90a) on th
 PTX gives registers / spills.
 
 usage: TRITON_INTERPRET=0 python -m uvic_kernels.aot_compile [--dtypes fp16] [--dims 64]
+
+Run as a program it compiles (never interprets) and caches under /tmp/aot/cache unless
+TRITON_CACHE_DIR is set; importing it changes no environment variable.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import tempfile
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 
-os.environ["TRITON_INTERPRET"] = "0"
-os.environ.setdefault("TRITON_CACHE_DIR", "/tmp/aot/cache")
+if __name__ == "__main__":  # before triton is imported: it reads these once
+    os.environ["TRITON_INTERPRET"] = "0"
+    os.environ.setdefault("TRITON_CACHE_DIR", "/tmp/aot/cache")
 
 import torch
 import triton

@@ -20,7 +20,7 @@ everywhere except at scores that are exactly zero:
 
 For a row without exact zeros ``|SignExp(p)| = exp(|p| - max|p|)`` and the two are
 equal.  The fused kernels implement the second form (the one the paper's code and
-``REFERENCE.md`` use); the difference only shows on exact ties at 0, e.g. an
+``docs/cog_attention.md`` define); the difference only shows on exact ties at 0, e.g. an
 all-zero query row or key.
 """
 

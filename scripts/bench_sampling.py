@@ -26,7 +26,7 @@ import torch
 from uvic.config import Config, apply_overrides, load_config
 from uvic.diffusion import Diffusion
 from uvic.fid import PROTOCOL_N, versions
-from uvic.sampling import PRECISIONS, autocast, guidance_scale, sample_images
+from uvic.sampling import PRECISIONS, autocast, effective_cfg_scale, sample_images
 from uvic.uvit import build_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def bench_config(cfg: Config, batch: int, steps: int, precision: str, repeats: i
     if m.clip_dim > 0:
         context = torch.randn(batch, m.num_clip_token, m.clip_dim, device=device)
         uncond = torch.randn(m.num_clip_token, m.clip_dim, device=device)
-    scale = guidance_scale(cfg)
+    scale = effective_cfg_scale(cfg)
 
     def run(n_steps: int) -> None:
         with autocast(device, precision):

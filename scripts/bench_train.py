@@ -33,8 +33,7 @@ from pathlib import Path
 import torch
 
 from uvic.config import Config, load_config
-from uvic.diffusion import Diffusion
-from uvic.train import diffusion_loss
+from uvic.diffusion import Diffusion, diffusion_loss
 from uvic.uvit import build_model
 
 REPO = Path(__file__).resolve().parents[1]

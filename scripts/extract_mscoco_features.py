@@ -42,6 +42,7 @@ from tqdm import tqdm
 from uvic import data as layout
 from uvic.autoencoder import DEFAULT_VAE, SCALE_FACTOR, VAELoadError, encode_moments, load_vae
 from uvic.data import DatasetError, center_crop_resize
+from uvic.files import atomic_write, write_json
 from uvic.text_encoder import (
     DEFAULT_MODEL,
     DEFAULT_PRETRAINED,
@@ -135,16 +136,12 @@ def _as_list(batch: list[Any]) -> list[Any]:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    """Atomic JSON write (temporary file + rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_json(path, obj, indent=1)
 
 
 def _write_npy(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
-    np.save(tmp, array)
-    os.replace(tmp, path)
+    with atomic_write(path, suffix=".npy") as tmp:
+        np.save(tmp, array)
 
 
 def _check_same(path: Path, old: dict[str, Any], new: dict[str, Any]) -> None:

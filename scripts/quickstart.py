@@ -27,14 +27,9 @@ import torch.nn.functional as F
 from uvic.config import Config, ConfigError, apply_overrides, load_config, save_config
 from uvic.data import build_dataset
 from uvic.diffusion import Diffusion
-from uvic.sampling import (
-    load_model,
-    make_noise,
-    sample_generators,
-    sample_images,
-    save_comparison_grid,
-    to_pixels,
-)
+from uvic.images import save_comparison_grid
+from uvic.sampling import load_model, sample_images, to_pixels
+from uvic.seeding import make_noise, sample_generators
 from uvic.train import diffusion_loss, train
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "quickstart.py"

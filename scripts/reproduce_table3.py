@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from uvic.checkpoint import CheckpointError
+from uvic.checkpoint import CheckpointError, file_sha256
 from uvic.config import Config, ConfigError, load_config
-from uvic.fid import evaluate, file_sha256, load_results
-from uvic.protocols import protocol_of, protocol_table
+from uvic.fid import evaluate
+from uvic.protocols import load_results, protocol_of, protocol_table
 from uvic.train import TrainError, train
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """Config files hold the paper's hyper-parameters; overrides and JSON round trips are typed.
 
-Expected values are the U-ViT release's (its configs and FID protocol), written out here
-independently of the config files.
+Expected values are the U-ViT release's (its configs and FID protocol; docs/conventions.md),
+written out here independently of the config files.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Noise schedules of uvic.diffusion against the formulas of REFERENCE.md (float64 NumPy)."""
+"""Noise schedules of uvic.diffusion against docs/conventions.md (float64 NumPy)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ from scipy import linalg
 from torch import nn
 
 import uvic.fid as fid
-from uvic.checkpoint import save_safetensors
+import uvic.fid_stats as fid_stats
+from uvic.checkpoint import checkpoint_step, save_safetensors
 from uvic.config import Config, DataConfig, EvalConfig, ModelConfig, SampleConfig, apply_overrides
 from uvic.protocols import RELEASE
 from uvic.uvit import build_model
@@ -44,8 +45,8 @@ def gaussian_features(n: int, dim: int, seed: int, shift: float = 0.0) -> np.nda
 def test_frechet_distance_matches_scipy() -> None:
     a = gaussian_features(400, 16, seed=0)
     b = gaussian_features(300, 16, seed=1, shift=0.3) * 1.5
-    mu1, s1 = fid.feature_statistics(a)
-    mu2, s2 = fid.feature_statistics(b)
+    mu1, s1 = fid_stats.feature_statistics(a)
+    mu2, s2 = fid_stats.feature_statistics(b)
     np.testing.assert_allclose(mu1, a.mean(0)) and np.testing.assert_allclose(s1, np.cov(a.T))
     got = fid.frechet_distance(mu1, s1, mu2, s2)
     assert got == pytest.approx(reference_fid(mu1, s1, mu2, s2), rel=1e-9, abs=1e-9)
@@ -54,19 +55,19 @@ def test_frechet_distance_matches_scipy() -> None:
 
 def test_frechet_distance_self_and_shift() -> None:
     feats = gaussian_features(500, 16, seed=2)
-    mu, sigma = fid.feature_statistics(feats)
+    mu, sigma = fid_stats.feature_statistics(feats)
     assert abs(fid.frechet_distance(mu, sigma, mu, sigma)) < 1e-9
     # a pure shift d leaves the covariance: FID = |d|^2 exactly
-    mu_s, sigma_s = fid.feature_statistics(feats + 0.5)
+    mu_s, sigma_s = fid_stats.feature_statistics(feats + 0.5)
     assert fid.frechet_distance(mu, sigma, mu_s, sigma_s) == pytest.approx(16 * 0.25, rel=1e-9)
-    mu_w, sigma_w = fid.feature_statistics(feats * 2.0)  # wider: also larger
+    mu_w, sigma_w = fid_stats.feature_statistics(feats * 2.0)  # wider: also larger
     assert fid.frechet_distance(mu, sigma, mu_w, sigma_w) > 1.0
 
 
 def test_frechet_distance_singular_covariance() -> None:
     """Fewer samples than dimensions (rank-deficient covariances) stays finite and >= 0."""
-    mu1, s1 = fid.feature_statistics(gaussian_features(5, 32, seed=3))
-    mu2, s2 = fid.feature_statistics(gaussian_features(5, 32, seed=4))
+    mu1, s1 = fid_stats.feature_statistics(gaussian_features(5, 32, seed=3))
+    mu2, s2 = fid_stats.feature_statistics(gaussian_features(5, 32, seed=4))
     value = fid.frechet_distance(mu1, s1, mu2, s2)
     assert np.isfinite(value) and value > 0
     assert value == pytest.approx(reference_fid(mu1, s1, mu2, s2), rel=1e-5)
@@ -146,11 +147,12 @@ def test_evaluate_end_to_end_resume_and_table(tmp_path: Path, capsys) -> None:
 
     # FID recomputed by hand from the same features and the held-out reference images
     fx = TinyFeatures()
-    feats = fid.files_features(files, fx, progress=False)
-    refs = fid.list_images(tmp_path / "stats" / "shapes_seed1_n12_8px")
+    feats = fid_stats.files_features(files, fx, progress=False)
+    refs = fid_stats.list_images(tmp_path / "stats" / "shapes_seed1_n12_8px")
     assert len(refs) == 12
-    ref_feats = fid.files_features(refs, fx, progress=False)
-    expected = reference_fid(*fid.feature_statistics(feats), *fid.feature_statistics(ref_feats))
+    ref_feats = fid_stats.files_features(refs, fx, progress=False)
+    expected = reference_fid(*fid_stats.feature_statistics(feats),
+                             *fid_stats.feature_statistics(ref_feats))
     assert result["fid"] == pytest.approx(expected, rel=1e-6)
 
     # resume: nothing is regenerated, the files are untouched, the result is the same
@@ -199,19 +201,22 @@ def test_evaluate_end_to_end_resume_and_table(tmp_path: Path, capsys) -> None:
     assert latest["n"] == 8 and f"{latest['fid']:.2f}" in rows["U-ViC"]
 
 
-def test_results_table_marks_and_best() -> None:
-    base = {"checkpoint": "x", "_path": "r.json", "mode": "clean",
-            "feature_extractor": "inception", "sampler": {"scheduler": "dpm_solver++",
-                                                          "steps": 50}}
-    results = [dict(base, model="U-ViC", dataset="mscoco", fid=6.2, n=30_000),
-               dict(base, model="U-ViC", dataset="mscoco", fid=5.9, n=10_000),
-               dict(base, model="U-ViT", dataset="cifar10", fid=3.2, n=50_000)]
-    table = fid.results_table(results)
-    uvic_row = next(line for line in table.splitlines() if line.startswith("| U-ViC"))
-    assert "5.90*" in uvic_row  # the best, with fewer samples than the protocol
-    uvit_row = next(line for line in table.splitlines() if line.startswith("| U-ViT"))
-    assert "| 3.20 |" in uvit_row and uvit_row.count("—") == 1
-    assert "Shapes" not in table
+def test_evaluate_finds_the_checkpoint_of_a_runs_ema_weights(tmp_path: Path) -> None:
+    """A run's top-level ema.safetensors is the copy in checkpoints/step_N/: step N."""
+    cfg = shapes_config(tmp_path)  # writes tmp_path/ema.safetensors, as a run does
+    older = tmp_path / "checkpoints" / "step_000004"
+    latest = tmp_path / "checkpoints" / "step_000008"
+    for folder, weights in ((older, b"not the same weights"),
+                            (latest, (tmp_path / "ema.safetensors").read_bytes())):
+        folder.mkdir(parents=True)
+        (folder / "ema.safetensors").write_bytes(weights)
+        (folder / "trainer_state.json").write_text(json.dumps({"step": int(folder.name[5:])}))
+    assert checkpoint_step(tmp_path / "ema.safetensors") == 8
+    assert checkpoint_step(older / "ema.safetensors") == 4  # the trainer state beside it
+    assert run_eval(cfg, tmp_path, n=2)["step"] == 8
+    (latest / "ema.safetensors").write_bytes(b"other")  # no copy left: unknown
+    assert checkpoint_step(tmp_path / "ema.safetensors") is None
+
 
 
 def test_evaluate_script_cli(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -237,17 +242,17 @@ def test_evaluate_script_cli(tmp_path: Path, monkeypatch, capsys) -> None:
 
 def test_missing_inception_weights(tmp_path: Path) -> None:
     cfg = shapes_config(tmp_path)
-    with pytest.raises(fid.InceptionWeightsMissing) as info:
+    with pytest.raises(fid_stats.InceptionWeightsMissing) as info:
         run_eval(cfg, tmp_path, feat_extractor=None)
     message = str(info.value)
     assert "no_inception.pt" in message and "nvlabs-fi-cdn.nvidia.com" in message
     assert not (tmp_path / "results").exists()  # nothing sampled
     legacy = apply_overrides(cfg, ["eval.mode=legacy_pytorch"])
-    with pytest.raises(fid.InceptionWeightsMissing, match="pt_inception-2015-12-05"):
-        fid.build_inception(legacy, device="cpu")
+    with pytest.raises(fid_stats.InceptionWeightsMissing, match="pt_inception-2015-12-05"):
+        fid_stats.build_inception(legacy, device="cpu")
     # the default location is clean-fid's own
     default = apply_overrides(cfg, ["eval.inception_path="])
-    assert fid.inception_weights_path(default)[0].name == fid.INCEPTION_FILE
+    assert fid_stats.inception_weights_path(default)[0].name == fid_stats.INCEPTION_FILE
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning")  # TorchScript, as clean-fid
@@ -267,7 +272,7 @@ def test_inception_from_configured_path(tmp_path: Path) -> None:
     path = tmp_path / "my_weights.pt"
     torch.jit.script(Base()).save(str(path))
     cfg = Config(eval=EvalConfig(inception_path=str(path)))
-    extractor = fid.build_inception(cfg, device="cpu")
+    extractor = fid_stats.build_inception(cfg, device="cpu")
     feats = extractor(torch.full((2, 3, 299, 299), 128.0))
     assert feats.shape == (2, 2048)
 
@@ -275,13 +280,13 @@ def test_inception_from_configured_path(tmp_path: Path) -> None:
 def test_missing_reference_statistics(tmp_path: Path) -> None:
     cfg = Config(model=ModelConfig(img_size=32), data=DataConfig(root=str(tmp_path / "none")),
                  eval=EvalConfig(ref_stats="cifar10_uvic_test_missing", inception_path=""))
-    with pytest.raises(fid.ReferenceStatsMissing) as info:
-        fid.reference_statistics(cfg, stats_dir=tmp_path)
+    with pytest.raises(fid_stats.ReferenceStatsMissing) as info:
+        fid_stats.reference_statistics(cfg, stats_dir=tmp_path)
     message = str(info.value)
     assert "cifar10_uvic_test_missing_clean_train_32.npz" in message
-    assert fid.STATS_URL in message and "eval.ref_images" in message
-    with pytest.raises(fid.ReferenceStatsMissing, match="does not exist"):
-        fid.reference_statistics(apply_overrides(cfg, [f"eval.ref_images={tmp_path}/x"]),
+    assert fid_stats.STATS_URL in message and "eval.ref_images" in message
+    with pytest.raises(fid_stats.ReferenceStatsMissing, match="does not exist"):
+        fid_stats.reference_statistics(apply_overrides(cfg, [f"eval.ref_images={tmp_path}/x"]),
                                  stats_dir=tmp_path)
 
 
@@ -299,15 +304,15 @@ def test_cifar10_reference_from_local_copy(tmp_path: Path, monkeypatch) -> None:
     patch_cifar10_checksums(monkeypatch, tmp_path / "cifar")
     cfg = Config(model=ModelConfig(img_size=32), data=DataConfig(root=str(tmp_path / "cifar")),
                  eval=EvalConfig(ref_stats="cifar10", ref_split="train", ref_res=32))
-    stats = fid.reference_statistics(cfg, TinyFeatures(), stats_dir=tmp_path / "stats",
+    stats = fid_stats.reference_statistics(cfg, TinyFeatures(), stats_dir=tmp_path / "stats",
                                      progress=False)
-    exported = fid.list_images(tmp_path / "stats" / "cifar10_train_png")
+    exported = fid_stats.list_images(tmp_path / "stats" / "cifar10_train_png")
     assert len(exported) == 10
     np.testing.assert_array_equal(np.asarray(Image.open(exported[3])), data["train"][3])
     assert stats.feats.shape == (10, 16) and "CIFAR-10 train" in stats.source
     # cached: the second call loads the file instead of recomputing features
     monkeypatch.setattr(fid, "files_features", lambda *a, **k: pytest.fail("recomputed"))
-    cached = fid.reference_statistics(cfg, TinyFeatures(), stats_dir=tmp_path / "stats")
+    cached = fid_stats.reference_statistics(cfg, TinyFeatures(), stats_dir=tmp_path / "stats")
     np.testing.assert_allclose(cached.mu, stats.mu) and np.testing.assert_allclose(
         cached.sigma, stats.sigma)
 
@@ -315,10 +320,10 @@ def test_cifar10_reference_from_local_copy(tmp_path: Path, monkeypatch) -> None:
 def test_center_crop_resize() -> None:
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, size=(40, 60, 3), dtype=np.uint8)
-    out = fid.center_crop_resize(image, 16)
+    out = fid_stats.crop_resize_array(image, 16)
     crop = Image.fromarray(image[:, 10:50]).resize((16, 16), Image.Resampling.LANCZOS)
     np.testing.assert_array_equal(out, np.asarray(crop))
-    assert fid.center_crop_resize(out, 16) is out
+    assert fid_stats.crop_resize_array(out, 16) is out
 
 
 def test_mscoco_reference_and_text_to_image_fid(tmp_path: Path) -> None:

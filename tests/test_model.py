@@ -1,6 +1,6 @@
 """U-ViT / U-ViC backbone and checkpoint loading, checked against independent references.
 
-The references here are written from the architecture facts of REFERENCE.md section 2
+The references here are written from the architecture facts of docs/conventions.md
 (key names, shapes, token order, long skips, unpatchify) and the attention formulas of
 section 1, in float64 with plain torch.nn.functional calls; they never call the model.
 """
@@ -66,7 +66,7 @@ def release_keys(
     mlp_ratio: float = 4.0, qkv_bias: bool = False, mlp_time_embed: bool = False,
     num_classes: int = -1, clip_dim: int = 0, num_clip_token: int = 77, **_: object,
 ) -> dict[str, tuple[int, ...]]:
-    """Parameter names -> shapes of the released U-ViT, from REFERENCE.md section 2."""
+    """Parameter names -> shapes of the released U-ViT, from docs/conventions.md."""
     D, p, C = embed_dim, patch_size, in_chans
     hidden = int(D * mlp_ratio)
     extras = 1 + (num_classes > 0) + (num_clip_token if clip_dim > 0 else 0)
@@ -118,7 +118,7 @@ def random_release_state_dict(arch: dict, seed: int = 0) -> dict[str, Tensor]:
 
 
 def ref_attention(q: Tensor, k: Tensor, v: Tensor, mode: str) -> Tensor:
-    """Softmax or Cog attention (REFERENCE.md section 1) on (B, H, N, d)."""
+    """Softmax or Cog attention (docs/cog_attention.md) on (B, H, N, d)."""
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if mode == "softmax":
         a = torch.softmax(s, dim=-1)

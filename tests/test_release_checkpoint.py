@@ -15,7 +15,8 @@ from uvic import fid
 from uvic.config import load_config
 from uvic.data import save_shapes_folder
 from uvic.diffusion import Diffusion
-from uvic.sampling import generate, to_uint8
+from uvic.images import to_uint8
+from uvic.sampling import generate
 from uvic.uvit import build_model
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ import torch
 from uvic.config import Config, ConfigError, DiffusionConfig, apply_overrides
 from uvic.diffusion import Diffusion
 from uvic.samplers import fast_orders, make_scheduler, run_sampler
-from uvic.sampling import SampleGenerator, make_noise, sample_generators
+from uvic.seeding import SampleGenerator, make_noise, sample_generators
 
 MU, S = 0.3, 0.5  # the Gaussian data
 VP = Diffusion(DiffusionConfig(schedule="vp_continuous"))

@@ -19,17 +19,10 @@ from torch import nn
 from uvic.checkpoint import save_safetensors
 from uvic.config import Config, DataConfig, DiffusionConfig, ModelConfig, SampleConfig
 from uvic.diffusion import Diffusion
+from uvic.images import save_comparison_grid, save_grid
 from uvic.samplers import make_scheduler
-from uvic.sampling import (
-    generate,
-    guided_eps,
-    make_noise,
-    sample_generators,
-    sample_images,
-    save_comparison_grid,
-    save_grid,
-    to_pixels,
-)
+from uvic.sampling import generate, guided_eps, sample_images, to_pixels
+from uvic.seeding import make_noise, sample_generators
 from uvic.uvit import build_model
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,22 +21,13 @@ from datagen import make_cifar10, make_mscoco_features, patch_cifar10_checksums,
 from safetensors.torch import load_file
 
 import uvic.train as train_module
-from uvic.checkpoint import load_weights
+from uvic.checkpoint import list_checkpoints, load_weights
 from uvic.config import Config, ConfigError, load_config
 from uvic.data import SHAPES_SEEDS, ShapesDataset, build_dataset, to_signed
-from uvic.diffusion import Diffusion
+from uvic.diffusion import Diffusion, diffusion_loss
 from uvic.ema import EMA
-from uvic.train import (
-    DEBUG_ENV,
-    EpochSampler,
-    SeededItems,
-    TrainError,
-    derive_seed,
-    diffusion_loss,
-    list_checkpoints,
-    train,
-    warmup_constant,
-)
+from uvic.seeding import DEBUG_ENV, EpochSampler, SeededItems, derive_seed
+from uvic.train import TrainError, make_accelerator, train, warmup_constant
 from uvic.uvit import build_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -450,3 +441,18 @@ def test_refuses_processes_that_do_not_see_each_other(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(TrainError, match="ACCELERATE_USE_CPU=1"):
         train(shapes_config(tmp_path / "run"))
+
+
+def test_precision_follows_the_launcher_unless_the_config_sets_it(tmp_path, monkeypatch, capsys):
+    """train.mixed_precision empty: the launcher's (ACCELERATE_MIXED_PRECISION); set: the
+    config's, and a launcher setting it overrides is named."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    acc = make_accelerator(shapes_config(tmp_path, "train.mixed_precision="), tmp_path)
+    assert acc.mixed_precision == "bf16"
+    assert "overrides the launcher" not in capsys.readouterr().out
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    acc = make_accelerator(shapes_config(tmp_path, "train.mixed_precision=no"), tmp_path)
+    assert acc.mixed_precision == "no"
+    assert "train.mixed_precision=no overrides the launcher's --mixed_precision bf16" in (
+        capsys.readouterr().out)

@@ -15,7 +15,7 @@ import torch
 from diffusers import AutoencoderKL
 
 DEFAULT_VAE = "stabilityai/sd-vae-ft-ema"
-SCALE_FACTOR = 0.23010  # latent scale of the U-ViT release (REFERENCE.md section 3)
+SCALE_FACTOR = 0.23010  # latent scale of the U-ViT release (docs/conventions.md)
 
 
 class VAELoadError(FileNotFoundError):

@@ -1,5 +1,9 @@
-"""Model weights on disk: load `.pth`/`.pt` (incl. the released `nnet_ema.pth`) and
-`.safetensors`, save `.safetensors` atomically.
+"""Model weights and training checkpoints on disk.
+
+Weights: load `.pth`/`.pt` (incl. the released `nnet_ema.pth`) and `.safetensors`, save
+`.safetensors` atomically. Checkpoints: the `checkpoints/step_N/` folders of a run (listed,
+resolved for `--resume`, committed by an atomic rename, pruned safely), and the training
+step a weights file belongs to.
 
 Loading is strict by default and every mismatch is reported by name: missing keys,
 unexpected keys and shape mismatches. Prefixes added by wrappers (`_orig_mod.` from
@@ -9,7 +13,12 @@ and the target model is unwrapped the same way.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
+import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,10 +28,15 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from uvic.config import Config, ConfigError, config_changes, load_config
+from uvic.files import atomic_write, fsync, fsync_tree
+
 # Keys under which training scripts commonly nest a state dict.
 WRAPPER_KEYS = ("state_dict", "model", "ema", "model_ema", "nnet_ema", "nnet", "module")
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 _MAX_LISTED = 20
+CHECKPOINT_PREFIX = "step_"  # checkpoints/step_000123/
+TRAINER_STATE = "trainer_state.json"  # in every complete checkpoint folder
 
 
 class CheckpointError(ValueError):
@@ -151,7 +165,7 @@ def save_safetensors(
     model_or_state_dict: nn.Module | Mapping[str, Tensor], path: str | Path,
     metadata: Mapping[str, str] | None = None,
 ) -> None:
-    """Write weights to `path` as safetensors, atomically (temporary file + os.replace).
+    """Write weights to `path` as safetensors, atomically (`uvic.files.atomic_write`).
 
     Keys are saved without wrapper prefixes so the file loads into the plain model.
     """
@@ -171,16 +185,128 @@ def save_safetensors(
             raise CheckpointError(f"cannot save {path}: metadata {bad[0]!r} must map str to str")
         meta = dict(metadata)
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
+    with atomic_write(path) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _listing(names: list[str]) -> str:
     shown = ", ".join(names[:_MAX_LISTED])
     more = f", ... and {len(names) - _MAX_LISTED} more" if len(names) > _MAX_LISTED else ""
     return f"({len(names)}): {shown}{more}"
+
+
+# --------------------------------------------------------------------------- run checkpoints
+
+
+def checkpoint_name(step: int) -> str:
+    """Folder name of the checkpoint of `step` (also the name of its sample grid)."""
+    return f"{CHECKPOINT_PREFIX}{step:06d}"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run (`checkpoints/step_N/` with a trainer state), oldest first.
+
+    Folders still being written (`.tmp`) or deleted are ignored.
+    """
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        number = path.name[len(CHECKPOINT_PREFIX):]
+        if (path.name.startswith(CHECKPOINT_PREFIX) and number.isdigit()
+                and (path / TRAINER_STATE).is_file()):
+            found.append((int(number), path))
+    return [path for _, path in sorted(found)]
+
+
+def resolve_resume(run_dir: str | Path, resume: str | None) -> Path | None:
+    """The checkpoint folder to resume from: None (fresh), "latest" (None if the run has no
+    checkpoint yet), a checkpoint folder, or a run folder (its latest checkpoint)."""
+    if resume is None:
+        return None
+    if resume == "latest":
+        checkpoints = list_checkpoints(run_dir)
+        return checkpoints[-1] if checkpoints else None
+    path = Path(resume)
+    if (path / TRAINER_STATE).is_file():
+        return path
+    checkpoints = list_checkpoints(path)
+    if checkpoints:
+        return checkpoints[-1]
+    raise CheckpointError(f"--resume {resume}: not a checkpoint folder (no {TRAINER_STATE}) "
+                          "nor a run folder with checkpoints")
+
+
+def check_resume_config(checkpoint: Path, cfg: Config) -> list[str]:
+    """Refuse to resume `checkpoint` under a different model (ConfigError naming the fields);
+    returns one line per changed data/diffusion/optim field, which a resume may change."""
+    saved_path = checkpoint / "config.json"
+    if not saved_path.is_file():
+        saved_path = checkpoint.parent.parent / "config.json"
+    if not saved_path.is_file():
+        raise CheckpointError(f"cannot resume from {checkpoint}: no config.json in it or its "
+                              "run folder")
+    saved = load_config(saved_path)
+    diffs = config_changes(saved, cfg, "model")
+    if diffs:
+        raise ConfigError(f"refusing to resume from {checkpoint}: the model differs from "
+                          f"the checkpoint's ({'; '.join(diffs)})")
+    return [change for section in ("data", "diffusion", "optim")
+            for change in config_changes(saved, cfg, section)]
+
+
+def commit_checkpoint(tmp: Path, final: Path) -> None:
+    """Make the complete folder `tmp` the checkpoint `final`: flush, rename, flush the rename."""
+    fsync_tree(tmp)
+    remove_tree(final)  # only if a previous run wrote this same step
+    os.replace(tmp, final)
+    fsync(final.parent)  # make the rename itself durable
+
+
+def remove_tree(path: Path) -> None:
+    """Rename out of the checkpoint namespace first, then delete (safe if killed midway)."""
+    if not path.exists():
+        return
+    doomed = path.with_name(path.name + ".deleting")
+    if doomed.exists():
+        shutil.rmtree(doomed)
+    os.replace(path, doomed)
+    shutil.rmtree(doomed)
+
+
+def remove_leftovers(run_dir: Path) -> None:
+    """Delete checkpoint folders whose write or deletion a kill cut short."""
+    for pattern in (f"{CHECKPOINT_PREFIX}*.tmp", f"{CHECKPOINT_PREFIX}*.deleting"):
+        for leftover in (run_dir / "checkpoints").glob(pattern):
+            shutil.rmtree(leftover)
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file (identifies a checkpoint in results and sample folders)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checkpoint_step(ckpt: str | Path) -> int | None:
+    """Training step of a weights file if known: `trainer_state.json` beside it, the
+    checkpoint `checkpoints/step_N/` holding the same file (a run's top-level
+    ema.safetensors), or a `step_N` in its folder or file name."""
+    ckpt = Path(ckpt)
+    state = ckpt.parent / TRAINER_STATE
+    if state.is_file():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            return int(json.loads(state.read_text())["step"])
+    size, digest = ckpt.stat().st_size, None
+    for other in reversed(list_checkpoints(ckpt.parent)):
+        copy = other / ckpt.name
+        if not copy.is_file() or copy.stat().st_size != size:
+            continue
+        digest = digest or file_sha256(ckpt)
+        if file_sha256(copy) == digest:
+            return checkpoint_step(copy)
+    match = re.search(r"step[_-]?(\d+)", ckpt.parent.name + "/" + ckpt.stem)
+    return int(match.group(1)) if match else None

@@ -19,9 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from uvic.files import write_json
+
 
 class ConfigError(ValueError):
     """A config file, key or value is wrong; the message names it."""
+
+
+# Allowed values, checked by `validate` (the modules that use them import them from here).
+DATASETS = ("cifar10", "mscoco", "shapes")
+SCHEDULES = ("vp_continuous", "scaled_linear")
+MIXED_PRECISIONS = ("", "no", "fp16", "bf16")  # "": the launcher's
+FID_MODES = ("clean", "legacy_pytorch", "legacy_tensorflow")
 
 
 # --------------------------------------------------------------------------- sections
@@ -105,7 +114,9 @@ class TrainConfig:
     batch_size: int = 128  # global batch (all processes, after accumulation)
     max_steps: int = 500_000
     grad_accum: int = 1
-    mixed_precision: str = "fp16"  # no | fp16 | bf16
+    # no | fp16 | bf16; "" (unset): the launcher's (`accelerate launch --mixed_precision`,
+    # `accelerate config`)
+    mixed_precision: str = ""
     ema_decay: float = 0.9999
     seed: int = 1234
     compile: bool = False
@@ -114,6 +125,7 @@ class TrainConfig:
     ckpt_every: int = 25_000
     keep_last: int = 3
     n_grid: int = 64  # images in the periodic sample grid
+    log_with: str = "tensorboard"  # Accelerate tracker(s), comma-separated: wandb, all, ...
 
 
 @dataclass
@@ -160,6 +172,61 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate(cfg: Config) -> Config:
+    """Check every value of `cfg` before any work starts; returns `cfg` or raises a
+    ConfigError naming the key and the value.
+
+    The one place for the rules on values: the training loop, the FID evaluator and the
+    sampling CLI call it on their config; `Diffusion` and `build_dataset` call the rules of
+    their own section. The architecture rules (divisibility, attention pattern) are the
+    model's: `UViT` checks its arguments, and the trainer reports them as ConfigError.
+    """
+    t, o, s = cfg.train, cfg.optim, cfg.sample
+    check_data(cfg.data)
+    check_diffusion(cfg.diffusion)
+    _require([
+        (t.grad_accum >= 1, f"train.grad_accum={t.grad_accum} must be >= 1"),
+        (t.batch_size >= 1, f"train.batch_size={t.batch_size} must be >= 1"),
+        (t.max_steps >= 0, f"train.max_steps={t.max_steps} must be >= 0"),
+        (0.0 <= t.ema_decay <= 1.0, f"train.ema_decay={t.ema_decay} must be in [0, 1]"),
+        (t.keep_last >= 1, f"train.keep_last={t.keep_last} must be >= 1"),
+        (t.mixed_precision in MIXED_PRECISIONS,
+         f"train.mixed_precision={t.mixed_precision!r} must be no, fp16, bf16 or empty "
+         "(the launcher's)"),
+        (o.grad_clip >= 0, f"optim.grad_clip={o.grad_clip} must be >= 0"),
+        (s.steps >= 1, f"sample.steps={s.steps} must be >= 1"),
+        (cfg.eval.mode in FID_MODES, f"eval.mode={cfg.eval.mode!r} must be one of {FID_MODES}"),
+    ])
+    return cfg
+
+
+def check_data(data: DataConfig) -> None:
+    """The rules on `data.*` values."""
+    _require([
+        (data.name in DATASETS, f"data.name={data.name!r} must be one of {DATASETS}"),
+        (data.num_workers >= 0, f"data.num_workers={data.num_workers} must be >= 0"),
+    ])
+
+
+def check_diffusion(diffusion: DiffusionConfig) -> None:
+    """The rules on `diffusion.*` values."""
+    _require([
+        (diffusion.schedule in SCHEDULES,
+         f"diffusion.schedule={diffusion.schedule!r} must be one of {SCHEDULES}"),
+        (0.0 <= diffusion.p_uncond < 1.0,
+         f"diffusion.p_uncond={diffusion.p_uncond} must be in [0, 1)"),
+    ])
+
+
+def _require(checks: list[tuple[bool, str]]) -> None:
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
 
 
 # --------------------------------------------------------------------------- loading
@@ -226,11 +293,27 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 def save_config(cfg: Config, path: str | Path) -> None:
     """Write the resolved config as JSON (atomically)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
-    tmp.replace(path)
+    write_json(path, to_dict(cfg))
+
+
+def flat_dict(cfg: Config) -> dict[str, Any]:
+    """"section/field" -> value with scalars only (for trackers' hyper-parameter tables)."""
+    flat = {}
+    for section, values in to_dict(cfg).items():
+        if isinstance(values, dict):
+            for key, value in values.items():
+                ok = isinstance(value, int | float | str | bool)
+                flat[f"{section}/{key}"] = value if ok else str(value)
+        else:
+            flat[section] = values
+    return flat
+
+
+def config_changes(saved: Config, current: Config, section: str) -> list[str]:
+    """The fields of `section` that differ between two configs, one line each."""
+    old, new = to_dict(saved)[section], to_dict(current)[section]
+    return [f"{section}.{k}: {old.get(k)!r} in the checkpoint vs {new.get(k)!r} now"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 
 
 def from_dict(data: dict[str, Any], source: str = "config") -> Config:

@@ -32,9 +32,8 @@ from torch.utils.data import Dataset
 from torchvision import datasets, transforms
 
 from uvic.autoencoder import sample_from_moments
-from uvic.config import Config, ConfigError
+from uvic.config import Config, ConfigError, check_data
 
-DATASETS = ("cifar10", "mscoco", "shapes")
 SPLITS = ("train", "val", "test")
 
 # MS-COCO feature folder layout (shared with scripts/extract_mscoco_features.py).
@@ -321,17 +320,16 @@ def build_dataset(cfg: Config, split: str = "train") -> Dataset:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     data, model = cfg.data, cfg.model
+    check_data(data)
     flip = data.random_flip and split == "train"
     if data.name == "cifar10":
         dataset: Dataset = CIFAR10Images(data.root, split, flip=flip, download=data.download)
     elif data.name == "shapes":
         dataset = ShapesDataset(data.num_images, size=model.img_size, seed=SHAPES_SEEDS[split],
                                 flip=flip)
-    elif data.name == "mscoco":
+    else:  # mscoco
         dataset = MSCOCOFeatures(data.root, "val" if split == "test" else split,
                                  scale_factor=data.scale_factor)
-    else:
-        raise ConfigError(f"data.name must be one of {DATASETS}, got {data.name!r}")
     _check_fits_model(dataset, cfg)
     return dataset
 
@@ -342,6 +340,15 @@ def _check_fits_model(dataset: Any, cfg: Config) -> None:
         raise ConfigError(f"data.name={cfg.data.name!r} gives inputs of shape "
                           f"{tuple(dataset.item_shape)} but model.in_chans/img_size expect "
                           f"{expected}")
-    if isinstance(dataset, MSCOCOFeatures) and cfg.model.clip_dim != dataset.context_dim:
-        raise ConfigError(f"model.clip_dim={cfg.model.clip_dim} but {dataset.folder} stores "
-                          f"contexts of width {dataset.context_dim}")
+    m = cfg.model
+    if isinstance(dataset, MSCOCOFeatures):
+        if m.clip_dim != dataset.context_dim:
+            raise ConfigError(f"model.clip_dim={m.clip_dim} but {dataset.folder} stores "
+                              f"contexts of width {dataset.context_dim}")
+        tokens = dataset.contexts(0).shape[-2]
+        if m.clip_dim > 0 and m.num_clip_token != tokens:
+            raise ConfigError(f"model.num_clip_token={m.num_clip_token} but {dataset.folder} "
+                              f"stores contexts of {tokens} tokens")
+    elif m.clip_dim > 0:
+        raise ConfigError(f"model.clip_dim={m.clip_dim} (text-to-image) but data.name="
+                          f"{cfg.data.name!r} has no captions")

@@ -1,6 +1,6 @@
 """Noise schedules: the one definition that training and sampling share.
 
-Two schedules, as in the U-ViT release (REFERENCE.md section 3):
+Two schedules, as in the U-ViT release (docs/conventions.md):
 
 * ``vp_continuous`` (CIFAR-10): beta(t) = beta_min + t (beta_max - beta_min), so
   alpha_bar(t) = exp(-t^2 (beta_max - beta_min) / 2 - beta_min t). Training draws
@@ -23,12 +23,13 @@ from typing import Any
 
 import diffusers
 import torch
+import torch.nn.functional as F
 from diffusers import DDPMScheduler, DPMSolverMultistepScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
+from torch import Tensor, nn
 
-from uvic.config import DiffusionConfig
+from uvic.config import DiffusionConfig, check_diffusion
 
-SCHEDULES = ("vp_continuous", "scaled_linear")
 # Short names for the DPM-Solver family; any other diffusers scheduler class name works too.
 DPM_SOLVERS = {"dpm_solver++": "dpmsolver++", "dpm_solver": "dpmsolver"}
 
@@ -37,8 +38,7 @@ class Diffusion:
     """Forward process, training inputs and sampler construction for one schedule."""
 
     def __init__(self, cfg: DiffusionConfig) -> None:
-        if cfg.schedule not in SCHEDULES:
-            raise ValueError(f"diffusion.schedule must be one of {SCHEDULES}, got {cfg.schedule!r}")
+        check_diffusion(cfg)
         self.cfg = cfg
         self.num_timesteps = cfg.num_train_timesteps
         # The discrete table used by diffusers (training add_noise and every sampler).
@@ -136,3 +136,38 @@ class Diffusion:
         params = inspect.signature(cls.__init__).parameters
         extra = {"clip_sample": False} if "clip_sample" in params else {}
         return cls(**kwargs, **extra)
+
+
+# --------------------------------------------------------------------------- objective
+
+
+def diffusion_loss(
+    model: nn.Module,
+    diffusion: Diffusion,
+    batch: dict[str, Tensor],
+    generator: torch.Generator,
+    *,
+    empty_context: Tensor | None = None,
+    p_uncond: float = 0.0,
+) -> Tensor:
+    """Noise-prediction MSE of `model` on `batch` ({"x", optional "context", "y"}).
+
+    With a "context" and p_uncond > 0, each sample's context is replaced by
+    `empty_context` (L, D) with probability p_uncond (drawn from `generator` first).
+    """
+    x0 = batch["x"]
+    kwargs: dict[str, Tensor] = {}
+    context = batch.get("context")
+    if context is not None:
+        if p_uncond > 0:
+            if empty_context is None:
+                raise ValueError("p_uncond > 0 needs the empty-prompt context")
+            drop = torch.rand(x0.shape[0], generator=generator, device=x0.device) < p_uncond
+            empty = empty_context.to(device=context.device, dtype=context.dtype)
+            context = torch.where(drop[:, None, None], empty[None], context)
+        kwargs["context"] = context
+    if batch.get("y") is not None:
+        kwargs["y"] = batch["y"]
+    x_t, net_t, noise = diffusion.training_inputs(x0, generator)
+    pred = model(x_t, net_t, **kwargs)
+    return F.mse_loss(pred.float(), noise.float())

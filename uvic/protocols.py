@@ -10,6 +10,7 @@ protocols never share a column.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -163,3 +164,20 @@ def _describe(r: dict[str, Any], protocol: str) -> str:
     step = f" step {r['step']}" if r.get("step") is not None else ""
     return (f"- {r['model']} / {DATASET_TITLES.get(r['dataset'], r['dataset'])} ({protocol}): "
             f"FID {r['fid']:.3f}{kid_text}; {r['checkpoint']}{step}")
+
+
+def load_results(folder: str | Path) -> list[dict[str, Any]]:
+    """Every result JSON (with an "fid" key) in `folder`, recursively."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"results folder not found: {folder}")
+    results = []
+    for path in sorted(folder.rglob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from err
+        if isinstance(data, dict) and "fid" in data and "dataset" in data and "model" in data:
+            data["_path"] = str(path)
+            results.append(data)
+    return results

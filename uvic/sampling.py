@@ -1,16 +1,17 @@
 """Sampling: DPM-Solver (or any diffusers scheduler) on a U-ViT / U-ViC noise predictor.
 
-The core pieces, reused by `scripts/sample.py`, the training loop's periodic grids, the
-quickstart and the FID evaluator:
+The core pieces, reused by `uvic-sample` (`uvic.cli.sample`), the training loop's periodic
+grids, the quickstart and the FID evaluator:
 
 * `sample_images`: the reverse process for a batch of initial noises x_T, with
   classifier-free guidance `eps = c + s (c - u)` (the U-ViT release's convention).
-* `sample_generators` / `make_noise`: per-sample seeding from (seed, index), so sample `i`
-  of a run is the same image whatever the batch size, the number of processes or the device.
+* `sample_generators` / `make_noise` (from `uvic.seeding`): per-sample seeding from
+  (seed, index), so sample `i` of a run is the same image whatever the batch size, the
+  number of processes or the device.
 * `generate`: batches of (global indices, images in [0, 1]) for a list of sample indices,
   including text contexts, mixed precision and VAE decoding.
-* `to_pixels`, `save_grid`, `save_comparison_grid`, `save_images`: turn model outputs into
-  PNG files.
+* `SamplingAssets`: the VAE and empty-prompt context a config needs, loaded once;
+  `to_pixels` turns model outputs into images in [0, 1] (`uvic.images` writes them).
 
 Time conventions (see `uvic.diffusion`): a diffusers timestep k is fed to the network as
 `diffusion.net_time(k)`: 999 (k + 1) / 1000 for the continuous VP schedule (CIFAR-10),
@@ -20,83 +21,26 @@ k + 1 for the discrete scaled-linear one (MS-COCO).
 from __future__ import annotations
 
 import contextlib
-import json
-import math
-import re
-import textwrap
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image, ImageDraw, ImageFont
 from torch import nn
-from torchvision.utils import make_grid
 from tqdm.auto import tqdm
 
-from uvic.config import Config, to_dict
+from uvic.autoencoder import decode_latents, load_vae
+from uvic.checkpoint import load_weights
+from uvic.config import Config
+from uvic.data import load_empty_context, load_sample_prompts
 from uvic.diffusion import Diffusion
 from uvic.samplers import run_sampler
+from uvic.seeding import make_noise, sample_generators
+from uvic.uvit import build_model
 
 LATENT_DATASETS = ("mscoco",)  # data whose model space is VAE latents, not pixels
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-# --------------------------------------------------------------------------- seeding
-
-
-class SampleGenerator(torch.Generator):
-    """The random source of sample `index` of a run seeded with `seed`.
-
-    Why not `torch.Generator().manual_seed(f(seed, index))`: torch's CPU generator
-    (mt19937) keeps only the low 32 bits of a seed, so packing (seed, index) into 64 bits
-    makes every seed give the same images, and hashing into 32 bits makes some of 50,000
-    samples share their noise. So the initial noise comes from NumPy's PCG64 seeded with
-    SeedSequence([seed, index]) (128-bit state, see `make_noise`); this torch generator,
-    seeded from the same sequence, only feeds the step noise of stochastic schedulers.
-    """
-
-    def __new__(cls, seed: int, index: int) -> SampleGenerator:
-        return super().__new__(cls)  # torch.Generator's constructor only takes a device
-
-    def __init__(self, seed: int, index: int) -> None:
-        # one 32-bit word each, so SeedSequence([seed, index]) is unambiguous
-        if not 0 <= seed < 2**32:
-            raise ValueError(f"seed must be in [0, 2**32), got {seed}")
-        if not 0 <= index < 2**32:
-            raise ValueError(f"sample index must be in [0, 2**32), got {index}")
-        super().__init__()
-        self.sample_seed, self.sample_index = int(seed), int(index)
-        sequence = np.random.SeedSequence([self.sample_seed, self.sample_index])
-        self.manual_seed(int(sequence.generate_state(1, np.uint64)[0]))
-
-    def initial_noise(self, shape: Sequence[int]) -> torch.Tensor:
-        """x_T of this sample, float32 standard normal of `shape`, on the CPU."""
-        rng = np.random.Generator(
-            np.random.PCG64(np.random.SeedSequence([self.sample_seed, self.sample_index]))
-        )
-        return torch.from_numpy(rng.standard_normal(tuple(shape), dtype=np.float32))
-
-
-def sample_generators(seed: int, indices: Sequence[int]) -> list[torch.Generator]:
-    """One `SampleGenerator` per sample index: sample i of a run is the same image
-    whatever the batch size, the number of processes, the device or a resumed run."""
-    return [SampleGenerator(seed, int(i)) for i in indices]
-
-
-def make_noise(
-    shape: Sequence[int], generators: Sequence[torch.Generator], device: torch.device | str = "cpu"
-) -> torch.Tensor:
-    """Initial noise x_T of shape (len(generators), *shape): drawn on the CPU, then moved,
-    so the same seed gives the same images on every device. Plain torch generators are
-    accepted too (their first draw)."""
-    noise = [
-        g.initial_noise(shape) if isinstance(g, SampleGenerator)
-        else torch.randn(tuple(shape), generator=g)
-        for g in generators
-    ]
-    return torch.stack(noise).to(device)
-
 
 # --------------------------------------------------------------------------- guidance
 
@@ -176,8 +120,9 @@ def sample_images(
     )
 
 
-def guidance_scale(cfg: Config) -> float:
-    """The guidance scale to use for this config: 0 for unconditional models."""
+def effective_cfg_scale(cfg: Config) -> float:
+    """The guidance s of `eps = c + s (c - u)` for this config: `sample.cfg_scale` for
+    text-conditional models, 0 for the others. (diffusers' `guidance_scale` is s + 1.)"""
     return cfg.sample.cfg_scale if cfg.model.clip_dim > 0 else 0.0
 
 
@@ -218,16 +163,8 @@ def to_pixels(cfg: Config, x0: torch.Tensor, vae: nn.Module | None = None) -> to
                 f"data.name={cfg.data.name!r} samples are VAE latents: pass the VAE "
                 f"(uvic.autoencoder.load_vae({cfg.data.vae!r}, device))"
             )
-        from uvic.autoencoder import decode_latents
-
         x0 = decode_latents(vae, x0, cfg.data.scale_factor, cfg.sample.decode_batch_size)
     return ((x0.float() + 1.0) / 2.0).clamp(0.0, 1.0)
-
-
-def to_uint8(images: torch.Tensor) -> torch.Tensor:
-    """[0, 1] float images -> uint8 (N, H, W, C) on the CPU (rounded like save_image)."""
-    pixels = (images.detach().float().cpu() * 255.0 + 0.5).clamp(0, 255).to(torch.uint8)
-    return pixels.permute(0, 2, 3, 1)
 
 
 # --------------------------------------------------------------------------- checkpoints and text
@@ -236,9 +173,6 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
 def load_model(cfg: Config, ckpt: str | Path, device: torch.device | str = "cpu") -> nn.Module:
     """Build the model of `cfg.model` and load a checkpoint (our EMA .safetensors or a
     released U-ViT `nnet_ema.pth`); returns it in eval mode without gradients."""
-    from uvic.checkpoint import load_weights
-    from uvic.uvit import build_model
-
     ckpt = Path(ckpt)
     if not ckpt.is_file():
         raise FileNotFoundError(f"checkpoint not found: {ckpt}")
@@ -269,28 +203,80 @@ def empty_context(cfg: Config, device: torch.device | str = "cpu", encoder=None)
     """The empty-prompt context (L, D) used for guidance: the feature folder's
     `empty_context.npy` when present (exactly what training dropped captions to),
     otherwise the text encoder's encoding of ""."""
-    from uvic.data import load_empty_context
-
     if (Path(cfg.data.root) / "empty_context.npy").is_file() or encoder is None:
         return load_empty_context(cfg).to(device)
     return encoder.encode([""])[0].to(device)
 
 
-def prompt_contexts(
-    cfg: Config, prompts_file: str | Path | None, device: torch.device | str = "cpu"
-) -> tuple[list[str], torch.Tensor, torch.Tensor]:
-    """Prompts, their contexts (n, L, D) and the empty context (L, D) for a
-    text-to-image config: from a prompts file (encoded with CLIP) or, without one,
+def prompt_contexts(cfg: Config, prompts_file: str | Path | None,
+                    encoder=None) -> tuple[list[str], torch.Tensor]:
+    """Prompts and their contexts (n, L, D) on the CPU for a text-to-image config: from a
+    prompts file (encoded with `encoder`, by default `text_encoder(cfg)`) or, without one,
     the feature folder's sample prompts (`uvic.data.load_sample_prompts`)."""
     if prompts_file is None:
-        from uvic.data import load_sample_prompts
-
         prompts, contexts = load_sample_prompts(cfg)
-        return list(prompts), contexts.to(device), empty_context(cfg, device)
+        return list(prompts), contexts.cpu()
     prompts = read_prompts(prompts_file)
-    encoder = text_encoder(cfg, device)
-    contexts = encoder.encode(prompts).to(device)
-    return prompts, contexts, empty_context(cfg, device, encoder=encoder)
+    encoder = encoder or text_encoder(cfg, "cpu")
+    return prompts, encoder.encode(prompts).cpu()
+
+
+@dataclass
+class SamplingAssets:
+    """What sampling a config needs besides the network, loaded once from the config: the
+    VAE that decodes latents (latent data) and the empty-prompt context for guidance
+    (text-to-image). The training grids, `scripts/sample.py` and the FID evaluator all
+    build it with `from_config`."""
+
+    cfg: Config
+    vae: nn.Module | None = None
+    uncond: torch.Tensor | None = None  # (L, D)
+
+    @classmethod
+    def from_config(cls, cfg: Config, device: torch.device | str = "cpu",
+                    encoder=None) -> SamplingAssets:
+        """Load what `cfg` needs; `encoder` encodes "" when the feature folder has no
+        empty context."""
+        vae = load_vae(cfg.data.vae, device) if is_latent(cfg) else None
+        uncond = empty_context(cfg, device, encoder) if cfg.model.clip_dim > 0 else None
+        return cls(cfg, vae, uncond)
+
+    def to_pixels(self, x0: torch.Tensor) -> torch.Tensor:
+        """Model-space samples -> images in [0, 1] (`to_pixels` with this VAE)."""
+        return to_pixels(self.cfg, x0, self.vae)
+
+
+class SampleGrid:
+    """Fixed initial noises (and prompts) sampled again and again: the training loop's
+    periodic grids. Sample i is sample i of `uvic-sample` with the same seed."""
+
+    def __init__(self, cfg: Config, device: torch.device | str, seed: int, n: int) -> None:
+        m = cfg.model
+        self.cfg, self.captions, self.context = cfg, None, None
+        if m.clip_dim > 0:
+            prompts, contexts = load_sample_prompts(cfg)
+            n = min(n, len(prompts))
+            self.captions, self.context = list(prompts[:n]), contexts[:n].to(device)
+        self.assets = SamplingAssets.from_config(cfg, device)
+        self.seed, self.n, self.device = seed, n, device
+        self.shape = (m.in_chans, m.img_size, m.img_size)
+
+    def sample(self, model: nn.Module, diffusion: Diffusion,
+               autocast: contextlib.AbstractContextManager | None = None) -> torch.Tensor:
+        """Images in [0, 1] (n, 3, H, W) of `model` from the fixed noise; `autocast` wraps
+        the network (e.g. the Accelerator's), decoding runs outside it."""
+        s = self.cfg.sample
+        # fresh per-sample generators each time: the same noise, and for stochastic
+        # samplers the same step noise, at every grid
+        gens = sample_generators(self.seed, range(self.n))
+        noise = make_noise(self.shape, gens, self.device)
+        with autocast or contextlib.nullcontext():
+            x0 = sample_images(
+                model, diffusion, noise, context=self.context,
+                uncond_context=self.assets.uncond, cfg_scale=effective_cfg_scale(self.cfg),
+                scheduler=s.scheduler, steps=s.steps, order=s.order, generator=gens,
+                scheduler_kwargs=s.scheduler_kwargs)
+        return self.assets.to_pixels(x0)
 
 
 # --------------------------------------------------------------------------- batched generation
@@ -320,7 +306,7 @@ def generate(
     """
     s = cfg.sample
     shape = (cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size)
-    scale = guidance_scale(cfg)
+    scale = effective_cfg_scale(cfg)
     batch = max(1, s.batch_size)
     chunks = [list(indices[i : i + batch]) for i in range(0, len(indices), batch)]
     for chunk in tqdm(chunks, desc="generating", unit="batch", disable=not progress):
@@ -338,166 +324,7 @@ def generate(
         yield chunk, images.cpu()
 
 
-# --------------------------------------------------------------------------- files
-
-
-def save_images(images: torch.Tensor, folder: str | Path, indices: Sequence[int]) -> list[Path]:
-    """Write images [0, 1] (N, 3, H, W) as `folder/{index:06d}.png`, each atomically
-    (a temporary name, then rename) so an interrupted run never leaves a broken PNG."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for array, index in zip(to_uint8(images).numpy(), indices):
-        path = folder / f"{int(index):06d}.png"
-        tmp = folder / f".{path.name}.tmp"
-        Image.fromarray(array).save(tmp, format="PNG")
-        tmp.replace(path)
-        paths.append(path)
-    return paths
-
-
-def _font(size: int) -> ImageFont.ImageFont:
-    try:
-        return ImageFont.load_default(size=size)
-    except TypeError:  # Pillow < 10.1: fixed-size bitmap font
-        return ImageFont.load_default()
-
-
-def _text_band(texts: list[tuple[int, int, str]], width: int, font_size: int) -> Image.Image:
-    """A white band of `width` holding each (x, w, text), wrapped to its w pixels."""
-    font = _font(font_size)
-    line_h = font_size + 3
-    char_w = max(1.0, font.getlength("abcdefghijklmnopqrstuvwxyz") / 26)
-    wrapped = [
-        (x, textwrap.wrap(text, max(1, int((w - 4) / char_w))) or [""]) for x, w, text in texts
-    ]
-    n_lines = max(len(lines) for _, lines in wrapped)
-    band = Image.new("RGB", (width, n_lines * line_h + 4), "white")
-    draw = ImageDraw.Draw(band)
-    for x, lines in wrapped:
-        for j, line in enumerate(lines):
-            draw.text((x + 2, 2 + j * line_h), line, fill="black", font=font)
-    return band
-
-
-def _stack_vertical(parts: list[Image.Image]) -> Image.Image:
-    width = max(p.width for p in parts)
-    out = Image.new("RGB", (width, sum(p.height for p in parts)), "white")
-    y = 0
-    for p in parts:
-        out.paste(p, (0, y))
-        y += p.height
-    return out
-
-
-def grid_image(
-    images: torch.Tensor,
-    nrow: int | None = None,
-    captions: list[str] | None = None,
-    labels: list[str] | None = None,
-    padding: int = 2,
-) -> Image.Image:
-    """A PIL grid of images [0, 1] (N, 3, H, W): torchvision's make_grid, plus text.
-
-    captions: 1 (written under the whole grid), one per row (under each row) or one per
-    image (under each image). labels: one per row, written in a column on the left.
-    Without text the result is exactly make_grid's image.
-    """
-    if images.dim() != 4 or images.shape[1] not in (1, 3):
-        raise ValueError(f"images must be (N, 3, H, W), got {tuple(images.shape)}")
-    n, _, h, w = images.shape
-    nrow = nrow or math.ceil(math.sqrt(n))
-    rows = math.ceil(n / nrow)
-    grid = make_grid(images.float().clamp(0, 1).cpu(), nrow=nrow, padding=padding, pad_value=1.0)
-    img = Image.fromarray(to_uint8(grid[None])[0].numpy())
-    font_size = max(10, min(16, w // 8))
-    cell = w + padding
-
-    if captions:
-        if len(captions) not in (1, rows, n):
-            raise ValueError(
-                f"captions: need 1, {rows} (rows) or {n} (images), got {len(captions)}"
-            )
-        per_image, per_row = len(captions) == n, len(captions) == rows
-        parts = []
-        for r in range(rows):
-            y0 = r * (h + padding)
-            parts.append(img.crop((0, y0, img.width, y0 + h + padding)))  # top padding + row
-            if per_image:
-                cols = range(r * nrow, min(n, (r + 1) * nrow))
-                texts = [((i - r * nrow) * cell, cell, captions[i]) for i in cols]
-                parts.append(_text_band(texts, img.width, font_size))
-            elif per_row:
-                parts.append(_text_band([(0, img.width, captions[r])], img.width, font_size))
-        parts.append(img.crop((0, rows * (h + padding), img.width, img.height)))  # bottom pad
-        if not (per_image or per_row):
-            parts.append(_text_band([(0, img.width, captions[0])], img.width, font_size))
-        img = _stack_vertical(parts)
-        row_height = None  # rows are no longer evenly spaced
-    else:
-        row_height = h + padding
-
-    if labels:
-        if len(labels) != rows:
-            raise ValueError(f"labels: need one per row ({rows}), got {len(labels)}")
-        if row_height is None:
-            raise ValueError("labels and captions together are not supported; pick one")
-        font = _font(font_size)
-        label_w = int(max(font.getlength(t) for t in labels)) + 8
-        out = Image.new("RGB", (img.width + label_w, img.height), "white")
-        out.paste(img, (label_w, 0))
-        draw = ImageDraw.Draw(out)
-        for r, text in enumerate(labels):
-            y = padding + r * row_height + (h - font_size) // 2
-            draw.text((4, y), text, fill="black", font=font)
-        img = out
-    return img
-
-
-def save_grid(
-    images: torch.Tensor,
-    path: str | Path,
-    nrow: int | None = None,
-    captions: list[str] | None = None,
-    labels: list[str] | None = None,
-) -> Path:
-    """Write `grid_image(images, nrow, captions, labels)` as a PNG; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    grid_image(images, nrow=nrow, captions=captions, labels=labels).save(path)
-    return path
-
-
-def save_comparison_grid(
-    named_grids: dict[str, torch.Tensor],
-    path: str | Path,
-    nrow: int | None = None,
-    captions: list[str] | None = None,
-) -> Path:
-    """Side-by-side grids, one per name (e.g. {"U-ViT": imgs, "U-ViC": imgs} sampled from
-    the same noise), each headed by its name; optional captions under each grid."""
-    if not named_grids:
-        raise ValueError("save_comparison_grid needs at least one named grid")
-    panels = []
-    for name, images in named_grids.items():
-        grid = grid_image(images, nrow=nrow, captions=captions)
-        size = max(10, min(18, images.shape[-1] // 6))
-        header = _text_band([(0, grid.width, name)], grid.width, size)
-        panels.append(_stack_vertical([header, grid]))
-    gap = 8
-    width = sum(p.width for p in panels) + gap * (len(panels) - 1)
-    out = Image.new("RGB", (width, max(p.height for p in panels)), "white")
-    x = 0
-    for p in panels:
-        out.paste(p, (x, 0))
-        x += p.width + gap
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    out.save(path)
-    return path
-
-
-# --------------------------------------------------------------------------- sampling CLI core
+# --------------------------------------------------------------------------- processes
 
 
 def distributed_state():
@@ -511,126 +338,3 @@ def distributed_state():
 
     cpu = parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available()
     return PartialState(cpu=cpu)
-
-
-def checkpoint_labels(
-    ckpts: Sequence[str | Path], labels: Sequence[str] | None = None
-) -> list[str]:
-    """Display labels of checkpoints: the given ones, or each checkpoint's run folder name."""
-    if labels:
-        if len(labels) != len(ckpts):
-            raise ValueError(f"got {len(labels)} --label for {len(ckpts)} --ckpt; give one each")
-        return list(labels)
-    if len(ckpts) == 1:
-        return ["samples"]
-    names = [Path(c).parent.name or Path(c).stem for c in ckpts]
-    if len(set(names)) < len(names):
-        names = [f"{name}_{i}" for i, name in enumerate(names)]
-    return names
-
-
-def _slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_") or "samples"
-
-
-def sample_to_folder(
-    cfg: Config,
-    ckpts: Sequence[str | Path],
-    out: str | Path,
-    *,
-    labels: Sequence[str] | None = None,
-    n: int = 64,
-    seed: int = 0,
-    prompts_file: str | Path | None = None,
-    precision: str = "fp32",
-    save_individual: bool = False,
-    nrow: int | None = None,
-    record: dict | None = None,
-    progress: bool = True,
-) -> dict[str, Path]:
-    """Sample `n` images from each checkpoint with the same noise and write them to `out`.
-
-    Writes `grid.png` (one checkpoint) or `grid_<label>.png` per checkpoint plus
-    `comparison.png` (labelled, side by side), `<label>/{i:06d}.png` with
-    `save_individual`, and `sample_config.json` (resolved config, prompts and `record`).
-    Text-to-image: prompts from `prompts_file` (else the feature folder's sample prompts);
-    each prompt gets max(1, n // #prompts) images, one grid row per prompt.
-    Under `accelerate launch` each process samples every num_processes-th image; the main
-    process gathers and writes. Returns the written grid paths by name.
-    """
-    from accelerate.utils import gather_object
-
-    if n < 1:
-        raise ValueError(f"--n must be >= 1, got {n}")
-    state = distributed_state()
-    device = state.device
-    out = Path(out)
-    labels = checkpoint_labels(ckpts, labels)
-    diffusion = Diffusion(cfg.diffusion)
-
-    prompts: list[str] | None = None
-    context_fn = uncond = None
-    captions = None
-    total = n
-    if cfg.model.clip_dim > 0:
-        prompts, contexts, uncond = prompt_contexts(cfg, prompts_file, device)
-        per_prompt = max(1, n // len(prompts))
-        total = per_prompt * len(prompts)
-        prompt_of = torch.arange(total) // per_prompt  # image i shows prompt i // per_prompt
-        contexts = contexts.cpu()
-
-        def context_fn(indices: list[int]) -> torch.Tensor:
-            return contexts[prompt_of[indices]]
-
-        nrow = nrow or (per_prompt if per_prompt > 1 else math.ceil(math.sqrt(total)))
-        captions = list(prompts)
-    elif prompts_file is not None:
-        raise ValueError(f"--prompts given but {cfg.name} is not text-conditional "
-                         "(model.clip_dim=0)")
-    vae = None
-    if is_latent(cfg):
-        from uvic.autoencoder import load_vae
-
-        vae = load_vae(cfg.data.vae, device)
-
-    mine = list(range(total))[state.process_index :: state.num_processes]
-    grids: dict[str, torch.Tensor] = {}
-    for label, ckpt in zip(labels, ckpts):
-        model = load_model(cfg, ckpt, device)
-        local = []
-        for indices, images in generate(
-            model, diffusion, cfg, mine, seed=seed, context_fn=context_fn,
-            uncond_context=uncond, vae=vae, device=device, precision=precision,
-            progress=progress and state.is_main_process,
-        ):
-            local += list(zip(indices, to_uint8(images)))
-        del model
-        gathered = sorted(gather_object(local), key=lambda item: item[0])
-        if state.is_main_process:
-            images = torch.stack([img for _, img in gathered]).permute(0, 3, 1, 2).float() / 255
-            grids[label] = images
-            if save_individual:
-                save_images(images, out / _slug(label), [i for i, _ in gathered])
-
-    written: dict[str, Path] = {}
-    if state.is_main_process:
-        if len(grids) == 1:
-            written["grid"] = save_grid(next(iter(grids.values())), out / "grid.png", nrow=nrow,
-                                        captions=captions)
-        else:
-            for label, images in grids.items():
-                written[label] = save_grid(images, out / f"grid_{_slug(label)}.png", nrow=nrow,
-                                           captions=captions)
-            written["comparison"] = save_comparison_grid(grids, out / "comparison.png",
-                                                         nrow=nrow, captions=captions)
-        summary = {
-            "config": to_dict(cfg),
-            "checkpoints": {label: str(c) for label, c in zip(labels, ckpts)},
-            "n": total, "seed": seed, "precision": precision,
-            "guidance": guidance_scale(cfg), "prompts": prompts,
-            "num_processes": state.num_processes, "device": str(device),
-            **(record or {}),
-        }
-        (out / "sample_config.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    state.wait_for_everyone()
-    return written

@@ -3,7 +3,8 @@
 The U-ViT release conditions on the 77 token states of OpenAI's CLIP ViT-L/14 text
 transformer, taken after the final LayerNorm (Hugging Face's ``last_hidden_state``), not
 the pooled ``encode_text`` vector. We compute the same states with open_clip's model and
-tokenize exactly as the release's transformers ``CLIPTokenizer`` does (`ReleaseTokenizer`):
+tokenize exactly as the release's transformers ``CLIPTokenizer`` does (`ReleaseTokenizer`;
+docs/conventions.md):
 
 * Cleaning. The release runs ``ftfy.fix_text``, collapses whitespace and lower-cases;
   open_clip also HTML-unescapes twice, which changes captions such as ``fish &amp chips``

@@ -4,7 +4,7 @@ U-ViT (Bao et al., "All are Worth Words", CVPR 2023) treats everything as tokens
 noisy image cut into patches, the diffusion time, and optionally a class label or 77
 CLIP text tokens. A plain pre-LN transformer with long skip connections (U-Net style)
 predicts the noise. U-ViC is the same network with Cog attention (weights may be
-negative, REFERENCE.md section 1) in every block except the first in-block and the
+negative, docs/cog_attention.md) in every block except the first in-block and the
 last out-block.
 
 Parameter names and shapes are identical to the released U-ViT (`libs/uvit.py` and
@@ -31,6 +31,7 @@ import einops
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
+from timm.layers import Mlp
 from torch import Tensor, nn
 
 import uvic_kernels
@@ -130,19 +131,6 @@ class PatchEmbed(nn.Module):
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
-class Mlp(nn.Module):
-    """fc1 -> GELU -> fc2 (names as timm's Mlp, which the release uses)."""
-
-    def __init__(self, dim: int, hidden_dim: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_dim, dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
 def _check_backend_fits(backend: str | None, modes: Sequence[str]) -> None:
     """``sdpa`` (PyTorch's softmax attention) cannot run a Cog block: refuse it by name."""
     cog = [i for i, mode in enumerate(modes) if mode != "softmax"]
@@ -195,7 +183,7 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(dim)
         self.attn = Attention(dim, num_heads, qkv_bias, mode=mode, backend=backend)
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))  # timm's: fc1 -> GELU -> fc2, as the release
         self.skip_linear = nn.Linear(2 * dim, dim) if skip else None  # last, as the release
 
     def forward(self, x: Tensor, skip: Tensor | None = None) -> Tensor:
@@ -408,7 +396,11 @@ def _check_arch(
 
 
 def _init_weights(m: nn.Module) -> None:
-    """Release init: Linear trunc-normal(0.02) with zero bias, LayerNorm 1/0, rest default."""
+    """Release init: Linear trunc-normal(0.02) with zero bias, LayerNorm 1/0, rest default.
+
+    torch's `trunc_normal_`, not timm's: the same distribution (the release's), but a
+    different draw from the same seed, and runs seeded before keep their initial weights.
+    """
     if isinstance(m, nn.Linear):
         nn.init.trunc_normal_(m.weight, std=0.02)
         if m.bias is not None:

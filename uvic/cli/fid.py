@@ -1,0 +1,96 @@
+"""FID / KID of a checkpoint with clean-fid (the paper's Table 3 protocol by default).
+
+    python eval/fid.py --config configs/cifar10_uvic.py --ckpt runs/cifar10_uvic/ema.safetensors
+    accelerate launch --multi_gpu --num_processes 8 eval/fid.py \
+        --config configs/mscoco_uvic.py --ckpt runs/mscoco_uvic/ema.safetensors \
+        --out runs/fid/mscoco_uvic.json --precision fp16
+
+The protocol comes from the config (`uvic.protocols`): with configs/cifar10_*.py,
+Euler-Maruyama 1000 steps, 50,000 samples, clean-fid `legacy_pytorch` against CIFAR-10
+train; with configs/mscoco_*.py, the release's DPM-Solver "fast" 50 steps with guidance
+scale 1, 30,000 samples with captions of the val split, `legacy_pytorch` against val2014 at
+256x256. A faster protocol is one option away (`--scheduler dpm_solver++ --steps 50`,
+`--mode clean`); the result JSON and the table name the protocol either way.
+
+Generates N samples as PNGs into --samples-dir (resumable: existing samples are kept and
+sample i is always seeded by (seed, i)), then computes FID and KID against the reference
+statistics of eval.ref_stats and writes a result JSON. Offline by default: missing
+Inception weights or statistics stop the run before sampling with a message saying which
+file, where, and the URL; --download lets clean-fid fetch them. The work is done by
+`uvic.fid.evaluate`; `python eval/fid_table.py runs/fid` builds the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from uvic.checkpoint import CheckpointError
+from uvic.config import ConfigError, load_config
+from uvic.fid import evaluate
+from uvic.fid_stats import MODES
+from uvic.sampling import PRECISIONS
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, help="configs/*.py or a run's config.json")
+    p.add_argument("--ckpt", required=True, help="EMA .safetensors or released nnet_ema.pth")
+    p.add_argument("--n", "--num-samples", dest="n", type=int,
+                   help="number of samples (default: eval.n_samples)")
+    p.add_argument("--out", help="result JSON (default runs/fid/<name>_<run>_<ckpt>.json)")
+    p.add_argument("--samples-dir", help="sample PNG folder (default: next to --out)")
+    p.add_argument("--mode", choices=MODES, help="clean-fid mode (default: eval.mode)")
+    p.add_argument("--steps", type=int, help="sampling steps (default: sample.steps)")
+    p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, dpm_solver_fast, "
+                   "euler_maruyama or a diffusers class name (uvic.samplers)")
+    p.add_argument("--order", type=int, help="DPM-Solver order (default: sample.order)")
+    p.add_argument("--cfg-scale", type=float, help="guidance s in eps = c + s (c - u)")
+    p.add_argument("--batch-size", type=int, help="samples per forward pass per process")
+    p.add_argument("--seed", type=int, default=0, help="sample seed (default 0)")
+    p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
+                   help="autocast dtype on CUDA for sampling (default fp32)")
+    p.add_argument("--inception-path", help="local Inception weights (eval.inception_path)")
+    p.add_argument("--stats-dir", help="cache of built reference statistics "
+                   "(default $UVIC_FID_STATS or ~/.cache/uvic/fid_stats)")
+    p.add_argument("--download", action="store_true",
+                   help="let clean-fid download missing Inception weights / statistics")
+    p.add_argument("--feature-batch-size", type=int, default=64)
+    p.add_argument("--num-workers", type=int, help="image loading workers for features")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override, e.g. --set eval.ref_images=data/coco/val2014")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p.parse_args(argv)
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    """Command-line options as config overrides (recorded in the result's config)."""
+    pairs = [("sample.steps", args.steps), ("sample.scheduler", args.scheduler),
+             ("sample.order", args.order), ("sample.cfg_scale", args.cfg_scale),
+             ("sample.batch_size", args.batch_size), ("eval.mode", args.mode),
+             ("eval.inception_path", args.inception_path)]
+    return [f"{key}={value}" for key, value in pairs if value is not None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, [*args.set, *overrides(args)])
+        result = evaluate(
+            cfg, args.ckpt, n=args.n, out_json=args.out, samples_dir=args.samples_dir,
+            config_path=args.config, seed=args.seed, precision=args.precision,
+            stats_dir=args.stats_dir, allow_download=args.download,
+            feature_batch_size=args.feature_batch_size, num_workers=args.num_workers,
+            progress=not args.quiet,
+        )
+    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if result:  # main process
+        kid = "n/a" if result["kid"] is None else f"{result['kid']:.5f}"
+        print(f"{result['model']} {result['dataset']}: FID {result['fid']:.3f}  KID {kid}  "
+              f"(N={result['n']}, {result['mode']}, {result['sampler']['scheduler']} "
+              f"{result['sampler']['steps']} steps, guidance {result['guidance']})")
+        print(f"protocol: {result['protocol']['label']}")
+        print(f"result: {result['result_json']}")
+    return 0
