@@ -88,13 +88,16 @@ class DiffusionConfig:
 
 @dataclass
 class OptimConfig:
-    """AdamW with linear warm-up then constant learning rate."""
+    """AdamW with linear warm-up, then a constant (or cosine-decaying) learning rate."""
 
     lr: float = 2e-4
     betas: tuple[float, float] = (0.99, 0.999)
     weight_decay: float = 0.03
     warmup_steps: int = 2500
     grad_clip: float = 0.0  # 0: off (the release does not clip)
+    # "constant" after warm-up (the release), or "cosine": decay to 0 at train.max_steps,
+    # which gives short runs (the quickstart) a settled final model.
+    lr_schedule: str = "constant"
 
 
 @dataclass

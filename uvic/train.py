@@ -64,6 +64,7 @@ from accelerate.utils import (
     broadcast_object_list,
     set_seed,
 )
+from diffusers.optimization import get_cosine_schedule_with_warmup
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
@@ -379,8 +380,15 @@ class Trainer:
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr,
                                       betas=tuple(cfg.optim.betas),
                                       weight_decay=cfg.optim.weight_decay)
-        lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, warmup_constant(cfg.optim.warmup_steps))
+        if cfg.optim.lr_schedule == "cosine":
+            lr_scheduler = get_cosine_schedule_with_warmup(
+                optimizer, cfg.optim.warmup_steps, t.max_steps)
+        elif cfg.optim.lr_schedule == "constant":
+            lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, warmup_constant(cfg.optim.warmup_steps))
+        else:
+            raise ConfigError(f"optim.lr_schedule={cfg.optim.lr_schedule!r} must be constant "
+                              "or cosine")
         self.model, self.optimizer, self.loader, self.lr_scheduler = acc.prepare(
             model, optimizer, loader, lr_scheduler)
         if len(self.loader) == 0:
