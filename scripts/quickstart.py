@@ -4,19 +4,28 @@
     python scripts/quickstart.py --preset gpu    # larger run (default when CUDA is present)
 
 Both models see the same data in the same order from the same seed, through the real
-training loop (`uvic.train`, Accelerate), the real DPM-Solver sampler and the real
-clean-fid evaluator. Data: the built-in coloured-shapes images (no download). Outputs in
-`runs/quickstart/`: `grid.png` (U-ViT | U-ViC from the same noise), `loss.png`,
-`results.md` / `results.json`, and each model's run folder (`uvit/`, `uvic/`).
+training loop (`uvic.train`, Accelerate), the real sampler (the config's diffusers
+scheduler) and the real clean-fid evaluator. Data: the built-in coloured-shapes images
+(no download). Outputs in `runs/quickstart/`: `grid.png` (U-ViT | U-ViC from the same
+noise), `loss.png`, `results.md` / `results.json`, and each model's run folder (`uvit/`,
+`uvic/`).
 
-FID needs clean-fid's Inception weights; when they are absent the FID column is skipped
-with a message saying how to get them. No number is ever made up.
+Sample quality is measured without any download (`uvic.quality`): high-frequency energy
+relative to training images (1 is ideal; leftover sampler noise gives tens) and the
+share of pixels on an image's three dominant colours, for both models' samples and for
+held-out real images. FID needs clean-fid's Inception weights; when they are absent the
+FID column is skipped with a message saying how to get them. No number is ever made up.
+
+Reproducible: the run uses a fixed number of threads (`--threads`) and PyTorch's
+deterministic algorithms, so every number in `results.json` except those under "timing"
+is the same on every run on the same machine and software, whatever else the machine runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,6 +37,7 @@ from uvic.config import Config, ConfigError, apply_overrides, load_config, save_
 from uvic.data import build_dataset
 from uvic.diffusion import Diffusion
 from uvic.images import save_comparison_grid
+from uvic.quality import quality_figures
 from uvic.sampling import load_model, sample_images, to_pixels
 from uvic.seeding import make_noise, sample_generators
 from uvic.train import diffusion_loss, train
@@ -42,7 +52,7 @@ GPU_PRESET = [
     "train.batch_size=128", "train.max_steps=20000", "train.mixed_precision=bf16",
     "train.ema_decay=0.9995", "train.log_every=100", "train.sample_every=5000",
     "train.ckpt_every=5000", "optim.lr=4e-4", "optim.warmup_steps=1000",
-    "sample.steps=50", "eval.n_samples=10000",
+    "eval.n_samples=10000",
 ]
 
 
@@ -54,7 +64,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="config override, repeatable")
     parser.add_argument("--n-grid", type=int, default=16, help="images per model in grid.png")
+    parser.add_argument("--n-quality", type=int, default=128,
+                        help="samples per model (and real images) for the quality figures")
     parser.add_argument("--heldout", type=int, default=256, help="held-out images for EMA loss")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="CPU threads; results are bit-identical only for the same value")
     parser.add_argument("--no-fid", action="store_true", help="skip the FID column")
     return parser.parse_args(argv)
 
@@ -68,21 +82,34 @@ def build_config(args: argparse.Namespace) -> Config:
     return load_config(CONFIG, overrides)
 
 
+def make_deterministic(threads: int) -> None:
+    """Same numbers on every run: a fixed thread count (it sets the order of parallel
+    float sums, and the default follows the machine) and deterministic kernels. On CUDA,
+    ops without a deterministic version only warn (the CPU run is the exact one)."""
+    torch.set_num_threads(threads)
+    if torch.cuda.is_available():
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before any cuBLAS call
+    torch.use_deterministic_algorithms(True, warn_only=torch.cuda.is_available())
+
+
+def real_images(cfg: Config, split: str, n: int) -> torch.Tensor:
+    """The first `n` images of a split in model space, without random flips."""
+    dataset = build_dataset(apply_overrides(cfg, ["data.random_flip=false"]), split=split)
+    return torch.stack([dataset[i]["x"] for i in range(min(n, len(dataset)))])
+
+
 @torch.no_grad()
-def heldout_loss(cfg: Config, model: torch.nn.Module, diffusion: Diffusion, n_images: int,
+def heldout_loss(model: torch.nn.Module, diffusion: Diffusion, x: torch.Tensor,
                  seed: int = 0) -> float:
-    """Noise-prediction MSE of `model` (the EMA weights) on held-out images, with fixed
-    t and noise so both models are scored on the same draws."""
+    """Noise-prediction MSE of `model` (the EMA weights) on held-out images `x`, with
+    fixed t and noise so both models are scored on the same draws."""
     device = next(model.parameters()).device
-    dataset = build_dataset(cfg, split="val")
-    n_images = min(n_images, len(dataset))
-    x = torch.stack([dataset[i]["x"] for i in range(n_images)]).to(device)
     generator = torch.Generator(device).manual_seed(seed)
     total = 0.0
-    for chunk in x.split(64):
+    for chunk in x.to(device).split(64):
         loss = diffusion_loss(model, diffusion, {"x": chunk}, generator)
         total += loss.item() * chunk.shape[0]
-    return total / n_images
+    return total / x.shape[0]
 
 
 def read_log(run_dir: Path) -> list[dict]:
@@ -124,17 +151,29 @@ def try_fid(cfg: Config, ckpt: Path, out_dir: Path) -> tuple[float | None, str]:
     return float(result["fid"]), ""
 
 
-def results_table(rows: list[dict]) -> str:
-    """Markdown table of the quickstart results."""
+def results_table(rows: list[dict], timing: dict[str, dict]) -> str:
+    """Markdown table of the losses, quality figures and timings of both models."""
     header = ("| model | attention (per block) | final train loss | held-out EMA loss "
-              "| ms / step | images / s | FID |")
-    lines = [header, "|---|---|---|---|---|---|---|"]
+              "| HF energy vs real | palette share | FID | ms / step | images / s |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         fid_cell = f"{r['fid']:.2f}" if r["fid"] is not None else "skipped"
+        t = timing[r["model"]]
         lines.append(
             f"| {r['model']} | {r['pattern']} | {r['final_loss']:.4f} | {r['heldout_loss']:.4f} "
-            f"| {r['ms_per_step']:.1f} | {r['images_per_s']:.1f} | {fid_cell} |"
+            f"| {r['hf_ratio']:.2f} | {r['palette_share']:.3f} | {fid_cell} "
+            f"| {t['ms_per_step']:.1f} | {t['images_per_s']:.1f} |"
         )
+    return "\n".join(lines)
+
+
+def quality_table(rows: list[dict], real: dict) -> str:
+    """Markdown table of the sample-quality figures, samples beside held-out real images."""
+    lines = ["| images | HF energy (mean abs Laplacian) | HF energy vs real | palette share |",
+             "|---|---|---|---|"]
+    for name, q in [(f"{r['model']} samples", r) for r in rows] + [("held-out real", real)]:
+        lines.append(f"| {name} | {q['hf_energy']:.4f} | {q['hf_ratio']:.2f} "
+                     f"| {q['palette_share']:.3f} |")
     return "\n".join(lines)
 
 
@@ -145,12 +184,20 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    make_deterministic(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     start = time.time()
 
-    rows, logs, samples = [], {}, {}
+    # Real images: training images are the reference of the HF ratio; held-out images
+    # are scored like samples (what a perfect model would reach) and give the EMA loss.
+    n_real = max(args.n_quality, args.heldout)
+    train_real = to_pixels(base, real_images(base, "train", args.n_quality))
+    heldout = real_images(base, "val", n_real)
+    real_quality = quality_figures(to_pixels(base, heldout[:args.n_quality]), train_real)
+
+    rows, logs, samples, timing = [], {}, {}, {}
     fid_note = ""
     for name, preset in MODELS.items():
         cfg = apply_overrides(base, [f"model.attention={preset}", f"name=quickstart_{preset}",
@@ -161,15 +208,19 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = run_dir / "ema.safetensors"
         logs[name] = read_log(run_dir)
 
-        # Same noise for both models: the grid compares them image for image.
+        # Same noise for both models: the grid compares them image for image, and the
+        # grid's images are the first of those scored.
         model = load_model(cfg, ckpt, device)
         diffusion = Diffusion(cfg.diffusion)
+        generators = sample_generators(cfg.train.seed, range(max(args.n_grid, args.n_quality)))
         noise = make_noise((cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size),
-                           sample_generators(cfg.train.seed, range(args.n_grid)), device)
+                           generators, device)
         x0 = sample_images(model, diffusion, noise,
                            scheduler=cfg.sample.scheduler, steps=cfg.sample.steps,
-                           order=cfg.sample.order)
-        samples[name] = to_pixels(cfg, x0).cpu()
+                           order=cfg.sample.order, generator=generators)
+        images = to_pixels(cfg, x0).cpu()
+        samples[name] = images[:args.n_grid]
+        quality = quality_figures(images[:args.n_quality], train_real)
 
         fid_value = None
         if not args.no_fid:
@@ -180,31 +231,45 @@ def main(argv: list[str] | None = None) -> int:
             "model": name,
             "pattern": "".join("C" if m == "cog" else "S" for m in model.attention_modes),
             "final_loss": summary["final_loss"],
-            "heldout_loss": heldout_loss(cfg, model, diffusion, args.heldout),
-            "ms_per_step": 1000.0 * summary["mean_step_time_s"],
-            "images_per_s": summary["images_per_s"],
+            "heldout_loss": heldout_loss(model, diffusion, heldout[:args.heldout]),
+            **quality,
             "fid": fid_value,
-            "run_dir": str(run_dir),
+            "run_dir": preset,  # relative to the output folder
         })
+        timing[name] = {"ms_per_step": 1000.0 * summary["mean_step_time_s"],
+                        "images_per_s": summary["images_per_s"],
+                        "train_wall_s": summary["wall_time_s"]}
 
     save_config(base, out / "config.json")
-    # 32x32 images are shown at 2x (nearest neighbour) so they can be judged by eye.
-    enlarged = {k: F.interpolate(v, scale_factor=2, mode="nearest") for k, v in samples.items()}
+    # Small images are shown enlarged (nearest neighbour) so they can be judged by eye.
+    zoom = max(1, 64 // base.model.img_size)
+    enlarged = {k: F.interpolate(v, scale_factor=zoom, mode="nearest")
+                for k, v in samples.items()}
     save_comparison_grid(enlarged, out / "grid.png", nrow=int(args.n_grid**0.5))
     plot_losses(logs, out / "loss.png")
-    table = results_table(rows)
-    notes = ["S = softmax block, C = Cog block (in-blocks, mid-block, out-blocks)."]
+    timing["total_s"] = time.time() - start
+    timing["threads"] = args.threads
+    notes = [
+        "S = softmax block, C = Cog block (in-blocks, mid-block, out-blocks).",
+        f"HF energy vs real: mean |Laplacian| of {args.n_quality} samples over that of "
+        f"{args.n_quality} training images (1 is ideal; held-out real images give about 1). "
+        "Palette share: pixels within 0.1 of one of their image's 3 dominant colours.",
+        f"Exact on every run on this machine: all but the timings (ms / step, images / s), "
+        f"which depend on the machine and its load (threads: {args.threads}).",
+    ]
     if fid_note:
         notes.append(f"FID skipped: {fid_note}")
     elif args.no_fid:
         notes.append("FID skipped (--no-fid).")
-    report = table + "\n\n" + "\n".join(notes) + "\n"
+    report = (results_table(rows, timing) + "\n\n" + quality_table(rows, real_quality)
+              + "\n\n" + "\n".join(notes) + "\n")
     (out / "results.md").write_text(report)
-    (out / "results.json").write_text(json.dumps({"rows": rows, "notes": notes}, indent=2) + "\n")
+    results = {"rows": rows, "real_heldout": real_quality, "notes": notes, "timing": timing}
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
     print("\n" + report)
     print(f"grid: {out / 'grid.png'}\nloss curves: {out / 'loss.png'}\n"
-          f"table: {out / 'results.md'}\ntotal time: {time.time() - start:.0f} s")
+          f"table: {out / 'results.md'}\ntotal time: {timing['total_s']:.0f} s")
     return 0
 
 

@@ -31,6 +31,7 @@ SHARED = {  # both paper configs (U-ViT-S/2)
     "model.mlp_ratio": 4.0, "model.qkv_bias": False, "model.mlp_time_embed": False,
     "model.conv": True, "model.skip": True, "model.img_size": 32,
     "optim.lr": 2e-4, "optim.weight_decay": 0.03, "optim.grad_clip": 0.0,
+    "optim.lr_schedule": "constant",
     "train.ema_decay": 0.9999, "train.seed": 1234, "train.mixed_precision": "fp16",
     "eval.mode": "legacy_pytorch",  # the release's pytorch-fid port
 }
@@ -102,10 +103,12 @@ def test_uvic_differs_from_uvit_only_in_attention(dataset: str) -> None:
 def test_quickstart_is_small_and_cpu_friendly() -> None:
     cfg = load_config(CONFIGS / "quickstart.py")
     assert cfg.data.name == "shapes" and cfg.train.mixed_precision == "no"
-    assert (cfg.model.img_size, cfg.model.in_chans) == (32, 3)
+    assert (cfg.model.img_size, cfg.model.in_chans) == (16, 3)
     assert cfg.train.max_steps <= 2000 and cfg.train.batch_size <= 64
     assert cfg.optim.warmup_steps < cfg.train.max_steps
-    assert cfg.eval.n_samples <= 1000 and cfg.sample.steps <= 50
+    # The ancestral sampler takes more steps than DPM-Solver, but a forward pass of 128
+    # images costs about one training step of 32: 200 of them, ~15% of the training.
+    assert cfg.eval.n_samples <= 1000 and cfg.sample.steps <= 200
     # The EMA must move within the run: its horizon 1/(1-decay) is below the step count.
     assert 1 / (1 - cfg.train.ema_decay) < cfg.train.max_steps
 

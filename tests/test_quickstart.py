@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +15,11 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_quickstart_end_to_end(tmp_path: Path) -> None:
-    out = tmp_path / "qs"
+def run_quickstart(tmp_path: Path, out: Path) -> None:
+    """The quickstart at a reduced size, in a clean environment, writing to `out`."""
     cmd = [
         sys.executable, str(ROOT / "scripts" / "quickstart.py"), "--preset", "cpu",
-        "--out", str(out), "--n-grid", "4", "--heldout", "32",
+        "--out", str(out), "--n-grid", "4", "--n-quality", "8", "--heldout", "32",
         "--set", "train.max_steps=20", "--set", "train.batch_size=8",
         "--set", "train.log_every=4", "--set", "train.sample_every=0",
         "--set", "train.ckpt_every=6", "--set", "data.num_images=64",
@@ -31,9 +31,23 @@ def test_quickstart_end_to_end(tmp_path: Path) -> None:
     # A clean environment: in particular no TRITON_INTERPRET (set by conftest for the
     # kernel tests), so the CPU run takes the PyTorch attention path as a user's would.
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    if "PYTHONPATH" in os.environ:  # import the same uvic as this test process does
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp_path = tmp_path_factory.mktemp("quickstart")
+    run_quickstart(tmp_path, tmp_path / "qs")
+    return tmp_path / "qs"
+
+
+@pytest.mark.slow
+def test_quickstart_end_to_end(first_run: Path) -> None:
+    out = first_run
 
     for name in ("grid.png", "loss.png", "results.md", "results.json", "config.json"):
         assert (out / name).is_file(), name
@@ -44,12 +58,17 @@ def test_quickstart_end_to_end(tmp_path: Path) -> None:
     assert rows["U-ViC"]["pattern"] == "SCS"  # depth 2: first and last softmax, mid Cog
     for r in rows.values():
         assert np.isfinite(r["final_loss"]) and np.isfinite(r["heldout_loss"])
-        assert r["ms_per_step"] > 0 and r["images_per_s"] > 0
+        assert np.isfinite(r["hf_ratio"]) and 0.0 <= r["palette_share"] <= 1.0
         assert r["fid"] is None
+        timing = results["timing"][r["model"]]
+        assert timing["ms_per_step"] > 0 and timing["images_per_s"] > 0
+    # Held-out real images against training images: the scale the samples are judged on.
+    assert 0.8 < results["real_heldout"]["hf_ratio"] < 1.25
+    assert results["real_heldout"]["palette_share"] > 0.8  # noise: < 0.05
     assert any("inception" in note.lower() for note in results["notes"])
     assert "skipped" in (out / "results.md").read_text()
 
-    # The grid: two labelled panels side by side, 2x2 images of 64 px (32 px at 2x) each.
+    # The grid: two labelled panels side by side, 2x2 images each enlarged to 64 px.
     grid = np.asarray(Image.open(out / "grid.png").convert("RGB")).astype(np.int16)
     height, width, _ = grid.shape
     panel = (width - 8) // 2
@@ -67,3 +86,20 @@ def test_quickstart_end_to_end(tmp_path: Path) -> None:
         assert (run / "ema.safetensors").is_file()
         saved = json.loads((run / "config.json").read_text())
         assert saved["model"]["attention"] == preset
+
+
+@pytest.mark.slow
+def test_quickstart_numbers_are_identical_on_a_second_run(first_run: Path,
+                                                          tmp_path: Path) -> None:
+    """Everything but the timings is bit for bit the same (the README promises it)."""
+    second = tmp_path / "again"
+    run_quickstart(first_run.parent, second)  # same absent Inception path in the notes
+    results = [json.loads((out / "results.json").read_text()) for out in (first_run, second)]
+    for r in results:
+        assert set(r["timing"]) >= {"U-ViT", "U-ViC", "total_s"}
+        del r["timing"]
+    texts = [json.dumps(r, sort_keys=True) for r in results]  # floats as exact reprs
+    assert texts[0] == texts[1]
+    rows = results[0]["rows"]
+    # Not vacuous: the two models' numbers differ from each other.
+    assert rows[0]["final_loss"] != rows[1]["final_loss"]

@@ -97,13 +97,16 @@ class DiffusionConfig:
 
 @dataclass
 class OptimConfig:
-    """AdamW with linear warm-up then constant learning rate."""
+    """AdamW with linear warm-up, then a constant (or cosine-decaying) learning rate."""
 
     lr: float = 2e-4
     betas: tuple[float, float] = (0.99, 0.999)
     weight_decay: float = 0.03
     warmup_steps: int = 2500
     grad_clip: float = 0.0  # 0: off (the release does not clip)
+    # "constant" after warm-up (the release), or "cosine": decay to 0 at train.max_steps,
+    # which gives short runs (the quickstart) a settled final model.
+    lr_schedule: str = "constant"
 
 
 @dataclass
@@ -177,6 +180,9 @@ class Config:
 # --------------------------------------------------------------------------- validation
 
 
+LR_SCHEDULES = ("constant", "cosine")
+
+
 def validate(cfg: Config) -> Config:
     """Check every value of `cfg` before any work starts; returns `cfg` or raises a
     ConfigError naming the key and the value.
@@ -199,6 +205,8 @@ def validate(cfg: Config) -> Config:
          f"train.mixed_precision={t.mixed_precision!r} must be no, fp16, bf16 or empty "
          "(the launcher's)"),
         (o.grad_clip >= 0, f"optim.grad_clip={o.grad_clip} must be >= 0"),
+        (o.lr_schedule in LR_SCHEDULES,
+         f"optim.lr_schedule={o.lr_schedule!r} must be one of {LR_SCHEDULES}"),
         (s.steps >= 1, f"sample.steps={s.steps} must be >= 1"),
         (cfg.eval.mode in FID_MODES, f"eval.mode={cfg.eval.mode!r} must be one of {FID_MODES}"),
     ])

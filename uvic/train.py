@@ -51,6 +51,7 @@ from accelerate.utils import (
     broadcast_object_list,
     set_seed,
 )
+from diffusers.optimization import get_cosine_schedule_with_warmup
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -165,8 +166,12 @@ class Trainer:
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr,
                                       betas=tuple(cfg.optim.betas),
                                       weight_decay=cfg.optim.weight_decay)
-        lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, warmup_constant(cfg.optim.warmup_steps))
+        if cfg.optim.lr_schedule == "cosine":  # decays to 0 at train.max_steps
+            lr_scheduler = get_cosine_schedule_with_warmup(
+                optimizer, cfg.optim.warmup_steps, t.max_steps)
+        else:  # "constant" after warm-up, as the release (uvic.config.validate checks it)
+            lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, warmup_constant(cfg.optim.warmup_steps))
         dataset = build_dataset(cfg, "train")  # checks that the items fit the model
         self.num_items = len(dataset)
         loader = seeded_loader(dataset, t.seed, self.batch_per_process, cfg.data.num_workers,

@@ -1,0 +1,73 @@
+"""Download-free sample-quality figures for the Shapes quickstart.
+
+FID needs Inception weights; these two figures need nothing and tell a clean sample of
+coloured shapes from a noisy one:
+
+* `hf_energy`: mean absolute Laplacian (3x3, per channel, interior pixels) of images in
+  [0, 1]. Shapes images are flat except along their edges, so their figure is small;
+  per-pixel noise left by the sampler raises it many times. Compare samples with real
+  images through the ratio `hf_energy(samples) / hf_energy(real)` (1 is ideal).
+* `palette_share`: share of pixels within `radius` (RGB distance, [0, 1] units) of one of
+  the image's `k` dominant colours (a small per-image k-means). A Shapes image is a
+  background and one or two flat shapes, so nearly all its pixels sit on one of three
+  colours; a noise image scatters its pixels over the colour cube and scores near zero.
+
+Both are deterministic functions of the images (no random initialisation).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_LAPLACIAN = torch.tensor([[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]])
+
+
+def _check_images(images: torch.Tensor) -> torch.Tensor:
+    if images.dim() != 4 or images.shape[1] != 3:
+        raise ValueError(f"expected images (N, 3, H, W) in [0, 1], got {tuple(images.shape)}")
+    return images.detach().to("cpu", torch.float64)
+
+
+def hf_energy(images: torch.Tensor) -> float:
+    """Mean |Laplacian| of images (N, 3, H, W) in [0, 1]: their high-frequency energy."""
+    x = _check_images(images)
+    kernel = _LAPLACIAN.to(x).expand(3, 1, 3, 3)
+    return F.conv2d(x, kernel, groups=3).abs().mean().item()
+
+
+def dominant_colours(images: torch.Tensor, k: int = 3, iters: int = 10) -> torch.Tensor:
+    """k dominant colours of each image (N, k, 3): k-means on its pixels, started from
+    farthest-point seeds (the first is the top-left pixel, usually background)."""
+    x = _check_images(images)
+    pixels = x.flatten(2).transpose(1, 2)  # (N, P, 3)
+    centres = [pixels[:, 0]]
+    for _ in range(k - 1):  # farthest point from the centres so far
+        dist = torch.stack([(pixels - c[:, None]).norm(dim=-1) for c in centres]).amin(0)
+        centres.append(pixels[torch.arange(len(pixels)), dist.argmax(1)])
+    centre = torch.stack(centres, 1)  # (N, k, 3)
+    for _ in range(iters):
+        assign = torch.cdist(pixels, centre).argmin(-1)  # (N, P)
+        onehot = F.one_hot(assign, k).to(pixels)  # (N, P, k)
+        count = onehot.sum(1)[..., None]  # (N, k, 1)
+        mean = onehot.transpose(1, 2) @ pixels / count.clamp(min=1)
+        centre = torch.where(count > 0, mean, centre)  # an empty cluster keeps its centre
+    return centre
+
+
+def palette_share(images: torch.Tensor, k: int = 3, radius: float = 0.1) -> float:
+    """Share of pixels within `radius` of one of their image's k dominant colours."""
+    x = _check_images(images)
+    pixels = x.flatten(2).transpose(1, 2)
+    nearest = torch.cdist(pixels, dominant_colours(x, k)).amin(-1)
+    return (nearest <= radius).double().mean().item()
+
+
+def quality_figures(images: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
+    """The quickstart's figures for `images` against real `reference` images, both [0, 1]."""
+    hf, hf_ref = hf_energy(images), hf_energy(reference)
+    return {
+        "hf_energy": hf,
+        "hf_ratio": hf / hf_ref,
+        "palette_share": palette_share(images),
+    }
