@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from uvic.analysis import analyze, save_figures, write_json
 from uvic.config import Config, ConfigError, apply_overrides, load_config, save_config
 from uvic.data import build_dataset
 from uvic.diffusion import Diffusion
@@ -67,6 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--n-quality", type=int, default=128,
                         help="samples per model (and real images) for the quality figures")
     parser.add_argument("--heldout", type=int, default=256, help="held-out images for EMA loss")
+    parser.add_argument("--n-analysis", type=int, default=8,
+                        help="held-out images for the attention analysis")
     parser.add_argument("--threads", type=int, default=2,
                         help="CPU threads; results are bit-identical only for the same value")
     parser.add_argument("--no-fid", action="store_true", help="skip the FID column")
@@ -177,6 +180,17 @@ def quality_table(rows: list[dict], real: dict) -> str:
     return "\n".join(lines)
 
 
+def attention_summary(analysis: dict) -> dict[str, dict[str, list[float]]]:
+    """Per model and block, the analysis metrics averaged over the noise levels."""
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    return {label: {metric: [mean(blk["mean"][metric]) for blk in model["blocks"]]
+                    for metric in ("negative_mass", "entropy", "time_weight")}
+            | {"collapse": [mean(blk["collapse"]) for blk in model["blocks"]]}
+            for label, model in analysis["models"].items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -197,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     heldout = real_images(base, "val", n_real)
     real_quality = quality_figures(to_pixels(base, heldout[:args.n_quality]), train_real)
 
-    rows, logs, samples, timing = [], {}, {}, {}
+    rows, logs, samples, timing, models = [], {}, {}, {}, {}
     fid_note = ""
     for name, preset in MODELS.items():
         cfg = apply_overrides(base, [f"model.attention={preset}", f"name=quickstart_{preset}",
@@ -210,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # Same noise for both models: the grid compares them image for image, and the
         # grid's images are the first of those scored.
-        model = load_model(cfg, ckpt, device)
+        model = models[name] = load_model(cfg, ckpt, device)
         diffusion = Diffusion(cfg.diffusion)
         generators = sample_generators(cfg.train.seed, range(max(args.n_grid, args.n_quality)))
         noise = make_noise((cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size),
@@ -229,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             fid_note = why or fid_note
         rows.append({
             "model": name,
-            "pattern": "".join("C" if m == "cog" else "S" for m in model.attention_modes),
+            "pattern": "".join(m[0].upper() for m in model.attention_modes),
             "final_loss": summary["final_loss"],
             "heldout_loss": heldout_loss(model, diffusion, heldout[:args.heldout]),
             **quality,
@@ -247,10 +261,21 @@ def main(argv: list[str] | None = None) -> int:
                 for k, v in samples.items()}
     save_comparison_grid(enlarged, out / "grid.png", nrow=int(args.n_grid**0.5))
     plot_losses(logs, out / "loss.png")
+
+    # How the two models attend: negative mass, entropy, sink and collapse per block and
+    # noise level, on held-out images (uvic.analysis); one overview figure beside the grid.
+    print("\n=== attention analysis ===", flush=True)
+    analysis = analyze(models, base, heldout[:args.n_analysis].to(device))
+    write_json(analysis, out / "attention" / "attention.json")
+    figures = save_figures(analysis, out / "attention", map_levels=[0])
+    (out / "attention.png").write_bytes(figures["overview"].read_bytes())
     timing["total_s"] = time.time() - start
     timing["threads"] = args.threads
     notes = [
         "S = softmax block, C = Cog block (in-blocks, mid-block, out-blocks).",
+        "Attention analysis (attention.png, attention/): per block and noise level, "
+        "the share of |A| on negative weights, the entropy of |A|, the weight on the time "
+        "token and the similarity of patch tokens (scripts/analyze_attention.py).",
         f"HF energy vs real: mean |Laplacian| of {args.n_quality} samples over that of "
         f"{args.n_quality} training images (1 is ideal; held-out real images give about 1). "
         "Palette share: pixels within 0.1 of one of their image's 3 dominant colours.",
@@ -264,11 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     report = (results_table(rows, timing) + "\n\n" + quality_table(rows, real_quality)
               + "\n\n" + "\n".join(notes) + "\n")
     (out / "results.md").write_text(report)
-    results = {"rows": rows, "real_heldout": real_quality, "notes": notes, "timing": timing}
+    results = {"rows": rows, "real_heldout": real_quality, "notes": notes,
+               "attention": attention_summary(analysis), "timing": timing}
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
     print("\n" + report)
     print(f"grid: {out / 'grid.png'}\nloss curves: {out / 'loss.png'}\n"
+          f"attention: {out / 'attention.png'}\n"
           f"table: {out / 'results.md'}\ntotal time: {timing['total_s']:.0f} s")
     return 0
 

@@ -67,6 +67,14 @@ def test_quickstart_end_to_end(first_run: Path) -> None:
     assert results["real_heldout"]["palette_share"] > 0.8  # noise: < 0.05
     assert any("inception" in note.lower() for note in results["notes"])
     assert "skipped" in (out / "results.md").read_text()
+    # the attention analysis of both models: Cog blocks carry negative mass, softmax none
+    attention = results["attention"]
+    assert set(attention) == {"U-ViT", "U-ViC"}
+    assert attention["U-ViT"]["negative_mass"] == [0.0, 0.0, 0.0]
+    uvic = attention["U-ViC"]["negative_mass"]
+    assert uvic[0] == uvic[2] == 0.0 and uvic[1] > 0.0
+    assert (out / "attention.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "attention" / "attention.json").is_file()
 
     # The grid: two labelled panels side by side, 2x2 images each enlarged to 64 px.
     grid = np.asarray(Image.open(out / "grid.png").convert("RGB")).astype(np.int16)
