@@ -244,6 +244,11 @@ def evaluate(
     if feat_extractor is None and not allow_download:
         check_inception(cfg, mode)
     stats_plan(cfg, mode, feat_extractor, stats_dir, allow_download)
+    # Load the Inception network now, not after sampling: a corrupt weights file must
+    # stop the evaluation before hours of sampling (InceptionWeightsCorrupt).
+    extractor = feat_extractor
+    if extractor is None and (state.is_main_process or not allow_download):
+        extractor = build_inception(cfg, mode, state.device, allow_download)
 
     ckpt_sha = file_sha256(ckpt_path)
     meta = _samples_meta(cfg, ckpt_sha, seed, precision)
@@ -281,7 +286,6 @@ def evaluate(
         raise RuntimeError(f"{samples_dir}: samples {missing[:5]} missing after generation")
     t0 = time.perf_counter()
     device = state.device
-    extractor = feat_extractor or build_inception(cfg, mode, device, allow_download)
     ref = reference_statistics(
         cfg, feat_extractor, mode=mode, device=device, stats_dir=stats_dir,
         allow_download=allow_download, batch_size=feature_batch_size, num_workers=workers,
