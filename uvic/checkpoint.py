@@ -252,8 +252,10 @@ def resolve_resume(run_dir: str | Path, resume: str | None,
             return checkpoint
         if resume != "latest-intact":
             older = [c.name for c in checkpoints[:len(checkpoints) - newest_first - 1]]
-            way_out = (f"; --resume latest-intact falls back to the newest intact one (of "
-                       f"{', '.join(older)})" if older else "; no older checkpoint to fall back to")
+            fallback = ("--resume latest-intact falls back to the newest intact one" if
+                        resume == "latest" else "pass an older checkpoint folder")
+            way_out = (f"; {fallback} (of {', '.join(older)})" if older
+                       else "; no older checkpoint to fall back to")
             raise CheckpointError(f"cannot resume from {problem}{way_out}")
         if skipped is not None:
             skipped.append(f"skipped {checkpoint.name}: {problem}")

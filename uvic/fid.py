@@ -215,8 +215,8 @@ def evaluate(
     process then extracts features and returns the result (other processes return {}).
     `feat_extractor` replaces Inception (tests, quickstart without weights): a callable
     mapping (B, 3, 299, 299) images in [0, 255] to features (B, F).
-    Raises InceptionWeightsMissing / ReferenceStatsMissing (from `uvic.fid_stats`, importable
-    from here too) before sampling anything.
+    Raises InceptionWeightsMissing / InceptionWeightsCorrupt / ReferenceStatsMissing (from
+    `uvic.fid_stats`) before sampling anything: the Inception network is loaded first.
     """
     t_start = time.perf_counter()
     validate(cfg)

@@ -31,6 +31,12 @@ Run folder (`train.output_dir`):
     checkpoints/step_*/    the last `train.keep_last` checkpoints
     ema.safetensors        EMA weights of the latest checkpoint (what sampling loads)
     summary.json           written at the end: steps, final loss, time per step, images/s
+    .run.lock              held while a run uses the folder (`uvic.runlock`)
+
+Safety of the run folder: one run at a time (the lock); a fresh start over a previous run
+is refused unless `overwrite`; a resume applies changed optim values and refuses a changed
+model or seed, so config.json describes what ran; a checkpoint with an unreadable file is
+named ("latest-intact" skips it); a failed write (disk full, read-only) is one line.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from accelerate.utils import (
     broadcast_object_list,
     set_seed,
 )
+from safetensors import SafetensorError
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -381,18 +388,34 @@ class Trainer:
         tmp = final.with_name(final.name + ".tmp")
         try:
             self._write_checkpoint(tmp, final)
-        except OSError as err:
+        except Exception as err:  # torch.save and safetensors report a full disk oddly
+            message = self._write_failure(err, tmp)
             if self.is_main and tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
-            raise TrainError(self._write_failure(err, tmp)) from err
+            if message is None:
+                raise
+            raise TrainError(message) from err
         self.last_saved = self.step
 
-    def _write_failure(self, err: OSError, tmp: Path) -> str:
-        """One line: what could not be written, why, and (disk full) the space needed."""
-        where = err.filename or tmp
-        message = f"cannot write checkpoint {where}: {err.strerror or err}"
-        if err.errno == errno.ENOSPC:
-            message += f" (a checkpoint needs about {self._checkpoint_bytes() / 2**20:.0f} MiB)"
+    def _write_failure(self, err: Exception, tmp: Path) -> str | None:
+        """One line for a failed checkpoint write: the path, why, and (disk full) the space
+        needed; None if `err` is not a write failure (a bug: keep its traceback).
+
+        torch.save reports a full disk as "unexpected pos" (RuntimeError) and safetensors
+        as SafetensorError, so a full disk is also recognised by the space left.
+        """
+        needed = self._checkpoint_bytes()
+        if isinstance(err, OSError):
+            where, why = err.filename or tmp, err.strerror or str(err)
+        elif shutil.disk_usage(tmp.parent if tmp.parent.exists() else self.run_dir).free < needed:
+            where, why = tmp, os.strerror(errno.ENOSPC)
+        elif isinstance(err, SafetensorError):
+            where, why = tmp, str(err).strip().splitlines()[0]
+        else:
+            return None
+        message = f"cannot write checkpoint {where}: {why}"
+        if why == os.strerror(errno.ENOSPC):
+            message += f" (a checkpoint needs about {needed / 2**20:.0f} MiB)"
         last = list_checkpoints(self.run_dir)
         return message + (f"; the last good checkpoint {last[-1]} is kept" if last else "")
 
