@@ -532,6 +532,11 @@ def test_second_run_in_the_same_folder_is_refused(tmp_path, capsys):
     err = cli_error(capsys, out, "model.attention=uvic", "train.max_steps=3")
     assert err.startswith(f"error: {out.resolve()} is in use by another run "
                           f"(pid {os.getpid()} on ")
+    # the same from another process (the lock is the operating system's, not this process's)
+    other = run_cli("--config", str(REPO / "configs" / "quickstart.py"),
+                    *[f"--set={o}" for o in shapes_overrides(out, "model.attention=uvic")])
+    assert other.returncode == 2
+    assert other.stderr.strip() == err  # one line, naming this process as the holder
     assert snapshot(out) == before
     first.fit()
     assert load_config(out / "config.json").model.attention == "uvit"
