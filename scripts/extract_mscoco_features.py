@@ -105,6 +105,24 @@ def read_coco_split(coco_root: str | Path, split: str, limit: int | None = None)
     return CocoSplit(ids, [folder / images[i] for i in ids], [by_image[i] for i in ids])
 
 
+def check_inputs(coco_root: str | Path, splits: Sequence[str], limit: int | None = None,
+                 skip_corrupt: bool = False) -> None:
+    """Before the first image is encoded (a missing val file must not wait for the whole
+    train split): every split's captions file parses, its image folder exists and (unless
+    `skip_corrupt`, which skips bad images later) holds every image it names. Raises
+    DatasetError naming the first missing or unreadable path."""
+    for split in splits:
+        coco = read_coco_split(coco_root, split, limit)
+        folder = Path(coco_root) / f"{split}2014"
+        if not folder.is_dir():
+            raise DatasetError(f"COCO image folder not found: {folder} (unzip {split}2014.zip "
+                               "into <coco>)")
+        missing = [] if skip_corrupt else [f for f in coco.files if not f.is_file()]
+        if missing:
+            raise DatasetError(f"COCO image not found: {missing[0]} ({len(missing)} of "
+                               f"{len(coco.files)} {split} images missing)")
+
+
 def load_image(path: Path, resolution: int) -> torch.Tensor:
     """RGB image file -> (3, resolution, resolution) float32 in [-1, 1]."""
     with Image.open(path) as image:
@@ -304,6 +322,7 @@ def extract_features(
                 "context_shape": [text_encoder.context_length, text_encoder.width],
                 "padding": PADDING, "crop": CROP, "limit": limit,
                 "moments_dtype": moments_dtype, "context_dtype": context_dtype}
+    check_inputs(coco_root, splits, limit, split_kwargs.get("skip_corrupt", False))
     out = Path(out)
     write_root_files(out, text_encoder, settings)
     complete = [extract_split(coco_root, out, split, vae, text_encoder, settings, **split_kwargs)
@@ -349,7 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, name) < 1:
             raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1")
     try:
-        read_coco_split(args.coco, args.splits[0], limit=1)  # fail fast before loading models
+        # fail fast, before loading the models
+        check_inputs(args.coco, args.splits, args.limit, args.skip_corrupt)
         vae = load_vae(args.vae, args.device)
         text_encoder = ClipTextEncoder(args.clip_model, args.clip_pretrained, args.device)
         complete = extract_features(

@@ -354,6 +354,30 @@ def read_split(folder: Path) -> dict[str, object]:
     return arrays | {"captions": json.loads((folder / "captions.json").read_text())}
 
 
+def test_extraction_checks_every_input_before_the_first_image(tmp_path: Path, vae,
+                                                              clip_model) -> None:
+    """Item 10 of the reliability issue: a missing val captions file (or image) is found
+    before the train split is extracted; nothing is written."""
+    coco = tmp_path / "coco"
+    make_coco(coco, {"train": 3, "val": 2}, seed=1)
+    (coco / "annotations" / "captions_val2014.json").unlink()
+    encoder = ClipTextEncoder(model=clip_model)
+    with pytest.raises(script.DatasetError) as info:
+        script.extract_features(coco, tmp_path / "features", vae, encoder, **EXTRACT)
+    message = str(info.value)
+    assert message.startswith("COCO captions file not found: "
+                              f"{coco / 'annotations' / 'captions_val2014.json'}")
+    assert len(message.splitlines()) == 1 and not (tmp_path / "features").exists()
+
+    make_coco(coco, {"train": 3, "val": 2}, seed=1)
+    image = sorted((coco / "val2014").iterdir())[0]
+    image.unlink()
+    with pytest.raises(script.DatasetError, match=f"COCO image not found: {image} "
+                                                  r"\(1 of 2 val images missing\)"):
+        script.extract_features(coco, tmp_path / "features", vae, encoder, **EXTRACT)
+    assert not (tmp_path / "features").exists()
+
+
 def test_extracted_features_match_independent_computation(coco, vae) -> None:
     for split, records in coco.records.items():
         stored = read_split(coco.features / split)

@@ -237,6 +237,57 @@ def test_evaluate_script_cli(tmp_path: Path, monkeypatch, capsys) -> None:
     assert not samples.exists()
 
 
+def fid_cli_error(capsys, tmp_path: Path, *extra: str) -> str:
+    """eval/fid.py on the tiny shapes checkpoint must fail with one line; returns it."""
+    config = tmp_path / "config.json"
+    if not config.exists():
+        from uvic.config import save_config
+
+        save_config(shapes_config(tmp_path), config)
+    main = load_script("eval/fid.py").main
+    capsys.readouterr()
+    code = main(["--config", str(config), "--ckpt", str(tmp_path / "ema.safetensors"),
+                 "--n", "4", "--samples-dir", str(tmp_path / "s"), "--stats-dir",
+                 str(tmp_path / "stats"), "--quiet", *extra])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning")
+def test_corrupt_inception_weights_stop_before_sampling(tmp_path: Path, capsys) -> None:
+    """Item 7 of the reliability issue: the weights are loaded (not only found) first."""
+    weights = tmp_path / "no_inception.pt"
+    weights.write_bytes(b"PK\x03\x04 not really a TorchScript archive")
+    err = fid_cli_error(capsys, tmp_path)
+    assert err.startswith(f"error: FID Inception weights at {weights} cannot be loaded (")
+    assert "inception-2015-12-05.pt" in err
+    assert not (tmp_path / "s").exists()
+    assert weights.read_bytes() == b"PK\x03\x04 not really a TorchScript archive"
+
+
+@pytest.mark.parametrize("flag, value, needle", [
+    ("--batch-size", "0", "sample.batch_size=0 must be >= 1"),
+    ("--order", "7", "sample.order=7 must be 1, 2 or 3 (DPM-Solver orders)"),
+])
+def test_sampler_flags_out_of_range_are_refused(tmp_path: Path, capsys, flag, value,
+                                                needle) -> None:
+    """Item 9: --batch-size 0 and --order 7 were clamped; both CLIs now refuse them."""
+    (tmp_path / "no_inception.pt").write_bytes(b"unused")
+    assert fid_cli_error(capsys, tmp_path, flag, value) == f"error: {needle}"
+    assert not (tmp_path / "s").exists()
+
+    from uvic.cli import sample as sample_cli
+
+    out = tmp_path / "grid"
+    code = sample_cli.main(["--config", str(tmp_path / "config.json"), "--ckpt",
+                            str(tmp_path / "ema.safetensors"), "--n", "2", "--out", str(out),
+                            "--quiet", flag, value])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == f"error: {needle}"
+    assert not out.exists()
+
+
 # --------------------------------------------------------------------------- offline errors
 
 

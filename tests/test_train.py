@@ -3,8 +3,11 @@ two processes, NaN handling and the CLI's errors. Tiny models on the CPU."""
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,13 +24,14 @@ from datagen import make_cifar10, make_mscoco_features, patch_cifar10_checksums,
 from safetensors.torch import load_file
 
 import uvic.train as train_module
-from uvic.checkpoint import list_checkpoints, load_weights
+from uvic.checkpoint import checkpoint_problem, list_checkpoints, load_weights
 from uvic.config import Config, ConfigError, load_config
 from uvic.data import SHAPES_SEEDS, ShapesDataset, build_dataset, to_signed
 from uvic.diffusion import Diffusion, diffusion_loss
 from uvic.ema import EMA
+from uvic.runlock import LOCK_FILE
 from uvic.seeding import DEBUG_ENV, EpochSampler, SeededItems, derive_seed
-from uvic.train import TrainError, make_accelerator, train, warmup_constant
+from uvic.train import Trainer, TrainError, make_accelerator, train, warmup_constant
 from uvic.uvit import build_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -458,3 +462,258 @@ def test_precision_follows_the_launcher_unless_the_config_sets_it(tmp_path, monk
     assert acc.mixed_precision == "no"
     assert "train.mixed_precision=no overrides the launcher's --mixed_precision bf16" in (
         capsys.readouterr().out)
+
+
+# --------------------------------------------------------------------------- reliability
+# Each refusal: one line naming the file, key or value, exit status 2, and nothing that was
+# already on disk changed (`snapshot`; the lock file only records its last holder).
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Relative path -> SHA-256 of every file under `folder` (the lock file left out)."""
+    if not folder.exists():
+        return {}
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != LOCK_FILE}
+
+
+def cli_error(capsys, out: Path, *extra: str, resume: str | None = None,
+              overwrite: bool = False) -> str:
+    """Run the train CLI in this process; it must fail with one line. Returns that line."""
+    args = ["--config", str(REPO / "configs" / "quickstart.py")]
+    args += ["--resume", resume] if resume else []
+    args += ["--overwrite"] if overwrite else []
+    for o in shapes_overrides(out, *extra):
+        args += ["--set", o]
+    capsys.readouterr()
+    assert load_cli().main(args) == 2
+    err = capsys.readouterr().err
+    # the progress bar may precede it (on stderr, redrawn with carriage returns)
+    lines = [line for line in err.replace("\r", "\n").splitlines()
+             if line.strip() and "quickstart:" not in line]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0].strip()
+
+
+class KilledHere(BaseException):
+    """Stands for a kill: raised at one exact point of a checkpoint save."""
+
+
+def test_kill_between_checkpoint_rename_and_ema_export_is_repaired(tmp_path, monkeypatch):
+    """Item 1: killed after step_000006 is renamed into place but before ema.safetensors is
+    exported; a resume with nothing left to train makes the run-root EMA the latest one."""
+    out = tmp_path / "run"
+    real_commit = train_module.commit_checkpoint
+
+    def commit_then_die(tmp: Path, final: Path) -> None:
+        real_commit(tmp, final)
+        if final.name == "step_000006":
+            raise KilledHere
+
+    monkeypatch.setattr(train_module, "commit_checkpoint", commit_then_die)
+    with pytest.raises(KilledHere):
+        train(shapes_config(out, "train.max_steps=6"))
+    monkeypatch.undo()
+    (out / ".ema.safetensors.tmp99999").write_bytes(b"half an export")  # killed inside it
+    latest = out / "checkpoints" / "step_000006" / "ema.safetensors"
+    step3 = out / "checkpoints" / "step_000003" / "ema.safetensors"
+    assert same_tensors(load_file(out / "ema.safetensors"), load_file(step3))  # stale
+
+    train(shapes_config(out, "train.max_steps=6"), resume="latest")  # nothing left to train
+    assert same_tensors(load_file(out / "ema.safetensors"), load_file(latest))
+    assert not list(out.glob(".ema.safetensors.tmp*"))
+    assert [c.name for c in list_checkpoints(out)] == ["step_000003", "step_000006"]
+
+
+def test_second_run_in_the_same_folder_is_refused(tmp_path, capsys):
+    """Item 2: a run folder in use is locked; a second run (here U-ViC into a U-ViT run) is
+    refused naming the holder and changes nothing; the first run then finishes alone."""
+    out = tmp_path / "run"
+    first = Trainer(shapes_config(out, "train.max_steps=3"))
+    before = snapshot(out)
+    err = cli_error(capsys, out, "model.attention=uvic", "train.max_steps=3")
+    assert err.startswith(f"error: {out.resolve()} is in use by another run "
+                          f"(pid {os.getpid()} on ")
+    # the same from another process (the lock is the operating system's, not this process's)
+    other = run_cli("--config", str(REPO / "configs" / "quickstart.py"),
+                    *[f"--set={o}" for o in shapes_overrides(out, "model.attention=uvic")])
+    assert other.returncode == 2
+    assert other.stderr.strip() == err  # one line, naming this process as the holder
+    assert snapshot(out) == before
+    first.fit()
+    assert load_config(out / "config.json").model.attention == "uvit"
+    assert [r["step"] for r in read_log(out)] == [2, 3]
+    # the lock ends with the run: continuing it is allowed
+    train(shapes_config(out, "train.max_steps=4"), resume="latest")
+    assert list_checkpoints(out)[-1].name == "step_000004"
+
+
+def test_fresh_start_over_a_previous_run_needs_overwrite(tmp_path, capsys):
+    """Item 3: outputs of a previous run (its checkpoints removed) are not overwritten by a
+    fresh start, nor by --resume latest; --overwrite replaces them deliberately."""
+    out = tmp_path / "run"
+    train(shapes_config(out, "train.max_steps=3"))
+    shutil.rmtree(out / "checkpoints")
+    before = snapshot(out)
+    err = cli_error(capsys, out, "train.max_steps=3", "optim.lr=5e-4")
+    assert err.startswith(f"error: {out.resolve()} already holds a previous run "
+                          "(ema.safetensors, log.jsonl, summary.json")
+    assert "--overwrite to replace it" in err
+    err = cli_error(capsys, out, "train.max_steps=3", resume="latest")
+    assert "already holds a previous run (ema.safetensors, summary.json)" in err
+    err = cli_error(capsys, out, "train.max_steps=3", resume="latest", overwrite=True)
+    assert "--overwrite replaces a run and --resume latest continues it" in err
+    assert snapshot(out) == before
+
+    args = ["--config", str(REPO / "configs" / "quickstart.py"), "--overwrite"]
+    for o in shapes_overrides(out, "train.max_steps=3", "optim.lr=5e-4"):
+        args += ["--set", o]
+    assert load_cli().main(args) == 0
+    assert load_config(out / "config.json").optim.lr == 5e-4
+    assert [r["lr"] for r in read_log(out)] == pytest.approx([5e-4 * 2 / 5, 5e-4 * 3 / 5])
+    assert [c.name for c in list_checkpoints(out)] == ["step_000003"]
+
+
+def test_resume_applies_new_optimizer_settings_and_refuses_a_new_seed(tmp_path, capsys):
+    """Item 4: config.json describes what ran. Changed optim values are applied to the
+    restored optimizer and LR schedule; a changed train.seed is refused."""
+    out = tmp_path / "run"
+    train(shapes_config(out, "train.max_steps=3"))
+    changed = ("optim.lr=5e-4", "optim.weight_decay=0.1", "optim.betas=(0.9,0.95)",
+               "optim.warmup_steps=8")
+    trainer = Trainer(shapes_config(out, "train.max_steps=6", *changed), resume="latest")
+    group = trainer.optimizer.param_groups[0]
+    assert group["lr"] == pytest.approx(5e-4 * 3 / 8)
+    assert (group["betas"], group["weight_decay"]) == ((0.9, 0.95), 0.1)
+    trainer.fit()
+    assert group["betas"] == (0.9, 0.95) and group["weight_decay"] == 0.1
+    assert [r["lr"] for r in read_log(out)] == pytest.approx(
+        [1e-3 * 2 / 5, 1e-3 * 3 / 5, 5e-4 * 4 / 8, 5e-4 * 6 / 8])
+    saved = load_config(out / "config.json").optim
+    assert (saved.lr, saved.weight_decay, saved.betas, saved.warmup_steps) == (
+        5e-4, 0.1, (0.9, 0.95), 8)
+
+    before = snapshot(out)
+    err = cli_error(capsys, out, "train.max_steps=9", *changed, "train.seed=7", resume="latest")
+    assert "train.seed=7 but the run was started with train.seed=1234" in err
+    assert snapshot(out) == before
+
+
+@pytest.fixture(scope="module")
+def six_step_run(tmp_path_factory) -> Path:
+    """A finished run with checkpoints step_000003 and step_000006 (copied per test)."""
+    out = tmp_path_factory.mktemp("six") / "run"
+    train(shapes_config(out, "train.max_steps=6"))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    return out
+
+
+@pytest.mark.parametrize("victim", ["model.safetensors", "optimizer.bin", "scheduler.bin",
+                                    "trainer_state.json", "custom_checkpoint_0.pkl"])
+def test_truncated_latest_checkpoint_is_named_and_can_be_skipped(
+        tmp_path, capsys, six_step_run, victim):
+    """Item 5: a truncated file in the latest checkpoint: --resume latest names it and the
+    way out; --resume latest-intact continues from step_000003, saying what it skipped."""
+    out = tmp_path / "run"
+    shutil.copytree(six_step_run, out)
+    path = out / "checkpoints" / "step_000006" / victim
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    before = snapshot(out)
+    err = cli_error(capsys, out, "train.max_steps=9", resume="latest")
+    assert err.startswith(f"error: cannot resume from {path}: truncated or corrupt (")
+    assert err.endswith("--resume latest-intact falls back to the newest intact one "
+                        "(of step_000003)")
+    assert snapshot(out) == before
+
+    args = ["--config", str(REPO / "configs" / "quickstart.py"), "--resume", "latest-intact"]
+    for o in shapes_overrides(out, "train.max_steps=9"):
+        args += ["--set", o]
+    assert load_cli().main(args) == 0
+    said = capsys.readouterr().out
+    assert f"note: skipped step_000006: {path}: truncated or corrupt" in said
+    assert "resumed from" in said and "step_000003 at step 3" in said
+    assert [c.name for c in list_checkpoints(out)] == ["step_000006", "step_000009"]
+    assert checkpoint_problem(out / "checkpoints" / "step_000006") is None  # rewritten
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("sample.scheduler=DPMSolverMultistep",
+     "sample.scheduler='DPMSolverMultistep' is neither one of ['dpm_solver++', 'dpm_solver', "
+     "'dpm_solver_fast', 'euler_maruyama']"),
+    ("sample.steps=0", "sample.steps=0 must be >= 1"),
+    ("sample.order=7", "sample.order=7 must be 1, 2 or 3"),
+    ("optim.betas=(0.9,1.5)", "optim.betas=(0.9, 1.5) must be in [0, 1)"),
+])
+def test_every_section_is_validated_before_training(tmp_path, capsys, six_step_run,
+                                                    override, needle):
+    """Item 6: a bad sample.* value (used first at the first sample grid) stops a fresh run
+    and a resume before any step, naming the key and value."""
+    fresh = tmp_path / "fresh"
+    err = cli_error(capsys, fresh, "train.max_steps=6", "train.sample_every=3", override)
+    assert err == f"error: {needle}" or err.startswith(f"error: {needle}")
+    assert not fresh.exists()
+    out = tmp_path / "run"
+    shutil.copytree(six_step_run, out)
+    before = snapshot(out)
+    assert needle in cli_error(capsys, out, "train.max_steps=9", override, resume="latest")
+    assert snapshot(out) == before
+
+
+def test_disk_full_or_read_only_run_folder_is_one_line(tmp_path, capsys, monkeypatch):
+    """Item 8: a checkpoint write failing with ENOSPC names the path and the space needed,
+    keeps the last good checkpoint and leaves no half-written folder; a resume that still
+    cannot write clears the leftover first; a read-only run folder is one line."""
+    out = tmp_path / "run"
+    train(shapes_config(out, "train.max_steps=3"))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    good = out / "checkpoints" / "step_000003"
+    kept = snapshot(good)
+    real_save_state = train_module.Accelerator.save_state
+
+    def full_disk(self, output_dir=None, **kwargs):
+        partial = Path(output_dir) / "model.safetensors"
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_bytes(b"\0" * 100)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(partial))
+
+    monkeypatch.setattr(train_module.Accelerator, "save_state", full_disk)
+    err = cli_error(capsys, out, "train.max_steps=6", resume="latest")
+    partial = out / "checkpoints" / "step_000006.tmp" / "model.safetensors"
+    assert err.startswith(f"error: cannot write checkpoint {partial}: "
+                          f"{os.strerror(errno.ENOSPC)} (a checkpoint needs about ")
+    assert err.endswith(f"MiB); the last good checkpoint {good.resolve()} is kept")
+    assert snapshot(good) == kept and list_checkpoints(out) == [good.resolve()]
+    assert not (out / "checkpoints" / "step_000006.tmp").exists()
+    monkeypatch.setattr(train_module.Accelerator, "save_state", real_save_state)
+
+    # Still full at the resume: the leftover of a killed save is cleared, then one line.
+    (out / "checkpoints" / "step_000006.tmp").mkdir()
+
+    def no_space(cfg, path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(train_module, "save_config", no_space)
+    err = cli_error(capsys, out, "train.max_steps=6", resume="latest")
+    assert err == (f"error: cannot write to the run folder: {out.resolve() / 'config.json'} "
+                   f"({os.strerror(errno.ENOSPC)})")
+    assert not (out / "checkpoints" / "step_000006.tmp").exists()
+    monkeypatch.undo()
+
+    # Read-only folder (simulated: tests may run as root, which chmod does not stop).
+    import uvic.runlock as runlock
+    real_open = os.open
+
+    def read_only(path, *args, **kwargs):
+        if str(path).endswith(LOCK_FILE):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, *args, **kwargs)
+
+    before = snapshot(out)
+    monkeypatch.setattr(runlock.os, "open", read_only)
+    err = cli_error(capsys, out, "train.max_steps=6", resume="latest")
+    monkeypatch.undo()
+    assert err == (f"error: cannot write to the run folder {out.resolve()} "
+                   f"({os.strerror(errno.EROFS)})")
+    assert snapshot(out) == before

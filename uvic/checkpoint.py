@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,11 @@ WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 _MAX_LISTED = 20
 CHECKPOINT_PREFIX = "step_"  # checkpoints/step_000123/
 TRAINER_STATE = "trainer_state.json"  # in every complete checkpoint folder
+RUN_EMA = "ema.safetensors"  # a run's EMA weights, at its root and in every checkpoint
+# What a run writes into its folder (besides the lock): a fresh start refuses to overwrite it.
+RUN_OUTPUTS = ("checkpoints", RUN_EMA, "log.jsonl", "summary.json", "samples", "tensorboard",
+               "config.json")
+RESUME_CHOICES = ("latest", "latest-intact")  # besides a checkpoint or run folder path
 
 
 class CheckpointError(ValueError):
@@ -220,27 +226,96 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def resolve_resume(run_dir: str | Path, resume: str | None) -> Path | None:
+def resolve_resume(run_dir: str | Path, resume: str | None,
+                   skipped: list[str] | None = None) -> Path | None:
     """The checkpoint folder to resume from: None (fresh), "latest" (None if the run has no
-    checkpoint yet), a checkpoint folder, or a run folder (its latest checkpoint)."""
+    checkpoint yet), "latest-intact" (the newest checkpoint whose files all read back; each
+    one passed over is appended to `skipped` with the reason), a checkpoint folder, or a
+    run folder (its latest checkpoint).
+
+    "latest" and a path refuse a checkpoint with an unreadable file (CheckpointError naming
+    the file and the "latest-intact" way out).
+    """
     if resume is None:
         return None
-    if resume == "latest":
+    if resume in RESUME_CHOICES:
         checkpoints = list_checkpoints(run_dir)
-        return checkpoints[-1] if checkpoints else None
-    path = Path(resume)
-    if (path / TRAINER_STATE).is_file():
-        return path
-    checkpoints = list_checkpoints(path)
+    else:
+        path = Path(resume)
+        checkpoints = [path] if (path / TRAINER_STATE).is_file() else list_checkpoints(path)
+        if not checkpoints:
+            raise CheckpointError(f"--resume {resume}: not a checkpoint folder (no "
+                                  f"{TRAINER_STATE}) nor a run folder with checkpoints")
+    for newest_first, checkpoint in enumerate(reversed(checkpoints)):
+        problem = checkpoint_problem(checkpoint)
+        if problem is None:
+            return checkpoint
+        if resume != "latest-intact":
+            older = [c.name for c in checkpoints[:len(checkpoints) - newest_first - 1]]
+            fallback = ("--resume latest-intact falls back to the newest intact one" if
+                        resume == "latest" else "pass an older checkpoint folder")
+            way_out = (f"; {fallback} (of {', '.join(older)})" if older
+                       else "; no older checkpoint to fall back to")
+            raise CheckpointError(f"cannot resume from {problem}{way_out}")
+        if skipped is not None:
+            skipped.append(f"skipped {checkpoint.name}: {problem}")
     if checkpoints:
-        return checkpoints[-1]
-    raise CheckpointError(f"--resume {resume}: not a checkpoint folder (no {TRAINER_STATE}) "
-                          "nor a run folder with checkpoints")
+        raise CheckpointError(f"--resume {resume}: no intact checkpoint in {run_dir} (newest: "
+                              f"{checkpoint_problem(checkpoints[-1])})")
+    return None
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """None if every file of `checkpoint` reads back, else "<file>: <what is wrong>".
+
+    Cheap structural checks, no tensors built: a safetensors file must be as long as its
+    header says; the torch.save files (optimizer, scheduler, RNG, EMA) are zip archives
+    whose every member must match its CRC; JSON files must parse.
+    """
+    for path in sorted(checkpoint.iterdir()):
+        if not path.is_file():
+            continue
+        try:
+            if path.suffix == ".safetensors":
+                _check_safetensors(path)
+            elif path.suffix == ".json":
+                json.loads(path.read_text())
+            elif path.suffix in (".bin", ".pkl", ".pt", ".pth"):
+                _check_zip(path)
+        except (ValueError, OSError, zipfile.BadZipFile) as err:
+            return f"{path}: truncated or corrupt ({err})"
+    return None
+
+
+def _check_safetensors(path: Path) -> None:
+    """Header readable and the file exactly as long as the tensors it declares."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{size} bytes, shorter than a safetensors header")
+        header_len = int.from_bytes(head, "little")
+        if header_len > size - 8:
+            raise ValueError(f"header of {header_len} bytes in a {size}-byte file")
+        header = json.loads(f.read(header_len))
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
+              default=0)
+    if size != 8 + header_len + end:
+        raise ValueError(f"{size} bytes, the header declares {8 + header_len + end}")
+
+
+def _check_zip(path: Path) -> None:
+    """A torch.save archive: central directory present and every member's CRC right."""
+    with zipfile.ZipFile(path) as archive:
+        bad = archive.testzip()
+    if bad is not None:
+        raise ValueError(f"member {bad} fails its CRC check")
 
 
 def check_resume_config(checkpoint: Path, cfg: Config) -> list[str]:
-    """Refuse to resume `checkpoint` under a different model (ConfigError naming the fields);
-    returns one line per changed data/diffusion/optim field, which a resume may change."""
+    """Refuse to resume `checkpoint` under a different model or train.seed (ConfigError
+    naming the fields); returns one line per changed data/diffusion/optim field, which a
+    resume applies (the trainer sets the new optim values on the restored optimizer)."""
     saved_path = checkpoint / "config.json"
     if not saved_path.is_file():
         saved_path = checkpoint.parent.parent / "config.json"
@@ -252,6 +327,11 @@ def check_resume_config(checkpoint: Path, cfg: Config) -> list[str]:
     if diffs:
         raise ConfigError(f"refusing to resume from {checkpoint}: the model differs from "
                           f"the checkpoint's ({'; '.join(diffs)})")
+    if saved.train.seed != cfg.train.seed:
+        # The seed fixed the initial weights and fixes the data order and noise: a run
+        # continued under another seed would be recorded as a run that never happened.
+        raise ConfigError(f"refusing to resume from {checkpoint}: train.seed={cfg.train.seed} "
+                          f"but the run was started with train.seed={saved.train.seed}")
     return [change for section in ("data", "diffusion", "optim")
             for change in config_changes(saved, cfg, section)]
 
@@ -276,10 +356,47 @@ def remove_tree(path: Path) -> None:
 
 
 def remove_leftovers(run_dir: Path) -> None:
-    """Delete checkpoint folders whose write or deletion a kill cut short."""
+    """Delete checkpoint folders whose write or deletion a kill cut short, and the
+    temporary files of an EMA export a kill cut short (`uvic.files.atomic_write` names)."""
     for pattern in (f"{CHECKPOINT_PREFIX}*.tmp", f"{CHECKPOINT_PREFIX}*.deleting"):
         for leftover in (run_dir / "checkpoints").glob(pattern):
             shutil.rmtree(leftover)
+    for leftover in run_dir.glob(f".{RUN_EMA}.tmp*"):
+        leftover.unlink()
+
+
+def sync_run_ema(run_dir: Path) -> bool:
+    """Make `<run>/ema.safetensors` a copy of the latest checkpoint's EMA if it is not one
+    (a kill between a checkpoint's rename and the EMA export leaves it one behind).
+    Returns True when it was refreshed."""
+    checkpoints = list_checkpoints(run_dir)
+    if not checkpoints:
+        return False
+    source, target = checkpoints[-1] / RUN_EMA, run_dir / RUN_EMA
+    if target.is_file() and _same_file_content(source, target):
+        return False
+    with atomic_write(target) as tmp:
+        shutil.copyfile(source, tmp)
+    return True
+
+
+def _same_file_content(a: Path, b: Path) -> bool:
+    return a.stat().st_size == b.stat().st_size and file_sha256(a) == file_sha256(b)
+
+
+def previous_run_outputs(run_dir: Path) -> list[str]:
+    """The names of RUN_OUTPUTS present in `run_dir` (a previous run's results)."""
+    return [name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+
+
+def clear_run_outputs(run_dir: Path) -> None:
+    """Delete a previous run's outputs (RUN_OUTPUTS) from `run_dir`: `--overwrite`."""
+    for name in previous_run_outputs(run_dir):
+        path = run_dir / name
+        if path.is_dir():
+            remove_tree(path)
+        else:
+            path.unlink()
 
 
 def file_sha256(path: str | Path) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ DATASETS = ("cifar10", "mscoco", "shapes")
 SCHEDULES = ("vp_continuous", "scaled_linear")
 MIXED_PRECISIONS = ("", "no", "fp16", "bf16")  # "": the launcher's
 FID_MODES = ("clean", "legacy_pytorch", "legacy_tensorflow")
+DPM_SOLVER_NAMES = ("dpm_solver++", "dpm_solver")  # else a diffusers scheduler class name
 
 
 # --------------------------------------------------------------------------- sections
@@ -192,7 +194,7 @@ def validate(cfg: Config) -> Config:
     their own section. The architecture rules (divisibility, attention pattern) are the
     model's: `UViT` checks its arguments, and the trainer reports them as ConfigError.
     """
-    t, o, s = cfg.train, cfg.optim, cfg.sample
+    t, o = cfg.train, cfg.optim
     check_data(cfg.data)
     check_diffusion(cfg.diffusion)
     _require([
@@ -204,13 +206,45 @@ def validate(cfg: Config) -> Config:
         (t.mixed_precision in MIXED_PRECISIONS,
          f"train.mixed_precision={t.mixed_precision!r} must be no, fp16, bf16 or empty "
          "(the launcher's)"),
+        *[(getattr(t, k) >= 0, f"train.{k}={getattr(t, k)} must be >= 0 (0: never)")
+          for k in ("log_every", "ckpt_every", "sample_every")],
+        (t.n_grid >= 1 or t.sample_every == 0,
+         f"train.n_grid={t.n_grid} must be >= 1 (or train.sample_every=0: no grids)"),
+        (o.lr > 0 and math.isfinite(o.lr), f"optim.lr={o.lr} must be > 0"),
+        (all(0.0 <= b < 1.0 for b in o.betas), f"optim.betas={o.betas} must be in [0, 1)"),
+        (o.weight_decay >= 0, f"optim.weight_decay={o.weight_decay} must be >= 0"),
+        (o.warmup_steps >= 0, f"optim.warmup_steps={o.warmup_steps} must be >= 0"),
         (o.grad_clip >= 0, f"optim.grad_clip={o.grad_clip} must be >= 0"),
         (o.lr_schedule in LR_SCHEDULES,
          f"optim.lr_schedule={o.lr_schedule!r} must be one of {LR_SCHEDULES}"),
-        (s.steps >= 1, f"sample.steps={s.steps} must be >= 1"),
         (cfg.eval.mode in FID_MODES, f"eval.mode={cfg.eval.mode!r} must be one of {FID_MODES}"),
+        (cfg.eval.n_samples >= 2, f"eval.n_samples={cfg.eval.n_samples} must be >= 2"),
     ])
+    check_sample(cfg.sample)
     return cfg
+
+
+def check_sample(sample: SampleConfig) -> None:
+    """The rules on `sample.*` values (the sampler is first used hours into a run: check
+    its settings before the first training step)."""
+    _require([
+        (sample.steps >= 1, f"sample.steps={sample.steps} must be >= 1"),
+        (sample.batch_size >= 1, f"sample.batch_size={sample.batch_size} must be >= 1"),
+        (sample.decode_batch_size >= 1,
+         f"sample.decode_batch_size={sample.decode_batch_size} must be >= 1"),
+        (math.isfinite(sample.cfg_scale), f"sample.cfg_scale={sample.cfg_scale} must be finite"),
+    ])
+    if sample.scheduler in DPM_SOLVER_NAMES:
+        _require([(sample.order in (1, 2, 3),
+                   f"sample.order={sample.order} must be 1, 2 or 3 (DPM-Solver orders)")])
+        return
+    from uvic import samplers  # lazy: it imports diffusers (heavy) and this module
+
+    if sample.scheduler not in samplers.NAMED:
+        try:
+            samplers.diffusers_class(sample.scheduler)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 def check_data(data: DataConfig) -> None:

@@ -219,8 +219,8 @@ def evaluate(
     process then extracts features and returns the result (other processes return {}).
     `feat_extractor` replaces Inception (tests, quickstart without weights): a callable
     mapping (B, 3, 299, 299) images in [0, 255] to features (B, F).
-    Raises InceptionWeightsMissing / ReferenceStatsMissing (from `uvic.fid_stats`, importable
-    from here too) before sampling anything.
+    Raises InceptionWeightsMissing / InceptionWeightsCorrupt / ReferenceStatsMissing (from
+    `uvic.fid_stats`) before sampling anything: the Inception network is loaded first.
     """
     t_start = time.perf_counter()
     validate(cfg)
@@ -248,6 +248,11 @@ def evaluate(
     if feat_extractor is None and not allow_download:
         check_inception(cfg, mode)
     stats_plan(cfg, mode, feat_extractor, stats_dir, allow_download)
+    # Load the Inception network now, not after sampling: a corrupt weights file must
+    # stop the evaluation before hours of sampling (InceptionWeightsCorrupt).
+    extractor = feat_extractor
+    if extractor is None and (state.is_main_process or not allow_download):
+        extractor = build_inception(cfg, mode, state.device, allow_download)
 
     ckpt_sha = file_sha256(ckpt_path)
     meta = _samples_meta(cfg, ckpt_sha, seed, precision)
@@ -285,7 +290,6 @@ def evaluate(
         raise RuntimeError(f"{samples_dir}: samples {missing[:5]} missing after generation")
     t0 = time.perf_counter()
     device = state.device
-    extractor = feat_extractor or build_inception(cfg, mode, device, allow_download)
     ref = reference_statistics(
         cfg, feat_extractor, mode=mode, device=device, stats_dir=stats_dir,
         allow_download=allow_download, batch_size=feature_batch_size, num_workers=workers,

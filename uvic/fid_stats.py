@@ -61,6 +61,10 @@ class InceptionWeightsMissing(FileNotFoundError):
     """The Inception network FID needs is not on disk; the message says how to get it."""
 
 
+class InceptionWeightsCorrupt(ValueError):
+    """The Inception weights file exists but does not load (truncated, not TorchScript)."""
+
+
 class ReferenceStatsMissing(FileNotFoundError):
     """Reference statistics are neither on disk nor buildable from local images."""
 
@@ -107,7 +111,23 @@ def build_inception(
     path, _ = inception_weights_path(cfg, mode)
     if not (allow_download and not cfg.eval.inception_path):
         path = check_inception(cfg, mode)
-    device = torch.device(device)
+    try:
+        return _build_inception(path, mode, torch.device(device), allow_download)
+    except Exception as err:  # torch.jit / torch.load report a bad file with many types
+        if not path.is_file():  # a failed download, not a bad local file
+            raise
+        raise InceptionWeightsCorrupt(_corrupt_message(path, mode, err)) from err
+
+
+def _corrupt_message(path: Path, mode: str, err: BaseException) -> str:
+    detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    _, url = inception_weights_path(Config(), mode)
+    return (f"FID Inception weights at {path} cannot be loaded ({detail}); download them "
+            f"again ({url}) or set eval.inception_path to a good copy")
+
+
+def _build_inception(path: Path, mode: str, device: torch.device,
+                     allow_download: bool) -> Callable[[torch.Tensor], torch.Tensor]:
     if mode == "legacy_pytorch":
         # clean-fid loads pytorch-fid's state dict through torch.hub's cache (named after its
         # URL): point a temporary hub folder at our file while it builds the network.

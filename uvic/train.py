@@ -31,13 +31,21 @@ Run folder (`train.output_dir`):
     checkpoints/step_*/    the last `train.keep_last` checkpoints
     ema.safetensors        EMA weights of the latest checkpoint (what sampling loads)
     summary.json           written at the end: steps, final loss, time per step, images/s
+    .run.lock              held while a run uses the folder (`uvic.runlock`)
+
+Safety of the run folder: one run at a time (the lock); a fresh start over a previous run
+is refused unless `overwrite`; a resume applies changed optim values and refuses a changed
+model or seed, so config.json describes what ran; a checkpoint with an unreadable file is
+named ("latest-intact" skips it); a failed write (disk full, read-only) is one line.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,26 +60,32 @@ from accelerate.utils import (
     set_seed,
 )
 from diffusers.optimization import get_cosine_schedule_with_warmup
+from safetensors import SafetensorError
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from uvic.checkpoint import (
+    RUN_EMA,
     TRAINER_STATE,
     check_resume_config,
     checkpoint_name,
+    clear_run_outputs,
     commit_checkpoint,
     list_checkpoints,
+    previous_run_outputs,
     remove_leftovers,
     remove_tree,
     resolve_resume,
     save_safetensors,
+    sync_run_ema,
 )
-from uvic.config import Config, ConfigError, flat_dict, save_config, validate
+from uvic.config import Config, ConfigError, OptimConfig, flat_dict, save_config, validate
 from uvic.data import build_dataset, load_empty_context
 from uvic.diffusion import Diffusion, diffusion_loss
 from uvic.ema import EMA
 from uvic.files import truncate_log, write_json
 from uvic.images import save_grid
+from uvic.runlock import RunLock, RunLockError
 from uvic.sampling import SampleGrid
 from uvic.seeding import noise_seed, record_batches, seeded_loader
 from uvic.uvit import build_model
@@ -81,10 +95,12 @@ class TrainError(RuntimeError):
     """The run cannot start or continue (diverged, run folder in the way, ...)."""
 
 
-def train(cfg: Config, resume: str | None = None) -> Path:
-    """Train the model of `cfg` (fresh, or continuing from `resume`: "latest", a checkpoint
-    folder or a run folder); returns the run folder `cfg.train.output_dir`."""
-    return Trainer(cfg, resume).fit()
+def train(cfg: Config, resume: str | None = None, overwrite: bool = False) -> Path:
+    """Train the model of `cfg` (fresh, or continuing from `resume`: "latest",
+    "latest-intact", a checkpoint folder or a run folder); returns the run folder
+    `cfg.train.output_dir`. A fresh start into a folder holding a previous run is refused
+    unless `overwrite` (which deletes that run's outputs first)."""
+    return Trainer(cfg, resume, overwrite).fit()
 
 
 # --------------------------------------------------------------------------- setup
@@ -136,17 +152,48 @@ def make_accelerator(cfg: Config, run_dir: Path) -> Accelerator:
     return acc
 
 
+def apply_optim_config(optimizer: torch.optim.Optimizer,
+                       lr_scheduler: torch.optim.lr_scheduler.LambdaLR,
+                       optim: OptimConfig) -> None:
+    """Set optim.lr, betas, weight_decay and warmup_steps on an optimizer and LR schedule
+    restored from a checkpoint (which hold the values the run started with), so that a
+    resume runs what config.json records. Unchanged values give the same numbers.
+
+    The schedule's multiplier (warm-up, then constant or cosine) is the one the trainer
+    built from the current config: a checkpoint stores no schedule function."""
+    factor = lr_scheduler.lr_lambdas[0]
+    lr_scheduler.base_lrs = [optim.lr] * len(optimizer.param_groups)
+    for group in optimizer.param_groups:
+        group.update(initial_lr=optim.lr, lr=optim.lr * factor(lr_scheduler.last_epoch),
+                     betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+    lr_scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
 # --------------------------------------------------------------------------- trainer
 
 
 class Trainer:
     """State of one training run; `fit()` runs the loop. See the module docstring."""
 
-    def __init__(self, cfg: Config, resume: str | None = None) -> None:
-        self.cfg, t = validate(cfg), cfg.train
-        self.run_dir = Path(t.output_dir).resolve()
-        self.accelerator = acc = make_accelerator(cfg, self.run_dir)
-        self.is_main, self.device = acc.is_main_process, acc.device
+    def __init__(self, cfg: Config, resume: str | None = None, overwrite: bool = False) -> None:
+        self.cfg = validate(cfg)
+        if overwrite and resume is not None:
+            raise ConfigError(f"--overwrite replaces a run and --resume {resume} continues "
+                              "it: pass one of them")
+        self.overwrite = overwrite
+        self.run_dir = Path(cfg.train.output_dir).resolve()
+        self.accelerator = make_accelerator(cfg, self.run_dir)
+        self.is_main, self.device = self.accelerator.is_main_process, self.accelerator.device
+        self.lock = self._lock_run_dir()
+        try:
+            self._setup(resume)
+        except BaseException:
+            self.lock.release()  # a refused start leaves the folder as it was
+            raise
+
+    def _setup(self, resume: str | None) -> None:
+        """Everything but the lock: checks, model, optimizer, data, resume, run folder."""
+        cfg, t, acc = self.cfg, self.cfg.train, self.accelerator
         if t.batch_size % (acc.num_processes * t.grad_accum):
             raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by "
                               f"{acc.num_processes} processes x train.grad_accum={t.grad_accum}")
@@ -189,6 +236,9 @@ class Trainer:
         self.step, self.epoch, self.batch_in_epoch, self.train_time = 0, 0, 0, 0.0
         if self.resume_from is not None:
             self._load_checkpoint(self.resume_from)
+            # Accelerate's wrappers hold the torch optimizer and schedule
+            apply_optim_config(self.optimizer.optimizer, self.lr_scheduler.scheduler,
+                               cfg.optim)
         self.last_saved = self.step if self.resume_from is not None else -1
         self._prepare_run_dir()
         self.grid = self._prepare_grid()
@@ -270,6 +320,7 @@ class Trainer:
         finally:
             bar.close()
             acc.end_training()  # flush and close the trackers
+            self.lock.release()
         return self.run_dir
 
     def _batches(self) -> Iterator[dict[str, Tensor]]:
@@ -334,11 +385,57 @@ class Trainer:
             self._diverged(f"non-finite weights at step {self.step}")
 
     def _save_checkpoint(self, loss_sum: Tensor, loss_steps: int) -> None:
-        """Write checkpoints/step_N atomically, export ema.safetensors, prune old ones."""
+        """Write checkpoints/step_N atomically, export ema.safetensors, prune old ones.
+
+        A write that fails (disk full, read-only folder) stops the run with one line naming
+        the path; the half-written folder is removed and the last good checkpoint kept.
+        """
         self._check_finite(loss_sum, loss_steps)
-        acc = self.accelerator
         final = self.run_dir / "checkpoints" / checkpoint_name(self.step)
         tmp = final.with_name(final.name + ".tmp")
+        try:
+            self._write_checkpoint(tmp, final)
+        except Exception as err:  # torch.save and safetensors report a full disk oddly
+            message = self._write_failure(err, tmp)
+            if self.is_main and tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+            if message is None:
+                raise
+            raise TrainError(message) from err
+        self.last_saved = self.step
+
+    def _write_failure(self, err: Exception, tmp: Path) -> str | None:
+        """One line for a failed checkpoint write: the path, why, and (disk full) the space
+        needed; None if `err` is not a write failure (a bug: keep its traceback).
+
+        torch.save reports a full disk as "unexpected pos" (RuntimeError) and safetensors
+        as SafetensorError, so a full disk is also recognised by the space left.
+        """
+        needed = self._checkpoint_bytes()
+        if isinstance(err, OSError):
+            where, why = err.filename or tmp, err.strerror or str(err)
+        elif shutil.disk_usage(tmp.parent if tmp.parent.exists() else self.run_dir).free < needed:
+            where, why = tmp, os.strerror(errno.ENOSPC)
+        elif isinstance(err, SafetensorError):
+            where, why = tmp, str(err).strip().splitlines()[0]
+        else:
+            return None
+        message = f"cannot write checkpoint {where}: {why}"
+        if why == os.strerror(errno.ENOSPC):
+            message += f" (a checkpoint needs about {needed / 2**20:.0f} MiB)"
+        last = list_checkpoints(self.run_dir)
+        return message + (f"; the last good checkpoint {last[-1]} is kept" if last else "")
+
+    def _checkpoint_bytes(self) -> int:
+        """Size of the latest checkpoint, else 4 float32 copies of the weights (model, EMA,
+        two Adam moments)."""
+        last = list_checkpoints(self.run_dir)
+        if last:
+            return sum(f.stat().st_size for f in last[-1].rglob("*") if f.is_file())
+        return 4 * sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def _write_checkpoint(self, tmp: Path, final: Path) -> None:
+        acc = self.accelerator
         if self.is_main and tmp.exists():
             remove_tree(tmp)  # left by a killed run
         acc.wait_for_everyone()
@@ -356,11 +453,12 @@ class Trainer:
                 "train_time_s": self.train_time + time.perf_counter() - self.window_start,
             })
             commit_checkpoint(tmp, final)
-            save_safetensors(self.ema.model, self.run_dir / "ema.safetensors")
+            # a kill here leaves ema.safetensors one checkpoint behind: the next start of
+            # the run copies it from the latest checkpoint (sync_run_ema)
+            save_safetensors(self.ema.model, self.run_dir / RUN_EMA)
             for old in list_checkpoints(self.run_dir)[:-max(self.cfg.train.keep_last, 1)]:
                 remove_tree(old)
         acc.wait_for_everyone()
-        self.last_saved = self.step
 
     # ------------------------------------------------------------------ samples
 
@@ -392,20 +490,36 @@ class Trainer:
 
     def _find_start(self, resume: str | None) -> Path | None:
         """The checkpoint to resume from (None: fresh); refuses to overwrite a run or to
-        resume with a different model."""
-        start = resolve_resume(self.run_dir, resume)
-        if resume == "latest" and start is None:
-            self._print(f"no checkpoint in {self.run_dir}: starting from scratch")
+        resume with a different model or seed."""
+        skipped: list[str] = []
+        start = resolve_resume(self.run_dir, resume, skipped)
+        for line in skipped:
+            self._print(f"note: {line}")
         if start is None:
-            existing = list_checkpoints(self.run_dir)
-            if existing:
-                raise TrainError(f"{self.run_dir} already has checkpoints (latest "
-                                 f"{existing[-1].name}); pass --resume latest to continue or "
-                                 "set train.output_dir to a new folder")
+            if resume is not None:
+                self._print(f"no checkpoint in {self.run_dir}: starting from scratch")
+            self._check_fresh_start(resume)
             return None
-        for change in check_resume_config(start, self.cfg):  # allowed, but said out loud
+        for change in check_resume_config(start, self.cfg):  # applied, and said out loud
             self._print(f"note: resuming with a changed setting, {change}")
         return start
+
+    def _check_fresh_start(self, resume: str | None) -> None:
+        """Refuse to start from step 0 over a previous run's results unless --overwrite.
+
+        `--resume latest` without a checkpoint may restart a run killed before its first
+        checkpoint (config.json, log lines), never one that exported weights or finished.
+        """
+        found = previous_run_outputs(self.run_dir)
+        if resume is not None:
+            found = [name for name in found if name in (RUN_EMA, "summary.json")]
+        if not found or self.overwrite:
+            return
+        existing = list_checkpoints(self.run_dir)
+        what = (f"already has checkpoints (latest {existing[-1].name})" if existing
+                else f"already holds a previous run ({', '.join(found)})")
+        raise TrainError(f"{self.run_dir} {what}; pass --resume latest to continue it, "
+                         "--overwrite to replace it, or set train.output_dir to a new folder")
 
     def _load_checkpoint(self, checkpoint: Path) -> None:
         self.accelerator.load_state(str(checkpoint))
@@ -425,15 +539,39 @@ class Trainer:
         self._print(f"resumed from {checkpoint} at step {self.step}")
 
     def _prepare_run_dir(self) -> None:
-        """config.json, log.jsonl cut back to the resumed step, and the leftovers of a
-        checkpoint write or deletion cut short by a kill removed (main process)."""
+        """The run folder on the main process: leftovers of a write or deletion a kill cut
+        short removed, a previous run's outputs removed (--overwrite), config.json,
+        log.jsonl cut back to the resumed step, ema.safetensors equal to the latest
+        checkpoint's. A folder that cannot be written stops the run with one line."""
         if self.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(self.cfg, self.run_dir / "config.json")
-            remove_leftovers(self.run_dir)
-            # drop the lines of steps that will be redone (or cut short by a kill)
-            truncate_log(self.run_dir / "log.jsonl", self.step)
+            try:
+                remove_leftovers(self.run_dir)  # first: frees the space a kill left taken
+                if self.overwrite:
+                    clear_run_outputs(self.run_dir)
+                save_config(self.cfg, self.run_dir / "config.json")
+                # drop the lines of steps that will be redone (or cut short by a kill)
+                truncate_log(self.run_dir / "log.jsonl", self.step)
+                if sync_run_ema(self.run_dir):
+                    self._print(f"note: {self.run_dir / RUN_EMA} was behind the latest "
+                                "checkpoint (a kill during its export); refreshed")
+            except OSError as err:
+                raise TrainError(f"cannot write to the run folder: {err.filename or self.run_dir}"
+                                 f" ({err.strerror or err})") from err
         self.accelerator.wait_for_everyone()
+
+    def _lock_run_dir(self) -> RunLock:
+        """Take the run folder's lock on the main process (every process stops together
+        if it is held by another run)."""
+        lock, error = RunLock(self.run_dir), None
+        if self.is_main:
+            try:
+                lock.acquire()
+            except RunLockError as err:
+                error = str(err)
+        error = broadcast_object_list([error])[0]
+        if error is not None:
+            raise TrainError(error)
+        return lock
 
     def _prepare_grid(self) -> SampleGrid | None:
         """Fixed noise (and prompts, VAE) for the periodic sample grids, on the main process.

@@ -7,8 +7,11 @@
 
 `--config` takes a configs/*.py file or a run's config.json; `--set section.field=value`
 (repeatable) overrides any field; `--resume latest` continues the run in
-train.output_dir from its newest checkpoint (or starts it if it has none), `--resume PATH`
-from a given checkpoint or run folder. Precision comes from train.mixed_precision when the
+train.output_dir from its newest checkpoint (or starts it if it has none), `--resume
+latest-intact` from its newest checkpoint whose files all read back (naming those skipped),
+`--resume PATH` from a given checkpoint or run folder. A run folder is locked while a run
+uses it; a fresh start into a folder holding a previous run is refused unless `--overwrite`
+(which deletes that run's outputs first). Precision comes from train.mixed_precision when the
 config sets it (the presets do), else from the launcher. Several processes without GPUs (gloo):
 `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 scripts/train.py ...`
 (Accelerate's `--cpu` flag alone starts a single process).
@@ -37,8 +40,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="configs/*.py (defines get_config()) or a run's config.json")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.FIELD=VALUE", help="override a config field (repeatable)")
-    parser.add_argument("--resume", default=None, metavar="latest|PATH",
-                        help="continue from the newest checkpoint of the run, or from PATH")
+    parser.add_argument("--resume", default=None, metavar="latest|latest-intact|PATH",
+                        help="continue from the newest (intact) checkpoint of the run, or "
+                        "from PATH")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start afresh in a run folder that holds a previous run, "
+                        "deleting its checkpoints, weights, logs and samples")
     parser.add_argument("--output-dir", default=None,
                         help="run folder (shortcut for --set train.output_dir=...)")
     return parser.parse_args(argv)
@@ -52,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"train.output_dir={args.output_dir}")
     try:
         cfg = load_config(args.config, overrides)
-        run_dir = train(cfg, resume=args.resume)
+        run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
     except EXPECTED_ERRORS as err:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: {message}", file=sys.stderr)
