@@ -57,8 +57,9 @@ class ModelConfig:
     conv: bool = True  # final 3x3 conv after unpatchify
     skip: bool = True  # long skips
     # Per-block attention: preset "uvit" (all softmax), "uvic" (cog except the first
-    # in-block and the last out-block), or a comma-separated list of "softmax"/"cog",
-    # one per block in order in_blocks, mid_block, out_blocks (depth + 1 entries).
+    # in-block and the last out-block), "uvie" (the same with expressive attention), or a
+    # comma-separated list of "softmax"/"cog"/"expressive", one per block in order
+    # in_blocks, mid_block, out_blocks (depth + 1 entries).
     attention: str = "uvit"
     attention_backend: str = "auto"  # auto | triton | torch | sdpa (softmax blocks only)
     grad_checkpointing: bool = False
