@@ -156,8 +156,9 @@ AUTOTUNE = os.environ.get("UVIC_KERNELS_AUTOTUNE", "1") != "0"
 # dK/dV keeps a wide key block resident, dQ a tall query block.  The dQ list starts
 # with 128x64 because its wgmma reads the dS operand from registers (128x32 reads
 # both operands from shared memory).  The lists were checked by compiling every kernel
-# for sm_90 (ptxas -v, see BENCHMARKS.md): the first tile that survives pruning spills
-# no registers for head dims 16 to 128.
+# for sm_90 (ptxas -v, see BENCHMARKS.md): for 16-bit inputs the first tile that survives
+# pruning spills no registers at head dims 64 to 128 in any mode (fp32: a few small
+# spills, listed there).
 GPU_FWD_TILES = [(128, 64, 3, 4), (128, 64, 3, 8), (64, 64, 3, 4), (128, 128, 3, 8), (64, 32, 4, 4)]
 GPU_BWD_DKDV_TILES = [
     (64, 128, 3, 8), (32, 128, 3, 4), (32, 128, 3, 8), (32, 64, 3, 4), (64, 64, 2, 4),
