@@ -25,33 +25,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from torch import nn
-
 from uvic.checkpoint import CheckpointError, file_sha256
 from uvic.config import Config, ConfigError, load_config
 from uvic.fid import evaluate
+from uvic.fid_stats import ProjectionFeatures
 from uvic.protocols import load_results, protocol_of, protocol_table
 from uvic.train import TrainError, train
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [("cifar10", "uvit"), ("cifar10", "uvic"), ("mscoco", "uvit"), ("mscoco", "uvic")]
 SMOKE_PAIRS = [("shapes", "uvit"), ("shapes", "uvic")]
-
-
-class SmokeFeatures(nn.Module):
-    """Stand-in for Inception in --smoke runs: 4x4 average-pooled pixels through a fixed
-    random projection, (B, 3, 299, 299) in [0, 255] -> (B, 16). Not an FID."""
-
-    name = "smoke16"
-
-    def __init__(self) -> None:
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.register_buffer("proj", torch.randn(48, 16, generator=g) / 7)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.adaptive_avg_pool2d(x / 255.0, 4).flatten(1) @ self.proj
 
 
 @dataclass
@@ -131,7 +114,7 @@ def run_train(job: Job) -> str:
 
 
 def run_fid(job: Job, smoke: bool, args: argparse.Namespace) -> str:
-    features = SmokeFeatures() if smoke else None
+    features = ProjectionFeatures("smoke16") if smoke else None
     tag = features.name if features is not None else "inception"
     if job.result.is_file():
         old = json.loads(job.result.read_text())

@@ -26,6 +26,11 @@ from uvic.uvit import build_model
 REPO = Path(__file__).resolve().parents[1]
 
 
+
+def tiny_features() -> fid_stats.ProjectionFeatures:
+    """The deterministic stand-in for Inception (16 features, named "tiny16")."""
+    return fid_stats.ProjectionFeatures("tiny16")
+
 def reference_fid(mu1, s1, mu2, s2) -> float:
     """The formula with SciPy's general matrix square root (float64)."""
     covmean = linalg.sqrtm(s1 @ s2)
@@ -87,20 +92,6 @@ def test_kid_is_seeded_and_keeps_global_rng() -> None:
 # --------------------------------------------------------------------------- stand-in features
 
 
-class TinyFeatures(nn.Module):
-    """Deterministic stand-in for Inception: (B, 3, 299, 299) in [0, 255] -> (B, 16)."""
-
-    name = "tiny16"
-
-    def __init__(self) -> None:
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.register_buffer("proj", torch.randn(48, 16, generator=g) / 7)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.adaptive_avg_pool2d(x / 255.0, 4).flatten(1) @ self.proj
-
-
 def shapes_config(tmp_path: Path) -> Config:
     cfg = Config(
         name="tiny_shapes",
@@ -118,7 +109,7 @@ def shapes_config(tmp_path: Path) -> Config:
 
 def run_eval(cfg: Config, tmp_path: Path, **kwargs) -> dict:
     kwargs = {"n": 6, "out_json": tmp_path / "results" / "shapes.json",
-              "feat_extractor": TinyFeatures(), "stats_dir": tmp_path / "stats",
+              "feat_extractor": tiny_features(), "stats_dir": tmp_path / "stats",
               "num_workers": 0, "progress": False, **kwargs}
     return fid.evaluate(cfg, tmp_path / "ema.safetensors", **kwargs)
 
@@ -146,7 +137,7 @@ def test_evaluate_end_to_end_resume_and_table(tmp_path: Path, capsys) -> None:
     assert saved["feature_extractor"] == "tiny16" and saved["sampler"]["steps"] == 3
 
     # FID recomputed by hand from the same features and the held-out reference images
-    fx = TinyFeatures()
+    fx = tiny_features()
     feats = fid_stats.files_features(files, fx, progress=False)
     refs = fid_stats.list_images(tmp_path / "stats" / "shapes_seed1_n12_8px")
     assert len(refs) == 12
@@ -355,7 +346,7 @@ def test_cifar10_reference_from_local_copy(tmp_path: Path, monkeypatch) -> None:
     patch_cifar10_checksums(monkeypatch, tmp_path / "cifar")
     cfg = Config(model=ModelConfig(img_size=32), data=DataConfig(root=str(tmp_path / "cifar")),
                  eval=EvalConfig(ref_stats="cifar10", ref_split="train", ref_res=32))
-    stats = fid_stats.reference_statistics(cfg, TinyFeatures(), stats_dir=tmp_path / "stats",
+    stats = fid_stats.reference_statistics(cfg, tiny_features(), stats_dir=tmp_path / "stats",
                                      progress=False)
     exported = fid_stats.list_images(tmp_path / "stats" / "cifar10_train_png")
     assert len(exported) == 10
@@ -363,7 +354,7 @@ def test_cifar10_reference_from_local_copy(tmp_path: Path, monkeypatch) -> None:
     assert stats.feats.shape == (10, 16) and "CIFAR-10 train" in stats.source
     # cached: the second call loads the file instead of recomputing features
     monkeypatch.setattr(fid, "files_features", lambda *a, **k: pytest.fail("recomputed"))
-    cached = fid_stats.reference_statistics(cfg, TinyFeatures(), stats_dir=tmp_path / "stats")
+    cached = fid_stats.reference_statistics(cfg, tiny_features(), stats_dir=tmp_path / "stats")
     np.testing.assert_allclose(cached.mu, stats.mu) and np.testing.assert_allclose(
         cached.sigma, stats.sigma)
 
@@ -402,7 +393,7 @@ def test_mscoco_reference_and_text_to_image_fid(tmp_path: Path) -> None:
     assert context_fn([0, 1, 2]).shape == (3, 77, 32)
 
     result = fid.evaluate(cfg, tmp_path / "ema.safetensors", n=3,
-                          out_json=tmp_path / "coco.json", feat_extractor=TinyFeatures(),
+                          out_json=tmp_path / "coco.json", feat_extractor=tiny_features(),
                           stats_dir=tmp_path / "cache", num_workers=0, progress=False)
     assert result["guidance"] == 1.0 and np.isfinite(result["fid"])
     assert Image.open(tmp_path / "coco_samples" / "000000.png").size == (64, 64)

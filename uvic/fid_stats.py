@@ -57,6 +57,21 @@ def feature_statistics(feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return feats.mean(axis=0), np.cov(feats, rowvar=False)
 
 
+class ProjectionFeatures(torch.nn.Module):
+    """Stand-in for Inception in smoke runs and tests: (B, 3, 299, 299) in [0, 255],
+    4x4 average-pooled, through a fixed random projection -> (B, 16). Deterministic and
+    cheap; the distances it gives are not FIDs, and `name` says so in every result."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("proj", torch.randn(48, 16, generator=g) / 7)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.adaptive_avg_pool2d(x / 255.0, 4).flatten(1) @ self.proj
+
+
 class InceptionWeightsMissing(FileNotFoundError):
     """The Inception network FID needs is not on disk; the message says how to get it."""
 
