@@ -29,9 +29,10 @@ from uvic.config import Config, ConfigError, load_config
 from uvic.data import SHAPES_SEEDS, ShapesDataset, build_dataset, to_signed
 from uvic.diffusion import Diffusion, diffusion_loss
 from uvic.ema import EMA
+from uvic.optim import warmup_constant
 from uvic.runlock import LOCK_FILE
 from uvic.seeding import DEBUG_ENV, EpochSampler, SeededItems, derive_seed
-from uvic.train import Trainer, TrainError, make_accelerator, train, warmup_constant
+from uvic.train import Trainer, TrainError, make_accelerator, train
 from uvic.uvit import build_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -694,7 +695,9 @@ def test_disk_full_or_read_only_run_folder_is_one_line(tmp_path, capsys, monkeyp
     def no_space(cfg, path):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(train_module, "save_config", no_space)
+    import uvic.run_folder as run_folder  # where the run folder is prepared
+
+    monkeypatch.setattr(run_folder, "save_config", no_space)
     err = cli_error(capsys, out, "train.max_steps=6", resume="latest")
     assert err == (f"error: cannot write to the run folder: {out.resolve() / 'config.json'} "
                    f"({os.strerror(errno.ENOSPC)})")

@@ -41,7 +41,6 @@ named ("latest-intact" skips it); a failed write (disk full, read-only) is one l
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -59,8 +58,6 @@ from accelerate.utils import (
     broadcast_object_list,
     set_seed,
 )
-from diffusers.optimization import get_cosine_schedule_with_warmup
-from safetensors import SafetensorError
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -69,22 +66,20 @@ from uvic.checkpoint import (
     TRAINER_STATE,
     check_resume_config,
     checkpoint_name,
-    clear_run_outputs,
     commit_checkpoint,
     list_checkpoints,
-    previous_run_outputs,
-    remove_leftovers,
     remove_tree,
     resolve_resume,
     save_safetensors,
-    sync_run_ema,
 )
-from uvic.config import Config, ConfigError, OptimConfig, flat_dict, save_config, validate
+from uvic.config import Config, ConfigError, flat_dict, save_config, validate
 from uvic.data import build_dataset, load_empty_context
 from uvic.diffusion import Diffusion, diffusion_loss
 from uvic.ema import EMA
-from uvic.files import truncate_log, write_json
+from uvic.files import write_json
 from uvic.images import save_grid
+from uvic.optim import apply_optim_config, make_optimizer
+from uvic.run_folder import checkpoint_bytes, fresh_start_problem, prepare_run_dir, write_failure
 from uvic.runlock import RunLock, RunLockError
 from uvic.sampling import SampleGrid
 from uvic.seeding import noise_seed, record_batches, seeded_loader
@@ -104,15 +99,6 @@ def train(cfg: Config, resume: str | None = None, overwrite: bool = False) -> Pa
 
 
 # --------------------------------------------------------------------------- setup
-
-
-def warmup_constant(warmup_steps: int):
-    """LR factor of the release: min(step / warmup_steps, 1) (step counts from 0)."""
-
-    def factor(step: int) -> float:
-        return min(step / warmup_steps, 1.0) if warmup_steps > 0 else 1.0
-
-    return factor
 
 
 def make_accelerator(cfg: Config, run_dir: Path) -> Accelerator:
@@ -150,23 +136,6 @@ def make_accelerator(cfg: Config, run_dir: Path) -> Accelerator:
                    f"--mixed_precision {launcher}; set train.mixed_precision= (empty) to "
                    "follow the launcher")
     return acc
-
-
-def apply_optim_config(optimizer: torch.optim.Optimizer,
-                       lr_scheduler: torch.optim.lr_scheduler.LambdaLR,
-                       optim: OptimConfig) -> None:
-    """Set optim.lr, betas, weight_decay and warmup_steps on an optimizer and LR schedule
-    restored from a checkpoint (which hold the values the run started with), so that a
-    resume runs what config.json records. Unchanged values give the same numbers.
-
-    The schedule's multiplier (warm-up, then constant or cosine) is the one the trainer
-    built from the current config: a checkpoint stores no schedule function."""
-    factor = lr_scheduler.lr_lambdas[0]
-    lr_scheduler.base_lrs = [optim.lr] * len(optimizer.param_groups)
-    for group in optimizer.param_groups:
-        group.update(initial_lr=optim.lr, lr=optim.lr * factor(lr_scheduler.last_epoch),
-                     betas=tuple(optim.betas), weight_decay=optim.weight_decay)
-    lr_scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 # --------------------------------------------------------------------------- trainer
@@ -210,15 +179,7 @@ class Trainer:
         except ValueError as err:  # a bad model.* value, named in the message
             raise ConfigError(str(err)) from err
         self.ema = EMA(model, t.ema_decay).to(self.device)  # exact copy at step 0
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr,
-                                      betas=tuple(cfg.optim.betas),
-                                      weight_decay=cfg.optim.weight_decay)
-        if cfg.optim.lr_schedule == "cosine":  # decays to 0 at train.max_steps
-            lr_scheduler = get_cosine_schedule_with_warmup(
-                optimizer, cfg.optim.warmup_steps, t.max_steps)
-        else:  # "constant" after warm-up, as the release (uvic.config.validate checks it)
-            lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-                optimizer, warmup_constant(cfg.optim.warmup_steps))
+        optimizer, lr_scheduler = make_optimizer(model, cfg.optim, t.max_steps)
         dataset = build_dataset(cfg, "train")  # checks that the items fit the model
         self.num_items = len(dataset)
         loader = seeded_loader(dataset, t.seed, self.batch_per_process, cfg.data.num_workers,
@@ -240,7 +201,13 @@ class Trainer:
             apply_optim_config(self.optimizer.optimizer, self.lr_scheduler.scheduler,
                                cfg.optim)
         self.last_saved = self.step if self.resume_from is not None else -1
-        self._prepare_run_dir()
+        if self.is_main:
+            try:
+                prepare_run_dir(self.run_dir, cfg, self.step, self.overwrite, self._print)
+            except OSError as err:
+                raise TrainError(f"cannot write to the run folder: "
+                                 f"{err.filename or self.run_dir} ({err.strerror or err})") from err
+        acc.wait_for_everyone()
         self.grid = self._prepare_grid()
         if self.is_main:
             acc.init_trackers(cfg.name, config=flat_dict(cfg))
@@ -396,43 +363,14 @@ class Trainer:
         try:
             self._write_checkpoint(tmp, final)
         except Exception as err:  # torch.save and safetensors report a full disk oddly
-            message = self._write_failure(err, tmp)
+            message = write_failure(err, tmp, self.run_dir,
+                                    checkpoint_bytes(self.run_dir, self.model))
             if self.is_main and tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
             if message is None:
                 raise
             raise TrainError(message) from err
         self.last_saved = self.step
-
-    def _write_failure(self, err: Exception, tmp: Path) -> str | None:
-        """One line for a failed checkpoint write: the path, why, and (disk full) the space
-        needed; None if `err` is not a write failure (a bug: keep its traceback).
-
-        torch.save reports a full disk as "unexpected pos" (RuntimeError) and safetensors
-        as SafetensorError, so a full disk is also recognised by the space left.
-        """
-        needed = self._checkpoint_bytes()
-        if isinstance(err, OSError):
-            where, why = err.filename or tmp, err.strerror or str(err)
-        elif shutil.disk_usage(tmp.parent if tmp.parent.exists() else self.run_dir).free < needed:
-            where, why = tmp, os.strerror(errno.ENOSPC)
-        elif isinstance(err, SafetensorError):
-            where, why = tmp, str(err).strip().splitlines()[0]
-        else:
-            return None
-        message = f"cannot write checkpoint {where}: {why}"
-        if why == os.strerror(errno.ENOSPC):
-            message += f" (a checkpoint needs about {needed / 2**20:.0f} MiB)"
-        last = list_checkpoints(self.run_dir)
-        return message + (f"; the last good checkpoint {last[-1]} is kept" if last else "")
-
-    def _checkpoint_bytes(self) -> int:
-        """Size of the latest checkpoint, else 4 float32 copies of the weights (model, EMA,
-        two Adam moments)."""
-        last = list_checkpoints(self.run_dir)
-        if last:
-            return sum(f.stat().st_size for f in last[-1].rglob("*") if f.is_file())
-        return 4 * sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     def _write_checkpoint(self, tmp: Path, final: Path) -> None:
         acc = self.accelerator
@@ -498,28 +436,13 @@ class Trainer:
         if start is None:
             if resume is not None:
                 self._print(f"no checkpoint in {self.run_dir}: starting from scratch")
-            self._check_fresh_start(resume)
+            problem = fresh_start_problem(self.run_dir, resume, self.overwrite)
+            if problem is not None:
+                raise TrainError(problem)
             return None
         for change in check_resume_config(start, self.cfg):  # applied, and said out loud
             self._print(f"note: resuming with a changed setting, {change}")
         return start
-
-    def _check_fresh_start(self, resume: str | None) -> None:
-        """Refuse to start from step 0 over a previous run's results unless --overwrite.
-
-        `--resume latest` without a checkpoint may restart a run killed before its first
-        checkpoint (config.json, log lines), never one that exported weights or finished.
-        """
-        found = previous_run_outputs(self.run_dir)
-        if resume is not None:
-            found = [name for name in found if name in (RUN_EMA, "summary.json")]
-        if not found or self.overwrite:
-            return
-        existing = list_checkpoints(self.run_dir)
-        what = (f"already has checkpoints (latest {existing[-1].name})" if existing
-                else f"already holds a previous run ({', '.join(found)})")
-        raise TrainError(f"{self.run_dir} {what}; pass --resume latest to continue it, "
-                         "--overwrite to replace it, or set train.output_dir to a new folder")
 
     def _load_checkpoint(self, checkpoint: Path) -> None:
         self.accelerator.load_state(str(checkpoint))
@@ -537,27 +460,6 @@ class Trainer:
                         f"checkpoint, {layout[0]} x {layout[1]} now: the data order after the "
                         "resume differs from an uninterrupted run")
         self._print(f"resumed from {checkpoint} at step {self.step}")
-
-    def _prepare_run_dir(self) -> None:
-        """The run folder on the main process: leftovers of a write or deletion a kill cut
-        short removed, a previous run's outputs removed (--overwrite), config.json,
-        log.jsonl cut back to the resumed step, ema.safetensors equal to the latest
-        checkpoint's. A folder that cannot be written stops the run with one line."""
-        if self.is_main:
-            try:
-                remove_leftovers(self.run_dir)  # first: frees the space a kill left taken
-                if self.overwrite:
-                    clear_run_outputs(self.run_dir)
-                save_config(self.cfg, self.run_dir / "config.json")
-                # drop the lines of steps that will be redone (or cut short by a kill)
-                truncate_log(self.run_dir / "log.jsonl", self.step)
-                if sync_run_ema(self.run_dir):
-                    self._print(f"note: {self.run_dir / RUN_EMA} was behind the latest "
-                                "checkpoint (a kill during its export); refreshed")
-            except OSError as err:
-                raise TrainError(f"cannot write to the run folder: {err.filename or self.run_dir}"
-                                 f" ({err.strerror or err})") from err
-        self.accelerator.wait_for_everyone()
 
     def _lock_run_dir(self) -> RunLock:
         """Take the run folder's lock on the main process (every process stops together

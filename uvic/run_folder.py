@@ -1,0 +1,102 @@
+"""What a run folder holds and how a run may use it: the checks and repairs of a start,
+and the one-line account of a checkpoint write that failed.
+
+A run folder (`train.output_dir`) holds `config.json`, `log.jsonl`, `checkpoints/step_N/`,
+`ema.safetensors` (the latest checkpoint's EMA weights) and `summary.json`; `.run.lock`
+(`uvic.runlock`) keeps a second run out while one uses it. Each function returns a
+message or raises OSError; the trainer turns them into its one-line errors.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from torch import nn
+
+from uvic.checkpoint import (
+    RUN_EMA,
+    clear_run_outputs,
+    list_checkpoints,
+    previous_run_outputs,
+    remove_leftovers,
+    sync_run_ema,
+)
+from uvic.config import Config, save_config
+from uvic.files import truncate_log
+
+try:  # safetensors reports a full disk as its own error
+    from safetensors import SafetensorError
+except ImportError:  # pragma: no cover - older safetensors
+    SafetensorError = RuntimeError
+
+
+def fresh_start_problem(run_dir: Path, resume: str | None, overwrite: bool) -> str | None:
+    """Why a start from step 0 into `run_dir` would overwrite a previous run (None: fine).
+
+    `--resume latest` without a checkpoint may restart a run killed before its first
+    checkpoint (config.json, log lines), never one that exported weights or finished;
+    `overwrite` allows any fresh start.
+    """
+    found = previous_run_outputs(run_dir)
+    if resume is not None:
+        found = [name for name in found if name in (RUN_EMA, "summary.json")]
+    if not found or overwrite:
+        return None
+    existing = list_checkpoints(run_dir)
+    what = (f"already has checkpoints (latest {existing[-1].name})" if existing
+            else f"already holds a previous run ({', '.join(found)})")
+    return (f"{run_dir} {what}; pass --resume latest to continue it, --overwrite to "
+            "replace it, or set train.output_dir to a new folder")
+
+
+def prepare_run_dir(run_dir: Path, cfg: Config, step: int, overwrite: bool,
+                    say: Callable[[str], None]) -> None:
+    """The run folder before the first step (main process): leftovers of a write or
+    deletion a kill cut short removed, a previous run's outputs removed (`overwrite`),
+    config.json written, log.jsonl cut back to `step`, ema.safetensors equal to the latest
+    checkpoint's. Raises OSError when the folder cannot be written."""
+    remove_leftovers(run_dir)  # first: frees the space a kill left taken
+    if overwrite:
+        clear_run_outputs(run_dir)
+    save_config(cfg, run_dir / "config.json")
+    # drop the lines of steps that will be redone (or cut short by a kill)
+    truncate_log(run_dir / "log.jsonl", step)
+    if sync_run_ema(run_dir):
+        say(f"note: {run_dir / RUN_EMA} was behind the latest checkpoint (a kill during "
+            "its export); refreshed")
+
+
+def checkpoint_bytes(run_dir: Path, model: nn.Module) -> int:
+    """Size of the latest checkpoint, else 4 float32 copies of the weights (model, EMA,
+    two Adam moments)."""
+    last = list_checkpoints(run_dir)
+    if last:
+        return sum(f.stat().st_size for f in last[-1].rglob("*") if f.is_file())
+    return 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def write_failure(err: Exception, tmp: Path, run_dir: Path, needed: int) -> str | None:
+    """One line for a failed checkpoint write into `tmp`: the path, why, and (disk full)
+    the space a checkpoint needs; None if `err` is not a write failure (a bug: keep its
+    traceback).
+
+    torch.save reports a full disk as "unexpected pos" (RuntimeError) and safetensors
+    as SafetensorError, so a full disk is also recognised by the space left.
+    """
+    if isinstance(err, OSError):
+        where, why = err.filename or tmp, err.strerror or str(err)
+    elif shutil.disk_usage(tmp.parent if tmp.parent.exists() else run_dir).free < needed:
+        where, why = tmp, os.strerror(errno.ENOSPC)
+    elif isinstance(err, SafetensorError):
+        where, why = tmp, str(err).strip().splitlines()[0]
+    else:
+        return None
+    message = f"cannot write checkpoint {where}: {why}"
+    if why == os.strerror(errno.ENOSPC):
+        message += f" (a checkpoint needs about {needed / 2**20:.0f} MiB)"
+    last = list_checkpoints(run_dir)
+    return message + (f"; the last good checkpoint {last[-1]} is kept" if last else "")
