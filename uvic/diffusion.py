@@ -17,25 +17,20 @@ Both use noise prediction with a mean squared error.
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any
 
-import diffusers
 import torch
 import torch.nn.functional as F
-from diffusers import DDPMScheduler, DPMSolverMultistepScheduler
-from diffusers.schedulers.scheduling_utils import SchedulerMixin
+from diffusers import DDPMScheduler
 from torch import Tensor, nn
 
 from uvic.config import DiffusionConfig, check_diffusion
 
-# Short names for the DPM-Solver family; any other diffusers scheduler class name works too.
-DPM_SOLVERS = {"dpm_solver++": "dpmsolver++", "dpm_solver": "dpmsolver"}
-
 
 class Diffusion:
-    """Forward process, training inputs and sampler construction for one schedule."""
+    """Forward process, training inputs and the diffusers schedule table of one schedule
+    (samplers are built from it by `uvic.samplers.make_scheduler`)."""
 
     def __init__(self, cfg: DiffusionConfig) -> None:
         check_diffusion(cfg)
@@ -112,30 +107,6 @@ class Diffusion:
         k = torch.randint(0, self.num_timesteps, (b,), generator=generator, device=x0.device)
         x_t = self.train_scheduler.add_noise(x0, noise, k)
         return x_t, self.net_time(k), noise
-
-    # ------------------------------------------------------------------ sampling
-
-    def make_scheduler(self, name: str = "dpm_solver++", order: int = 2) -> SchedulerMixin:
-        """A diffusers scheduler with this schedule: "dpm_solver++" (default),
-        "dpm_solver", or any diffusers scheduler class name (e.g. "DDIMScheduler")."""
-        kwargs = self.scheduler_kwargs()
-        if name in DPM_SOLVERS:
-            # diffusers refuses final_sigmas_type="zero" (its default) for "dpmsolver"
-            final = "zero" if name == "dpm_solver++" else "sigma_min"
-            return DPMSolverMultistepScheduler(
-                **kwargs, algorithm_type=DPM_SOLVERS[name], solver_order=order,
-                final_sigmas_type=final,
-            )
-        cls = getattr(diffusers, name, None)
-        if cls is None or not (isinstance(cls, type) and issubclass(cls, SchedulerMixin)):
-            raise ValueError(
-                f"sample.scheduler {name!r} is neither one of {sorted(DPM_SOLVERS)} "
-                "nor a diffusers scheduler class name"
-            )
-        # diffusers wraps __init__ (register_to_config): read the signature, not __code__
-        params = inspect.signature(cls.__init__).parameters
-        extra = {"clip_sample": False} if "clip_sample" in params else {}
-        return cls(**kwargs, **extra)
 
 
 # --------------------------------------------------------------------------- objective
