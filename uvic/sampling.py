@@ -307,7 +307,7 @@ def generate(
     s = cfg.sample
     shape = (cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size)
     scale = effective_cfg_scale(cfg)
-    batch = max(1, s.batch_size)
+    batch = s.batch_size  # >= 1: uvic.config.validate
     chunks = [list(indices[i : i + batch]) for i in range(0, len(indices), batch)]
     for chunk in tqdm(chunks, desc="generating", unit="batch", disable=not progress):
         gens = sample_generators(seed, chunk)
