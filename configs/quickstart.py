@@ -15,6 +15,14 @@ warm-up, EMA, diffusers samplers, clean-fid), scaled down; switch to U-ViC with
   at a constant 1e-3 predicted noise 2x worse than the final weights.
 * DDPM's ancestral sampler (200 steps): fresh noise at each step lets the model correct
   its own errors, where the deterministic DPM-Solver++ ODE kept them as per-pixel noise.
+* A 2D sine-cosine initial position embedding (`model.pos_embed_init="sincos"`, still
+  learned) instead of the release's trunc-normal(0.02): in 1500 steps the learned one
+  barely moved (mean norm 0.13, the init's 0.16) and stayed unstructured (cosine 0.08
+  between neighbouring patches), so attention could not tell neighbours apart and every
+  2x2 patch chose its colour on its own (a mosaic). With it, the held-out loss fell from
+  0.069 to 0.052 and the samples became plain backgrounds with solid blobs.
+* 4 heads of 16 instead of 2 of 32 (held-out loss 0.052 -> 0.051). A learning rate of
+  2e-3 with 2000 steps gave U-ViT 0.043 but U-ViC 0.055 with mosaics, and 6 minutes.
 """
 
 from uvic.config import (
@@ -30,7 +38,7 @@ from uvic.config import (
 
 
 def get_config() -> Config:
-    """~0.28M-parameter U-ViT (4+1 blocks, width 64) on 16x16 shapes, 1500 steps of 32.
+    """~0.27M-parameter U-ViT (4+1 blocks, width 64) on 16x16 shapes, 1500 steps of 32.
 
     About 70 ms a step on 2 idle CPU cores: the whole quickstart (two models, training,
     sampling, scoring) takes ~5 minutes. --preset gpu in scripts/quickstart.py trains larger.
@@ -39,10 +47,11 @@ def get_config() -> Config:
         name="quickstart",
         model=ModelConfig(
             img_size=16, in_chans=3, patch_size=2,  # 64 patch tokens + 1 time token
-            embed_dim=64, depth=4, num_heads=2, mlp_ratio=4.0,  # head dim 32
+            embed_dim=64, depth=4, num_heads=4, mlp_ratio=4.0,  # head dim 16
             qkv_bias=False, mlp_time_embed=False, num_classes=-1, clip_dim=0,
             conv=True, skip=True,
             attention="uvit",
+            pos_embed_init="sincos",  # where each patch is, from step 0 (see above)
         ),
         data=DataConfig(name="shapes", root="", random_flip=True, num_images=2048,
                         num_workers=0),

@@ -61,7 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=["auto", "cpu", "gpu"], default="auto",
                         help="auto: gpu when CUDA is available, else cpu")
-    parser.add_argument("--out", default="runs/quickstart", help="output folder")
+    parser.add_argument("--out", default="runs/quickstart",
+                        help="output folder (its uvit/ and uvic/ runs are replaced on a rerun)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="config override, repeatable")
     parser.add_argument("--n-grid", type=int, default=16, help="images per model in grid.png")
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = apply_overrides(base, [f"model.attention={preset}", f"name=quickstart_{preset}",
                                      f"train.output_dir={out / preset}"])
         print(f"\n=== {name}: training ({cfg.train.max_steps} steps) ===", flush=True)
-        run_dir = train(cfg)
+        run_dir = train(cfg, overwrite=True)  # the quickstart's own folder: a rerun replaces it
         summary = json.loads((run_dir / "summary.json").read_text())
         ckpt = run_dir / "ema.safetensors"
         logs[name] = read_log(run_dir)

@@ -245,6 +245,8 @@ def test_bad_attention_spec(spec: str, needle: str) -> None:
     (dict(depth=3), "model.depth=3"), (dict(num_heads=3), "model.num_heads=3"),
     (dict(patch_size=3), "model.patch_size=3"), (dict(attention_backend="cuda"), "'cuda'"),
     (dict(num_classes=10, clip_dim=8), "num_classes and model.clip_dim"),
+    (dict(pos_embed_init="rope"), "model.pos_embed_init='rope'"),
+    (dict(pos_embed_init="sincos", embed_dim=18, num_heads=2), "divisible by 4, got 18"),
 ])
 def test_bad_architecture(overrides: dict, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
@@ -276,6 +278,35 @@ def test_release_initialisation() -> None:
     w = sd["patch_embed.proj.weight"]
     assert w.abs().max() <= 1 / math.sqrt(12) and w.std() > 0.1
     assert model.no_weight_decay() == {"pos_embed"}
+
+
+def test_sincos_position_init() -> None:
+    """pos_embed_init="sincos": patch rows hold the 2D sine-cosine code (written out here
+    per patch and channel), everything else is drawn exactly as with the release's init."""
+    grid, dim = 4, 16
+    normal = tiny("class", img_size=8, patch_size=2, embed_dim=dim, num_heads=2)
+    sincos = tiny("class", img_size=8, patch_size=2, embed_dim=dim, num_heads=2,
+                  pos_embed_init="sincos")
+    a, b = normal.state_dict(), sincos.state_dict()
+    assert a.keys() == b.keys()
+    for key in a:
+        if key != "pos_embed":
+            assert torch.equal(a[key], b[key]), key
+    extras = sincos.extras  # time and label tokens keep their trunc-normal rows
+    assert torch.equal(a["pos_embed"][0, :extras], b["pos_embed"][0, :extras])
+    code = b["pos_embed"][0, extras:]
+    assert code.shape == (grid * grid, dim)
+    quarter = dim // 4
+    for patch in range(grid * grid):
+        row, col = divmod(patch, grid)  # PatchEmbed flattens row-major
+        for k in range(quarter):
+            w = 10000.0 ** (-k / quarter)
+            expect = [math.sin(col * w), math.cos(col * w), math.sin(row * w), math.cos(row * w)]
+            got = [code[patch, k], code[patch, quarter + k], code[patch, 2 * quarter + k],
+                   code[patch, 3 * quarter + k]]
+            for g, e in zip(got, expect):
+                assert abs(g.item() - e) < 1e-6, (patch, k)
+    assert sincos.pos_embed.requires_grad  # still learned
 
 
 def test_timestep_embedding_formula() -> None:

@@ -63,6 +63,10 @@ class ModelConfig:
     attention: str = "uvit"
     attention_backend: str = "auto"  # auto | triton | torch | sdpa (softmax blocks only)
     grad_checkpointing: bool = False
+    # Initial position embedding of the patch tokens (a learned parameter either way):
+    # "normal" = trunc-normal(0.02), the release's; "sincos" = 2D sine-cosine code, for
+    # runs too short to learn where patches are (the CPU quickstart).
+    pos_embed_init: str = "normal"
 
 
 @dataclass

@@ -40,6 +40,7 @@ from uvic.config import Config, ModelConfig
 ATTENTION_MODES = ("softmax", "cog", "expressive")
 ATTENTION_PRESETS = ("uvit", "uvic", "uvie")
 ATTENTION_BACKENDS = {"auto": None, "triton": "triton", "torch": "torch", "sdpa": "sdpa"}
+POS_EMBED_INITS = ("normal", "sincos")
 
 # Model sizes of the U-ViT paper (Table 1), as in the release configs:
 # small  = configs/cifar10_uvit.py, configs/mscoco_uvit.py        (13 blocks)
@@ -223,10 +224,17 @@ class UViT(nn.Module):
         attention: str | Sequence[str] = "uvit",
         attention_backend: str = "auto",
         grad_checkpointing: bool = False,
+        pos_embed_init: str = "normal",
     ) -> None:
         super().__init__()
         _check_arch(img_size, patch_size, embed_dim, depth, num_heads, num_classes, clip_dim,
                     num_clip_token)
+        if pos_embed_init not in POS_EMBED_INITS:
+            raise ValueError(f"model.pos_embed_init={pos_embed_init!r}: choose one of "
+                             f"{list(POS_EMBED_INITS)}")
+        if pos_embed_init == "sincos" and embed_dim % 4:
+            raise ValueError(f"model.pos_embed_init='sincos' needs model.embed_dim divisible "
+                             f"by 4, got {embed_dim}")
         if attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"model.attention_backend={attention_backend!r}: choose one of "
                              f"{sorted(ATTENTION_BACKENDS)}")
@@ -265,6 +273,10 @@ class UViT(nn.Module):
         self.final_layer = nn.Conv2d(in_chans, in_chans, 3, padding=1) if conv else nn.Identity()
 
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if pos_embed_init == "sincos":  # same draws as "normal" elsewhere, patch rows replaced
+            with torch.no_grad():
+                self.pos_embed[0, self.extras:] = sincos_pos_embed_2d(img_size // patch_size,
+                                                                      embed_dim)
         self.apply(_init_weights)
 
     # ------------------------------------------------------------------ attention pattern
@@ -395,6 +407,25 @@ def _check_arch(
         raise ValueError(f"model.num_clip_token={num_clip_token} must be >= 1")
 
 
+def sincos_pos_embed_2d(grid: int, dim: int) -> Tensor:
+    """Fixed 2D sine-cosine position code of a (grid x grid) patch grid: (grid**2, dim).
+
+    Row-major patches, as `PatchEmbed` flattens them. The first dim/2 channels encode the
+    column, the last dim/2 the row, each as dim/4 sines then dim/4 cosines of the position
+    at frequencies 10000**(-k / (dim/4)), k = 0..dim/4-1 (the MAE/DiT code). Neighbouring
+    patches get similar codes from the first step, where a trunc-normal(0.02) init leaves
+    the position to be learned (`model.pos_embed_init`).
+    """
+    quarter = dim // 4
+    freqs = 10000.0 ** (-torch.arange(quarter, dtype=torch.float64) / quarter)  # (dim/4,)
+    pos = torch.arange(grid, dtype=torch.float64)
+    angles = pos[:, None] * freqs[None, :]  # (grid, dim/4)
+    code = torch.cat([angles.sin(), angles.cos()], dim=1)  # (grid, dim/2)
+    rows = code[:, None, :].expand(grid, grid, dim // 2)  # row index of each patch
+    cols = code[None, :, :].expand(grid, grid, dim // 2)  # column index of each patch
+    return torch.cat([cols, rows], dim=-1).reshape(grid * grid, dim).to(torch.float32)
+
+
 def _init_weights(m: nn.Module) -> None:
     """Release init: Linear trunc-normal(0.02) with zero bias, LayerNorm 1/0, rest default.
 
@@ -419,5 +450,5 @@ def build_model(cfg: ModelConfig | Config) -> UViT:
         qkv_bias=m.qkv_bias, mlp_time_embed=m.mlp_time_embed, num_classes=m.num_classes,
         clip_dim=m.clip_dim, num_clip_token=m.num_clip_token, conv=m.conv, skip=m.skip,
         attention=m.attention, attention_backend=m.attention_backend,
-        grad_checkpointing=m.grad_checkpointing,
+        grad_checkpointing=m.grad_checkpointing, pos_embed_init=m.pos_embed_init,
     )
