@@ -228,13 +228,7 @@ class UViT(nn.Module):
     ) -> None:
         super().__init__()
         _check_arch(img_size, patch_size, embed_dim, depth, num_heads, num_classes, clip_dim,
-                    num_clip_token)
-        if pos_embed_init not in POS_EMBED_INITS:
-            raise ValueError(f"model.pos_embed_init={pos_embed_init!r}: choose one of "
-                             f"{list(POS_EMBED_INITS)}")
-        if pos_embed_init == "sincos" and embed_dim % 4:
-            raise ValueError(f"model.pos_embed_init='sincos' needs model.embed_dim divisible "
-                             f"by 4, got {embed_dim}")
+                    num_clip_token, pos_embed_init)
         if attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"model.attention_backend={attention_backend!r}: choose one of "
                              f"{sorted(ATTENTION_BACKENDS)}")
@@ -389,7 +383,7 @@ class UViT(nn.Module):
 
 def _check_arch(
     img_size: int, patch_size: int, embed_dim: int, depth: int, num_heads: int,
-    num_classes: int, clip_dim: int, num_clip_token: int,
+    num_classes: int, clip_dim: int, num_clip_token: int, pos_embed_init: str,
 ) -> None:
     if img_size % patch_size:
         raise ValueError(f"model.img_size={img_size} is not divisible by "
@@ -405,6 +399,12 @@ def _check_arch(
                          "class- or text-conditional")
     if clip_dim > 0 and num_clip_token < 1:
         raise ValueError(f"model.num_clip_token={num_clip_token} must be >= 1")
+    if pos_embed_init not in POS_EMBED_INITS:
+        raise ValueError(f"model.pos_embed_init={pos_embed_init!r}: choose one of "
+                         f"{list(POS_EMBED_INITS)}")
+    if pos_embed_init == "sincos" and embed_dim % 4:
+        raise ValueError(f"model.pos_embed_init='sincos' needs model.embed_dim divisible "
+                         f"by 4, got {embed_dim}")
 
 
 def sincos_pos_embed_2d(grid: int, dim: int) -> Tensor:
