@@ -187,6 +187,43 @@ def test_diffusion_loss_is_noise_mse_with_caption_dropping():
     assert torch.equal(model.calls[0]["t"], k.float() + 1)  # network sees n = k + 1
 
 
+@pytest.mark.parametrize("config", ["cifar10_uvit.py", "mscoco_uvit.py"])
+def test_min_snr_weighting_matches_formula(config):
+    """diffusion.min_snr_gamma = 5: each sample's noise MSE times min(SNR, 5) / SNR, with
+    SNR = alpha_bar / (1 - alpha_bar) at its drawn noise level (float64 reference)."""
+    cfg = load_config(REPO / "configs" / config,
+                      ["diffusion.min_snr_gamma=5", "diffusion.p_uncond=0"])
+    diffusion = Diffusion(cfg.diffusion)
+    n = 4000
+    x = torch.randn(n, 3, 2, 2, generator=torch.Generator().manual_seed(0))
+    loss = diffusion_loss(RecordingModel(), diffusion, {"x": x}, torch.Generator().manual_seed(3))
+
+    g = torch.Generator().manual_seed(3)  # the schedule's draws: noise, then the level
+    noise = torch.randn(x.shape, generator=g).double()
+    if config == "cifar10_uvit.py":  # continuous VP, betas 0.1..20; the network sees 999 t
+        t = torch.rand(n, generator=g).double()
+        abar = torch.exp(-0.5 * t**2 * (20.0 - 0.1) - 0.1 * t)
+        net_t = 999.0 * t
+    else:  # Stable Diffusion's discrete betas; the network sees k + 1
+        k = torch.randint(0, 1000, (n,), generator=g)
+        betas = torch.linspace(0.00085**0.5, 0.012**0.5, 1000, dtype=torch.float64) ** 2
+        abar = torch.cumprod(1 - betas, 0)[k]
+        net_t = k.double() + 1
+    x_t = abar.sqrt().view(-1, 1, 1, 1) * x.double() + (1 - abar).sqrt().view(-1, 1, 1, 1) * noise
+    mse = ((0.5 * x_t + 1e-3 * net_t.view(-1, 1, 1, 1) - noise) ** 2).flatten(1).mean(1)
+    snr = abar / (1 - abar)
+    expected = (mse * snr.clamp(max=5.0) / snr).mean()
+    assert torch.allclose(loss.double(), expected, rtol=1e-4)
+    assert not torch.allclose(loss.double(), mse.mean(), rtol=1e-2)  # the weights matter
+    assert (snr > 5).any() and (snr < 5).any()  # both sides of gamma were drawn
+
+
+def test_min_snr_gamma_must_not_be_negative():
+    with pytest.raises(ConfigError, match=r"diffusion\.min_snr_gamma=-1\.0 must be >= 0"):
+        Diffusion(load_config(REPO / "configs" / "quickstart.py",
+                              ["diffusion.min_snr_gamma=-1"]).diffusion)
+
+
 # --------------------------------------------------------------------------- runs
 
 

@@ -100,6 +100,9 @@ class DiffusionConfig:
     beta_end: float = 0.012
     num_train_timesteps: int = 1000
     p_uncond: float = 0.1  # classifier-free training: caption -> empty context
+    # > 0: Min-SNR-gamma loss weighting, each sample's noise MSE times min(SNR, gamma) / SNR
+    # (less weight on the low-noise levels); 0: the plain noise MSE of the release.
+    min_snr_gamma: float = 0.0
 
 
 @dataclass
@@ -267,6 +270,8 @@ def check_diffusion(diffusion: DiffusionConfig) -> None:
          f"diffusion.schedule={diffusion.schedule!r} must be one of {SCHEDULES}"),
         (0.0 <= diffusion.p_uncond < 1.0,
          f"diffusion.p_uncond={diffusion.p_uncond} must be in [0, 1)"),
+        (diffusion.min_snr_gamma >= 0.0,
+         f"diffusion.min_snr_gamma={diffusion.min_snr_gamma} must be >= 0 (0: off)"),
     ])
 
 

@@ -87,6 +87,15 @@ class Diffusion:
             return 999.0 * (k + 1.0) / self.num_timesteps
         return k + 1.0
 
+    def snr(self, net_t: torch.Tensor) -> torch.Tensor:
+        """Signal-to-noise ratio alpha_bar / (1 - alpha_bar) at network times `net_t`."""
+        if self.cfg.schedule == "vp_continuous":
+            alpha_bar = self.vp_alpha_bar(net_t.double() / 999.0)
+        else:
+            table = self.alphas_cumprod().to(net_t.device)
+            alpha_bar = table[net_t.round().long() - 1]
+        return (alpha_bar / (1.0 - alpha_bar)).float()
+
     # ------------------------------------------------------------------ training
 
     def training_inputs(
@@ -141,4 +150,9 @@ def diffusion_loss(
         kwargs["y"] = batch["y"]
     x_t, net_t, noise = diffusion.training_inputs(x0, generator)
     pred = model(x_t, net_t, **kwargs)
-    return F.mse_loss(pred.float(), noise.float())
+    gamma = diffusion.cfg.min_snr_gamma
+    if gamma <= 0:
+        return F.mse_loss(pred.float(), noise.float())
+    per_sample = (pred.float() - noise.float()).square().flatten(1).mean(1)
+    snr = diffusion.snr(net_t)
+    return (per_sample * snr.clamp(max=gamma) / snr).mean()
