@@ -43,38 +43,41 @@ def _weights(
     statistic is computed: the log-sum-exp of ``S`` / ``|S|``, or expressive attention's
     row sum ``N``; with ``stat`` (backward) the weights are recomputed from it.
     """
-    s = (qc @ k.transpose(-2, -1)) * scale
+    s = (qc @ k.transpose(-2, -1)).mul_(scale)
     if mode == "expressive":
         e = s * s / (1 + s * s)
         if stat is None:
             stat = e.sum(dim=-1)
         return s, e * _inverse(stat).unsqueeze(-1), stat
+    # In-place where a temporary is not needed again: each pass over the scores costs
+    # memory traffic, which is what this path spends its time on at small head dims.
     t = s.abs() if mode == "cog" else s
     if stat is None:
         m = t.amax(dim=-1, keepdim=True)
-        p = torch.exp(t - m)
+        p = (t - m).exp_()
         l = p.sum(dim=-1, keepdim=True)
-        p = p / l
+        p.div_(l)
         stat = (m + torch.log(l)).squeeze(-1)
     else:
-        p = torch.exp(t - stat.unsqueeze(-1))
-    return s, (torch.sign(s) * p if mode == "cog" else p), stat
+        p = (t - stat.unsqueeze(-1)).exp_()
+    return s, (p.mul_(torch.sign(s)) if mode == "cog" else p), stat
 
 
 def _score_grad(
     s: torch.Tensor, a: torch.Tensor, da: torch.Tensor, delta: torch.Tensor,
     stat: torch.Tensor, mode: str,
 ) -> torch.Tensor:
-    """dL/dS of one chunk from the weights ``A``, ``dA`` and ``Delta = rowsum(dO * O)``."""
+    """dL/dS of one chunk from the weights ``A``, ``dA`` and ``Delta = rowsum(dO * O)``
+    (written over ``dA``, which the caller does not need again)."""
     if mode == "cog":
         # sign(S) P (sign(S) dA - Delta), unsimplified: exactly 0 where S == 0, as
         # autograd is
-        return a.abs() * da - a * delta
+        return da.mul_(a.abs()).sub_(a * delta)
     if mode == "expressive":
         # A = E / N: dL/dE = (dA - Delta) / N, and dE/dS = 2 S / (1 + S^2)^2
         r = 1 / (1 + s * s)
         return (da - delta) * _inverse(stat).unsqueeze(-1) * 2 * s * r * r
-    return a * (da - delta)
+    return da.sub_(delta).mul_(a)
 
 
 def forward(
