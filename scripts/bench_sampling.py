@@ -77,7 +77,8 @@ def bench_config(cfg: Config, batch: int, steps: int, precision: str, repeats: i
         with autocast(device, precision):
             sample_images(model, diffusion, noise, context=context, uncond_context=uncond,
                           cfg_scale=scale, scheduler=cfg.sample.scheduler, steps=n_steps,
-                          order=cfg.sample.order)
+                          order=cfg.sample.order,
+                          scheduler_kwargs=cfg.sample.scheduler_kwargs)
 
     run(2)  # warm-up: kernel compilation and autotuning, allocator
     seconds = timed(lambda: run(steps), device, repeats)

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from uvic.data import ShapesDataset
-from uvic.quality import dominant_colours, hf_energy, palette_share, quality_figures
+from uvic.quality import (
+    dominant_colours,
+    hf_energy,
+    palette_share,
+    quality_figures,
+    shape_share,
+)
 
 
 def shapes(seed: int, n: int = 64) -> torch.Tensor:
@@ -51,6 +57,29 @@ def test_hf_ratio_separates_real_from_noise(real, heldout, kind) -> None:
 def test_palette_share_separates_real_from_noise(heldout, kind) -> None:
     assert palette_share(heldout) > 0.9
     assert palette_share(noise_images(kind, heldout)) < 0.3
+
+
+@pytest.mark.parametrize("kind", ["uniform", "gaussian"])
+def test_shape_share_separates_real_from_noise(heldout, kind) -> None:
+    assert shape_share(heldout) > 0.95  # every Shapes image has a shape
+    assert shape_share(noise_images(kind, heldout)) < 0.1
+
+
+def test_shape_share_is_zero_for_plain_backgrounds(heldout) -> None:
+    """The undertrained model's empty samples: one colour everywhere, slightly noisy."""
+    g = torch.Generator().manual_seed(1)
+    colour = heldout[:, :, 0, 0]  # (N, 3): each image's top-left pixel
+    plain = colour[:, :, None, None].expand_as(heldout).clone()
+    plain += 0.02 * torch.randn(plain.shape, generator=g)
+    assert shape_share(plain.clamp(0, 1)) == 0.0
+    # a 6x6 square of a distinct colour (3.5% of 32x32) is a shape; a single pixel is not
+    square, dot = plain.clone(), plain.clone()
+    square[:, :, 4:10, 4:10] = 1.0 - colour[:, :, None, None]
+    dot[:, :, 5, 5] = 1.0 - colour
+    distinct = (1.0 - 2 * colour).norm(dim=1) >= 0.3  # the inverse colour is far enough
+    assert distinct.sum() > 30
+    assert shape_share(square.clamp(0, 1)[distinct]) == 1.0
+    assert shape_share(dot.clamp(0, 1)) == 0.0
 
 
 def test_hf_energy_is_zero_for_flat_images_and_blur_lowers_it(real) -> None:

@@ -12,7 +12,13 @@ coloured shapes from a noisy one:
   background and one or two flat shapes, so nearly all its pixels sit on one of three
   colours; a noise image scatters its pixels over the colour cube and scores near zero.
 
-Both are deterministic functions of the images (no random initialisation).
+* `shape_share`: share of images that hold a shape at all: at least `min_area` of their
+  pixels on a dominant colour other than the background (the most common one) and at
+  least `contrast` away from it. Every Shapes image has one or two shapes and scores 1; a
+  plain background, the commonest failure of an undertrained model, scores 0, as does a
+  noise image (almost no pixel sits on any colour).
+
+All are deterministic functions of the images (no random initialisation).
 """
 
 from __future__ import annotations
@@ -63,6 +69,23 @@ def palette_share(images: torch.Tensor, k: int = 3, radius: float = 0.1) -> floa
     return (nearest <= radius).double().mean().item()
 
 
+def shape_share(images: torch.Tensor, k: int = 3, radius: float = 0.1,
+                min_area: float = 0.02, contrast: float = 0.25) -> float:
+    """Share of images with a shape: >= `min_area` of their pixels within `radius` of a
+    dominant colour at least `contrast` from the background (their commonest colour)."""
+    x = _check_images(images)
+    pixels = x.flatten(2).transpose(1, 2)  # (N, P, 3)
+    centres = dominant_colours(x, k)  # (N, k, 3)
+    distance = torch.cdist(pixels, centres)  # (N, P, k)
+    nearest = distance.argmin(-1)
+    on_colour = F.one_hot(nearest, k).to(x) * (distance.amin(-1) <= radius)[..., None]
+    area = on_colour.mean(1)  # (N, k): share of pixels on each colour
+    background = centres[torch.arange(len(x)), area.argmax(1)]  # (N, 3)
+    distinct = (centres - background[:, None]).norm(dim=-1) >= contrast  # (N, k)
+    has_shape = ((area >= min_area) & distinct).any(1)
+    return has_shape.double().mean().item()
+
+
 def quality_figures(images: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
     """The quickstart's figures for `images` against real `reference` images, both [0, 1]."""
     hf, hf_ref = hf_energy(images), hf_energy(reference)
@@ -70,4 +93,5 @@ def quality_figures(images: torch.Tensor, reference: torch.Tensor) -> dict[str, 
         "hf_energy": hf,
         "hf_ratio": hf / hf_ref,
         "palette_share": palette_share(images),
+        "shape_share": shape_share(images),
     }
