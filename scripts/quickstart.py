@@ -24,6 +24,7 @@ is the same on every run on the same machine and software, whatever else the mac
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -39,8 +40,7 @@ from uvic.data import build_dataset
 from uvic.diffusion import Diffusion
 from uvic.images import save_comparison_grid
 from uvic.quality import quality_figures
-from uvic.sampling import load_model, sample_images, to_pixels
-from uvic.seeding import make_noise, sample_generators
+from uvic.sampling import generate, load_model, to_pixels
 from uvic.train import diffusion_loss, train
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "quickstart.py"
@@ -106,7 +106,9 @@ def real_images(cfg: Config, split: str, n: int) -> torch.Tensor:
 def heldout_loss(model: torch.nn.Module, diffusion: Diffusion, x: torch.Tensor,
                  seed: int = 0) -> float:
     """Noise-prediction MSE of `model` (the EMA weights) on held-out images `x`, with
-    fixed t and noise so both models are scored on the same draws."""
+    fixed t and noise so both models are scored on the same draws. Always the plain MSE
+    (no `min_snr_gamma` weighting), so runs with different weightings compare."""
+    diffusion = Diffusion(dataclasses.replace(diffusion.cfg, min_snr_gamma=0.0))
     device = next(model.parameters()).device
     generator = torch.Generator(device).manual_seed(seed)
     total = 0.0
@@ -157,15 +159,16 @@ def try_fid(cfg: Config, ckpt: Path, out_dir: Path) -> tuple[float | None, str]:
 
 def results_table(rows: list[dict], timing: dict[str, dict]) -> str:
     """Markdown table of the losses, quality figures and timings of both models."""
-    header = ("| model | attention (per block) | final train loss | held-out EMA loss "
-              "| HF energy vs real | palette share | FID | ms / step | images / s |")
-    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
+    header = ("| model | attention (per block) | final train loss | held-out noise MSE (EMA) "
+              "| HF energy vs real | palette share | with a shape | FID | ms / step | images / s |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         fid_cell = f"{r['fid']:.2f}" if r["fid"] is not None else "skipped"
         t = timing[r["model"]]
         lines.append(
             f"| {r['model']} | {r['pattern']} | {r['final_loss']:.4f} | {r['heldout_loss']:.4f} "
-            f"| {r['hf_ratio']:.2f} | {r['palette_share']:.3f} | {fid_cell} "
+            f"| {r['hf_ratio']:.2f} | {r['palette_share']:.3f} | {r['shape_share']:.2f} "
+            f"| {fid_cell} "
             f"| {t['ms_per_step']:.1f} | {t['images_per_s']:.1f} |"
         )
     return "\n".join(lines)
@@ -173,11 +176,11 @@ def results_table(rows: list[dict], timing: dict[str, dict]) -> str:
 
 def quality_table(rows: list[dict], real: dict) -> str:
     """Markdown table of the sample-quality figures, samples beside held-out real images."""
-    lines = ["| images | HF energy (mean abs Laplacian) | HF energy vs real | palette share |",
-             "|---|---|---|---|"]
+    lines = ["| images | HF energy (mean abs Laplacian) | HF energy vs real | palette share "
+             "| with a shape |", "|---|---|---|---|---|"]
     for name, q in [(f"{r['model']} samples", r) for r in rows] + [("held-out real", real)]:
         lines.append(f"| {name} | {q['hf_energy']:.4f} | {q['hf_ratio']:.2f} "
-                     f"| {q['palette_share']:.3f} |")
+                     f"| {q['palette_share']:.3f} | {q['shape_share']:.2f} |")
     return "\n".join(lines)
 
 
@@ -227,13 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         # grid's images are the first of those scored.
         model = models[name] = load_model(cfg, ckpt, device)
         diffusion = Diffusion(cfg.diffusion)
-        generators = sample_generators(cfg.train.seed, range(max(args.n_grid, args.n_quality)))
-        noise = make_noise((cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size),
-                           generators, device)
-        x0 = sample_images(model, diffusion, noise,
-                           scheduler=cfg.sample.scheduler, steps=cfg.sample.steps,
-                           order=cfg.sample.order, generator=generators)
-        images = to_pixels(cfg, x0).cpu()
+        n_samples = max(args.n_grid, args.n_quality)
+        images = torch.cat([batch for _, batch in generate(
+            model, diffusion, cfg, range(n_samples), seed=cfg.train.seed, device=device)])
         samples[name] = images[:args.n_grid]
         quality = quality_figures(images[:args.n_quality], train_real)
 
@@ -272,14 +271,21 @@ def main(argv: list[str] | None = None) -> int:
     (out / "attention.png").write_bytes(figures["overview"].read_bytes())
     timing["total_s"] = time.time() - start
     timing["threads"] = args.threads
+    gamma = base.diffusion.min_snr_gamma
+    objective = f"Min-SNR-{gamma:g} weighted noise MSE" if gamma > 0 else "noise MSE"
     notes = [
         "S = softmax block, C = Cog block (in-blocks, mid-block, out-blocks).",
+        f"Final train loss: the training objective ({objective}, mean over the last "
+        f"{base.train.log_every} steps). Held-out noise MSE: plain, EMA weights, "
+        f"{args.heldout} held-out images at fixed noise levels and noise.",
         "Attention analysis (attention.png, attention/): per block and noise level, "
         "the share of |A| on negative weights, the entropy of |A|, the weight on the time "
         "token and the similarity of patch tokens (scripts/analyze_attention.py).",
         f"HF energy vs real: mean |Laplacian| of {args.n_quality} samples over that of "
         f"{args.n_quality} training images (1 is ideal; held-out real images give about 1). "
-        "Palette share: pixels within 0.1 of one of their image's 3 dominant colours.",
+        "Palette share: pixels within 0.1 of one of their image's 3 dominant colours. "
+        "With a shape: share of images with >= 2% of their pixels on a dominant colour "
+        "at least 0.25 from their background (every real image; a plain background fails).",
         f"Exact on every run on this machine: all but the timings (ms / step, images / s), "
         f"which depend on the machine and its load (threads: {args.threads}).",
     ]

@@ -65,7 +65,10 @@ def test_quickstart_end_to_end(first_run: Path) -> None:
     # Held-out real images against training images: the scale the samples are judged on.
     assert 0.8 < results["real_heldout"]["hf_ratio"] < 1.25
     assert results["real_heldout"]["palette_share"] > 0.8  # noise: < 0.05
+    assert results["real_heldout"]["shape_share"] > 0.9  # a plain background: 0
     assert any("inception" in note.lower() for note in results["notes"])
+    # the training objective is the config's weighted loss, the held-out figure plain MSE
+    assert any("Min-SNR-5 weighted" in note for note in results["notes"])
     assert "skipped" in (out / "results.md").read_text()
     # the attention analysis of both models: Cog blocks carry negative mass, softmax none
     attention = results["attention"]
