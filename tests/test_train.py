@@ -51,7 +51,7 @@ TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.patch
 
 def shapes_overrides(out: Path, *extra: str) -> list[str]:
     return [f"train.output_dir={out}", *TINY, "data.num_images=16", "train.batch_size=4",
-            "optim.warmup_steps=5", "train.log_every=2", "train.ckpt_every=3",
+            "optim.lr=1e-3", "optim.warmup_steps=5", "train.log_every=2", "train.ckpt_every=3",
             "train.keep_last=2", *extra]
 
 
