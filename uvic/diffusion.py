@@ -12,7 +12,8 @@ Two schedules, as in the U-ViT release (docs/conventions.md):
   linspace(sqrt(beta_start), sqrt(beta_end), T)^2. Training draws k in {0..T-1}
   and noises with diffusers' ``add_noise``; the network sees the step n = k + 1.
 
-Both use noise prediction with a mean squared error.
+Both use noise prediction with a mean squared error, optionally Min-SNR-gamma weighted
+per sample (`min_snr_gamma`, off in the paper configs).
 """
 
 from __future__ import annotations
@@ -134,6 +135,8 @@ def diffusion_loss(
 
     With a "context" and p_uncond > 0, each sample's context is replaced by
     `empty_context` (L, D) with probability p_uncond (drawn from `generator` first).
+    With `diffusion.cfg.min_snr_gamma` > 0, each sample's MSE is weighted by
+    min(SNR, gamma) / SNR at its noise level before the batch mean.
     """
     x0 = batch["x"]
     kwargs: dict[str, Tensor] = {}
