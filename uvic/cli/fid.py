@@ -26,6 +26,7 @@ import argparse
 import sys
 
 from uvic.checkpoint import CheckpointError
+from uvic.cli.sample import sampler_overrides
 from uvic.config import ConfigError, load_config
 from uvic.fid import evaluate
 from uvic.fid_stats import MODES
@@ -64,12 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
-    """Command-line options as config overrides (recorded in the result's config)."""
-    pairs = [("sample.steps", args.steps), ("sample.scheduler", args.scheduler),
-             ("sample.order", args.order), ("sample.cfg_scale", args.cfg_scale),
-             ("sample.batch_size", args.batch_size), ("eval.mode", args.mode),
-             ("eval.inception_path", args.inception_path)]
-    return [f"{key}={value}" for key, value in pairs if value is not None]
+    """Command-line options as config overrides (recorded in the result's config): the
+    sampler flags as `uvic-sample` reads them, then the evaluator's own."""
+    pairs = [("eval.mode", args.mode), ("eval.inception_path", args.inception_path)]
+    return sampler_overrides(args) + [f"{key}={value}" for key, value in pairs
+                                      if value is not None]
 
 
 def main(argv: list[str] | None = None) -> int:
