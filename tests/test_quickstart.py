@@ -15,7 +15,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_quickstart(tmp_path: Path, out: Path) -> None:
+def run_quickstart(tmp_path: Path, out: Path, *extra: str,
+                   check: bool = True) -> subprocess.CompletedProcess:
     """The quickstart at a reduced size, in a clean environment, writing to `out`."""
     cmd = [
         sys.executable, str(ROOT / "scripts" / "quickstart.py"), "--preset", "cpu",
@@ -27,6 +28,7 @@ def run_quickstart(tmp_path: Path, out: Path) -> None:
         "--set", "model.embed_dim=32", "--set", "model.depth=2",
         # No Inception weights: FID must be reported as skipped, never made up.
         "--set", f"eval.inception_path={tmp_path / 'absent' / 'inception-2015-12-05.pt'}",
+        *extra,
     ]
     # A clean environment: in particular no TRITON_INTERPRET (set by conftest for the
     # kernel tests), so the CPU run takes the PyTorch attention path as a user's would.
@@ -35,7 +37,9 @@ def run_quickstart(tmp_path: Path, out: Path) -> None:
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +119,39 @@ def test_quickstart_numbers_are_identical_on_a_second_run(first_run: Path) -> No
     rows = results[0]["rows"]
     # Not vacuous: the two models' numbers differ from each other.
     assert rows[0]["final_loss"] != rows[1]["final_loss"]
+
+
+@pytest.mark.slow
+def test_training_both_models_at_once_changes_nothing_but_the_time(
+        first_run: Path, tmp_path: Path) -> None:
+    """The default trains U-ViT and U-ViC in two one-thread processes (--jobs 2 --threads
+    2); one after the other on one thread gives the same weights and losses, bit for bit."""
+    first = json.loads((first_run / "results.json").read_text())
+    assert first["timing"]["jobs"] == 2 and first["timing"]["threads"] == 2
+    run_quickstart(tmp_path, tmp_path / "seq", "--jobs", "1", "--threads", "1")
+    second = json.loads((tmp_path / "seq" / "results.json").read_text())
+    assert second["timing"]["jobs"] == 1
+    for preset in ("uvit", "uvic"):
+        weights = [(run / preset / "ema.safetensors").read_bytes()
+                   for run in (first_run, tmp_path / "seq")]
+        assert weights[0] == weights[1], preset
+    assert ([r["final_loss"] for r in first["rows"]]
+            == [r["final_loss"] for r in second["rows"]])
+
+
+@pytest.mark.slow
+def test_a_failing_worker_stops_the_run_with_one_line_naming_model_and_log(
+        tmp_path: Path) -> None:
+    """A model that diverges in its worker process: exit 1, one error line that names the
+    model, the cause and the worker's full output; no results are written."""
+    proc = run_quickstart(tmp_path, tmp_path / "qs", "--set", "optim.lr=1e12",
+                          "--set", "optim.warmup_steps=1", check=False)
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    assert errors[0].startswith("error: U-ViT: loss is nan")  # the first model's result
+    assert "optim.lr" in errors[0]  # what to try
+    log = tmp_path / "qs" / "uvit.log"
+    assert errors[0].endswith(f"(full output: {log})")
+    assert "TrainError: loss is nan" in log.read_text()  # the worker's traceback
+    assert not (tmp_path / "qs" / "results.json").exists()
