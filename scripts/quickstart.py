@@ -43,7 +43,14 @@ import torch
 import torch.nn.functional as F
 
 from uvic.analysis import analyze, save_figures, write_json
-from uvic.config import Config, ConfigError, apply_overrides, load_config, save_config
+from uvic.config import (
+    Config,
+    ConfigError,
+    DiffusionConfig,
+    apply_overrides,
+    load_config,
+    save_config,
+)
 from uvic.data import build_dataset
 from uvic.diffusion import Diffusion
 from uvic.images import save_comparison_grid
@@ -108,6 +115,10 @@ def make_deterministic(threads: int) -> None:
     if torch.cuda.is_available():
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before any cuBLAS call
     torch.use_deterministic_algorithms(True, warn_only=torch.cuda.is_available())
+
+
+class QuickstartError(RuntimeError):
+    """A model's training or sampling failed (the message names it and its log)."""
 
 
 def train_and_sample(cfg: Config, n_samples: int, threads: int) -> dict:
@@ -197,10 +208,6 @@ def show_progress(configs: dict[str, Config], futures: dict[str, Future]) -> Non
         bar.close()
 
 
-class QuickstartError(RuntimeError):
-    """A model's training or sampling failed (the message names it and its log)."""
-
-
 def real_images(cfg: Config, split: str, n: int) -> torch.Tensor:
     """The first `n` images of a split in model space, without random flips."""
     dataset = build_dataset(apply_overrides(cfg, ["data.random_flip=false"]), split=split)
@@ -208,17 +215,17 @@ def real_images(cfg: Config, split: str, n: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def heldout_loss(model: torch.nn.Module, diffusion: Diffusion, x: torch.Tensor,
+def heldout_loss(model: torch.nn.Module, diffusion: DiffusionConfig, x: torch.Tensor,
                  seed: int = 0) -> float:
     """Noise-prediction MSE of `model` (the EMA weights) on held-out images `x`, with
     fixed t and noise so both models are scored on the same draws. Always the plain MSE
     (no `min_snr_gamma` weighting), so runs with different weightings compare."""
-    diffusion = Diffusion(dataclasses.replace(diffusion.cfg, min_snr_gamma=0.0))
+    plain = Diffusion(dataclasses.replace(diffusion, min_snr_gamma=0.0))
     device = next(model.parameters()).device
     generator = torch.Generator(device).manual_seed(seed)
     total = 0.0
     for chunk in x.to(device).split(64):
-        loss = diffusion_loss(model, diffusion, {"x": chunk}, generator)
+        loss = diffusion_loss(model, plain, {"x": chunk}, generator)
         total += loss.item() * chunk.shape[0]
     return total / x.shape[0]
 
@@ -359,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": name,
             "pattern": "".join(m[0].upper() for m in model.attention_modes),
             "final_loss": summary["final_loss"],
-            "heldout_loss": heldout_loss(model, Diffusion(cfg.diffusion), heldout[:args.heldout]),
+            "heldout_loss": heldout_loss(model, cfg.diffusion, heldout[:args.heldout]),
             **quality,
             "fid": fid_value,
             "run_dir": MODELS[name],  # relative to the output folder
