@@ -288,6 +288,18 @@ def _parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
     return shapes
 
 
+def _parse_methods(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    known = set(methods(torch.device("cuda"))) | set(methods(torch.device("cpu")))
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+        bad = unknown[0] if unknown else text
+        raise argparse.ArgumentTypeError(
+            f"unknown method {bad!r}; known: {', '.join(sorted(known))}"
+        )
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns 0.  See ``--help``."""
     parser = argparse.ArgumentParser(
@@ -301,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--shapes", type=_parse_shapes, default=None, help='e.g. "128,8,257,64;4,8,4096,64"'
+    )
+    parser.add_argument(
+        "--methods", type=_parse_methods, default=None,
+        help='comma-separated method names to run (default: all), e.g. "cog (ours),sdpa flash"',
     )
     parser.add_argument("--no-cuda-graphs", action="store_true", help="skip CUDA-graph timings")
     parser.add_argument("--smoke", action="store_true", help="CPU smoke configuration")
@@ -328,7 +344,11 @@ def main(argv: list[str] | None = None) -> int:
         # "cog eager compiled" would silently fall back to eager for the later shapes.
         torch.compiler.reset()
         for name, fn in methods(device).items():
-            rows.append(bench_cell(name, fn, shape, dtype, device, not args.no_cuda_graphs))
+            if args.methods is None or name in args.methods:
+                rows.append(bench_cell(name, fn, shape, dtype, device, not args.no_cuda_graphs))
+                # one line per cell as it finishes: a run cut short keeps what it measured
+                print(markdown_table(rows[-1:]).splitlines()[-1], flush=True)
+    print()
     print(markdown_table(rows))
 
     out = Path(args.out)

@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20, help="timed steps per cell")
     p.add_argument("--out", default="runs/bench/train.json")
     p.add_argument("--smoke", action="store_true", help="tiny CPU configuration")
+    p.add_argument("--backends", default="triton,torch,sdpa",
+                   help="comma-separated attention backends to time (default: all three)")
     args = p.parse_args(argv)
 
     cuda = torch.cuda.is_available() and not args.smoke
@@ -138,11 +140,16 @@ def main(argv: list[str] | None = None) -> int:
         print("No CUDA device (or --smoke): tiny smoke configuration on the CPU; "
               "timings need a GPU.")
     steps = args.steps if cuda else 1
+    wanted = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = sorted(set(wanted) - set(backends_for("uvit")))
+    if unknown or not wanted:
+        p.error(f"--backends: unknown backend {unknown[0] if unknown else args.backends!r}; "
+                f"choose from {', '.join(backends_for('uvit'))}")
 
     rows = []
     for dataset, batch in SETTINGS.items():
         for attention in ("uvit", "uvic"):
-            for backend in backends_for(attention):
+            for backend in (b for b in backends_for(attention) if b in wanted):
                 if not cuda and backend == "triton":
                     continue  # the interpreter is a test tool, not a benchmark
                 overrides = [f"model.attention_backend={backend}"] + ([] if cuda else SMOKE)

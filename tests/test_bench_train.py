@@ -6,13 +6,20 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_train.py"
 
 
-def test_bench_train_smoke(tmp_path, capsys):
+def load_bench():
     spec = importlib.util.spec_from_file_location("bench_train", SCRIPT)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_train_smoke(tmp_path, capsys):
+    bench = load_bench()
     out = tmp_path / "train.json"
     assert bench.main(["--smoke", "--steps", "1", "--out", str(out)]) == 0
     payload = json.loads(out.read_text())
@@ -25,3 +32,15 @@ def test_bench_train_smoke(tmp_path, capsys):
         assert r["status"] == "ok" and r["train_ms"] > 0 and r["sample_images_per_s"] > 0
     assert cells["cifar10", "uvit", "torch"]["tokens"] == 17  # 8x8 smoke images, patch 2
     assert "| cifar10 (17) | uvic | torch |" in payload["table"]
+
+
+def test_bench_train_backends_option(tmp_path, capsys):
+    bench = load_bench()
+    out = tmp_path / "train.json"
+    assert bench.main(["--smoke", "--backends", "sdpa", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    cells = [(r["dataset"], r["model"], r["backend"]) for r in rows]
+    assert cells == [("cifar10", "uvit", "sdpa"), ("mscoco", "uvit", "sdpa")]
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--smoke", "--backends", "sdpa,flash", "--out", str(out)])
+    assert exc.value.code == 2 and "unknown backend 'flash'" in capsys.readouterr().err

@@ -551,3 +551,18 @@ def test_bench_smoke(tmp_path, capsys):
     assert payload["smoke"] and payload["results"]
     assert all(r["status"] == "ok" and r["max_abs_err"] < 1e-5 for r in payload["results"])
     assert "timings need a gpu" in capsys.readouterr().out.lower()
+
+
+def test_bench_methods_filter(tmp_path, capsys):
+    from uvic_kernels import bench
+
+    out = tmp_path / "kernels.json"
+    assert bench.main(["--smoke", "--methods", "cog eager", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [r["method"] for r in rows] == ["cog eager"]
+    # each cell prints its row as it finishes, then the whole table follows
+    assert capsys.readouterr().out.count("| cog eager |") == 2
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--smoke", "--methods", "cog eagre", "--out", str(out)])
+    assert exc.value.code == 2
+    assert "unknown method 'cog eagre'" in capsys.readouterr().err
