@@ -5,7 +5,8 @@
 
 Both models see the same data in the same order from the same seed, through the real
 training loop (`uvic.train`, Accelerate), the real sampler (the config's diffusers
-scheduler) and the real clean-fid evaluator. Data: the built-in coloured-shapes images
+scheduler, autoguided by each run's own EMA at an early step, `train.keep_steps`) and the
+real clean-fid evaluator. Data: the built-in coloured-shapes images
 (no download). Outputs in `runs/quickstart/`: `grid.png` (U-ViT | U-ViC from the same
 noise), `loss.png`, `results.md` / `results.json`, and each model's run folder (`uvit/`,
 `uvic/`).
@@ -43,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from uvic.analysis import analyze, save_figures, write_json
+from uvic.checkpoint import checkpoint_name
 from uvic.config import (
     Config,
     ConfigError,
@@ -55,7 +57,7 @@ from uvic.data import build_dataset
 from uvic.diffusion import Diffusion
 from uvic.images import save_comparison_grid
 from uvic.quality import quality_figures
-from uvic.sampling import generate, load_model, to_pixels
+from uvic.sampling import generate, load_guide, load_model, to_pixels
 from uvic.train import diffusion_loss, train
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "quickstart.py"
@@ -70,6 +72,8 @@ GPU_PRESET = [
     "train.ema_decay=0.9995", "train.log_every=100", "train.sample_every=5000",
     "train.ckpt_every=5000", "optim.lr=4e-4", "optim.warmup_steps=1000",
     "eval.n_samples=10000",
+    # autoguidance was tuned on the CPU run (guide at step 1000 of 2700); unmeasured here
+    "train.keep_steps=[]", "sample.autoguidance_scale=0", "sample.steps=100",
 ]
 
 
@@ -104,7 +108,25 @@ def build_config(args: argparse.Namespace) -> Config:
     if preset == "auto":
         preset = "gpu" if torch.cuda.is_available() else "cpu"
     overrides = (GPU_PRESET if preset == "gpu" else []) + list(args.overrides)
-    return load_config(CONFIG, overrides)
+    cfg = load_config(CONFIG, overrides)
+    check_guide(cfg)
+    return cfg
+
+
+def check_guide(cfg: Config) -> None:
+    """The quickstart samples right after training, so an autoguidance model must be a
+    checkpoint the run itself keeps: say so before minutes of training, not after."""
+    s, t = cfg.sample, cfg.train
+    if s.autoguidance_scale == 0:
+        return
+    kept = [f"checkpoints/{checkpoint_name(step)}/ema.safetensors"
+            for step in t.keep_steps if step <= t.max_steps]
+    if s.autoguidance_ckpt not in kept:
+        raise ConfigError(
+            f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r} is not a checkpoint this run "
+            f"keeps (train.keep_steps={list(t.keep_steps)}, train.max_steps={t.max_steps}); "
+            "point it at checkpoints/step_N/ema.safetensors for a kept step N, or set "
+            "sample.autoguidance_scale=0")
 
 
 def make_deterministic(threads: int) -> None:
@@ -132,9 +154,10 @@ def train_and_sample(cfg: Config, n_samples: int, threads: int) -> dict:
     run_dir = train(cfg, overwrite=True)  # the quickstart's own folder: a rerun replaces it
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(cfg, run_dir / "ema.safetensors", device)
+    guide = load_guide(cfg, run_dir / "ema.safetensors", device)  # None without autoguidance
     images = torch.cat([batch for _, batch in generate(
         model, Diffusion(cfg.diffusion), cfg, range(n_samples), seed=cfg.train.seed,
-        device=device)])
+        device=device, guide=guide)])
     return {"run_dir": run_dir, "samples": images}
 
 

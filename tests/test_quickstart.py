@@ -25,6 +25,9 @@ def run_quickstart(tmp_path: Path, out: Path, *extra: str,
         "--set", "train.log_every=4", "--set", "train.sample_every=0",
         "--set", "train.ckpt_every=6", "--set", "data.num_images=64",
         "--set", "sample.steps=4", "--set", "eval.n_samples=8",
+        # autoguidance as in the default run, by the run's own EMA at step 8
+        "--set", "train.keep_steps=[8]",
+        "--set", "sample.autoguidance_ckpt=checkpoints/step_000008/ema.safetensors",
         "--set", "model.embed_dim=32", "--set", "model.depth=2",
         # No Inception weights: FID must be reported as skipped, never made up.
         "--set", f"eval.inception_path={tmp_path / 'absent' / 'inception-2015-12-05.pt'}",
@@ -101,6 +104,10 @@ def test_quickstart_end_to_end(first_run: Path) -> None:
         assert (run / "ema.safetensors").is_file()
         saved = json.loads((run / "config.json").read_text())
         assert saved["model"]["attention"] == preset
+        # the autoguidance model: step 8 is kept beside the last two checkpoints
+        assert saved["sample"]["autoguidance_scale"] == 1.0
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+            "step_000008", "step_000018", "step_000020"]
 
 
 @pytest.mark.slow
@@ -155,3 +162,13 @@ def test_a_failing_worker_stops_the_run_with_one_line_naming_model_and_log(
     assert errors[0].endswith(f"(full output: {log})")
     assert "TrainError: loss is nan" in log.read_text()  # the worker's traceback
     assert not (tmp_path / "qs" / "results.json").exists()
+
+
+def test_an_autoguidance_model_the_run_does_not_keep_is_refused_before_training(
+        tmp_path: Path) -> None:
+    proc = run_quickstart(tmp_path, tmp_path / "qs", "--set", "train.keep_steps=[]",
+                          check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: sample.autoguidance_ckpt=")
+    assert proc.stderr.count("\n") == 1 and "train.keep_steps=[]" in proc.stderr
+    assert not (tmp_path / "qs").exists()  # nothing trained, nothing written

@@ -17,11 +17,20 @@ from PIL import Image
 from torch import nn
 
 from uvic.checkpoint import save_safetensors
-from uvic.config import Config, DataConfig, DiffusionConfig, ModelConfig, SampleConfig
+from uvic.config import (
+    Config,
+    ConfigError,
+    DataConfig,
+    DiffusionConfig,
+    ModelConfig,
+    SampleConfig,
+    apply_overrides,
+    validate,
+)
 from uvic.diffusion import Diffusion
 from uvic.images import save_comparison_grid, save_grid
 from uvic.samplers import make_scheduler
-from uvic.sampling import generate, guided_eps, sample_images, to_pixels
+from uvic.sampling import generate, guided_eps, load_guide, sample_images, to_pixels
 from uvic.seeding import make_noise, sample_generators
 from uvic.uvit import build_model
 
@@ -191,6 +200,72 @@ def test_sampling_with_guidance_matches_manual_guidance() -> None:
     torch.testing.assert_close(
         sample_images(model, diffusion, noise, context=context, uncond_context=uncond,
                       cfg_scale=0.0, steps=8), conditional_only)
+
+
+class ScaledTanhEps(nn.Module):
+    """A fixed noise predictor c * tanh(x) * (1 + t / 1000): models that differ by a scale."""
+
+    def __init__(self, c: float) -> None:
+        super().__init__()
+        self.c = c
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, context=None) -> torch.Tensor:
+        return self.c * torch.tanh(x) * (1 + t.view(-1, 1, 1, 1) / 1000)
+
+
+def test_autoguidance_extrapolates_away_from_the_weaker_model() -> None:
+    diffusion = Diffusion(VP)
+    noise = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(3))
+    good, weak = ScaledTanhEps(1.0), ScaledTanhEps(0.25)
+
+    def run(model, **kw):
+        return sample_images(model, diffusion, noise, steps=6, **kw)
+
+    for s in (0.5, 2.0):
+        # eps = g + s (g - b) = (1 + 0.75 s) g: the sampler sees a model scaled by that
+        got = run(good, guide=weak, autoguidance_scale=s)
+        # (float32 rounding of the two forms, through 6 solver steps: ~1e-5 relative)
+        torch.testing.assert_close(got, run(ScaledTanhEps(1 + 0.75 * s)), rtol=1e-4, atol=1e-4)
+        assert (got - run(good)).abs().max() > 1e-2
+    # a guide equal to the model changes nothing, and scale 0 never calls the guide
+    torch.testing.assert_close(run(good, guide=ScaledTanhEps(1.0), autoguidance_scale=3.0),
+                               run(good))
+    assert torch.equal(run(good, guide=None, autoguidance_scale=0.0), run(good))
+    with pytest.raises(ValueError, match="needs a guide model"):
+        run(good, autoguidance_scale=1.0)
+
+
+def test_load_guide_resolves_from_the_run_folder(tmp_path: Path) -> None:
+    cfg = tiny_config()
+    run = tmp_path / "run"
+    early = run / "checkpoints" / "step_000010" / "ema.safetensors"
+    early.parent.mkdir(parents=True)
+    weak = tiny_model(cfg, seed=1)
+    save_safetensors(weak, early)
+    assert load_guide(cfg, run / "ema.safetensors") is None  # autoguidance off: no file read
+    on = apply_overrides(cfg, ["sample.autoguidance_scale=1.0",
+                               "sample.autoguidance_ckpt=checkpoints/step_000010/ema.safetensors"])
+    # from a run's ema.safetensors, and from a later checkpoint of the same run
+    for ckpt in (run / "ema.safetensors", run / "checkpoints" / "step_000020" / "ema.safetensors"):
+        guide = load_guide(on, ckpt)
+        assert all(torch.equal(a, b) for a, b in zip(guide.state_dict().values(),
+                                                      weak.state_dict().values()))
+    absolute = apply_overrides(on, [f"sample.autoguidance_ckpt={early}"])
+    assert load_guide(absolute, tmp_path / "elsewhere" / "model.safetensors") is not None
+    missing = apply_overrides(
+        on, ["sample.autoguidance_ckpt=checkpoints/step_000099/ema.safetensors"])
+    needle = r"sample\.autoguidance_ckpt=.*step_000099.*keep_steps"
+    with pytest.raises(FileNotFoundError, match=needle):
+        load_guide(missing, run / "ema.safetensors")
+
+
+def test_autoguidance_settings_are_validated() -> None:
+    needle = r"sample\.autoguidance_scale=1\.0 needs sample\.autoguidance_ckpt"
+    with pytest.raises(ConfigError, match=needle):
+        validate(apply_overrides(tiny_config(), ["sample.autoguidance_scale=1.0"]))
+    with pytest.raises(ConfigError, match=r"sample\.autoguidance_scale=nan"):
+        validate(apply_overrides(tiny_config(), ["sample.autoguidance_scale=nan",
+                                                 "sample.autoguidance_ckpt=x"]))
 
 
 def test_batched_guidance_equals_two_passes_of_real_model() -> None:

@@ -475,6 +475,18 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, nan
                         load_file(out / "checkpoints" / "step_000004" / "ema.safetensors"))
 
 
+def test_keep_steps_are_saved_and_never_pruned(tmp_path):
+    out = tmp_path / "run"
+    # step 2 is no multiple of ckpt_every=3: it is saved for keep_steps alone
+    cfg = shapes_config(out, "train.max_steps=7", "train.keep_last=1", "train.keep_steps=[2]")
+    assert cfg.train.keep_steps == (2,)
+    train(cfg)
+    assert [c.name for c in list_checkpoints(out)] == ["step_000002", "step_000007"]
+    assert load_config(out / "config.json").train.keep_steps == (2,)  # saved and read back
+    with pytest.raises(ConfigError, match=r"train\.keep_steps=\[0\] must be steps >= 1"):
+        train(shapes_config(tmp_path / "bad", "train.keep_steps=0"))
+
+
 def test_config_errors_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match=r"train\.keep_last=0"):
         train(shapes_config(tmp_path / "run", "train.keep_last=0"))

@@ -137,6 +137,9 @@ class TrainConfig:
     sample_every: int = 10_000
     ckpt_every: int = 25_000
     keep_last: int = 3
+    # Steps whose checkpoints are also written and never pruned, e.g. the early EMA
+    # weights that `sample.autoguidance_ckpt` guides with: --set train.keep_steps=[1000]
+    keep_steps: tuple[int, ...] = ()
     n_grid: int = 64  # images in the periodic sample grid
     log_with: str = "tensorboard"  # Accelerate tracker(s), comma-separated: wandb, all, ...
 
@@ -154,6 +157,13 @@ class SampleConfig:
     # --set 'sample.scheduler_kwargs={"use_lu_lambdas": false}'
     scheduler_kwargs: dict[str, Any] = field(default_factory=dict)
     cfg_scale: float = 1.0  # eps = c + s (c - u); diffusers' guidance_scale = s + 1
+    # Autoguidance (Karras et al. 2024, "Guiding a diffusion model with a bad version of
+    # itself"): eps = g + s (g - b), g the sampled model, b a weaker one of the same
+    # architecture, e.g. an early EMA of the same run (train.keep_steps). 0: off.
+    autoguidance_scale: float = 0.0
+    # The weaker model's weights; a relative path is taken from the folder of the
+    # sampled checkpoint (for a run's ema.safetensors: the run folder).
+    autoguidance_ckpt: str = ""
     batch_size: int = 500
     decode_batch_size: int = 50
 
@@ -211,6 +221,8 @@ def validate(cfg: Config) -> Config:
         (t.max_steps >= 0, f"train.max_steps={t.max_steps} must be >= 0"),
         (0.0 <= t.ema_decay <= 1.0, f"train.ema_decay={t.ema_decay} must be in [0, 1]"),
         (t.keep_last >= 1, f"train.keep_last={t.keep_last} must be >= 1"),
+        (all(k >= 1 for k in t.keep_steps),
+         f"train.keep_steps={list(t.keep_steps)} must be steps >= 1"),
         (t.mixed_precision in MIXED_PRECISIONS,
          f"train.mixed_precision={t.mixed_precision!r} must be no, fp16, bf16 or empty "
          "(the launcher's)"),
@@ -241,6 +253,11 @@ def check_sample(sample: SampleConfig) -> None:
         (sample.decode_batch_size >= 1,
          f"sample.decode_batch_size={sample.decode_batch_size} must be >= 1"),
         (math.isfinite(sample.cfg_scale), f"sample.cfg_scale={sample.cfg_scale} must be finite"),
+        (math.isfinite(sample.autoguidance_scale),
+         f"sample.autoguidance_scale={sample.autoguidance_scale} must be finite"),
+        (sample.autoguidance_scale == 0 or sample.autoguidance_ckpt,
+         f"sample.autoguidance_scale={sample.autoguidance_scale} needs "
+         "sample.autoguidance_ckpt (the weaker model's weights)"),
     ])
     if sample.scheduler in DPM_SOLVER_NAMES:
         _require([(sample.order in (1, 2, 3),
@@ -403,6 +420,10 @@ def _check_type(value: Any, tp: Any, key: str, source: str = "config") -> Any:
     origin = typing.get_origin(tp)
     if origin is tuple:
         args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: any length
+            if not isinstance(value, list | tuple):
+                raise ConfigError(f"{source}: {key} must be a list, got {value!r}")
+            return tuple(_check_type(v, args[0], key, source) for v in value)
         if not isinstance(value, list | tuple) or len(value) != len(args):
             raise ConfigError(f"{source}: {key} must be a list of {len(args)} values")
         return tuple(_check_type(v, a, key, source) for v, a in zip(value, args))
@@ -448,6 +469,8 @@ def parse_value(raw: str, tp: Any, key: str) -> Any:
         if origin is tuple:
             parts = [p for p in raw.strip("()[]").split(",") if p.strip()]
             args = typing.get_args(tp)
+            if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: any length
+                return tuple(parse_value(p, args[0], key) for p in parts)
             if len(parts) != len(args):
                 raise ValueError
             return tuple(parse_value(p, a, key) for p, a in zip(parts, args))

@@ -63,6 +63,7 @@ from uvic.sampling import (
     effective_cfg_scale,
     generate,
     is_latent,
+    load_guide,
     load_model,
 )
 
@@ -269,16 +270,17 @@ def evaluate(
     if mine:
         device = state.device
         model = load_model(cfg, ckpt_path, device)
+        guide = load_guide(cfg, ckpt_path, device)
         diffusion = Diffusion(cfg.diffusion)
         assets = SamplingAssets.from_config(cfg, device)
         context_fn = caption_context_fn(cfg, seed) if cfg.model.clip_dim > 0 else None
         for indices, images in generate(
             model, diffusion, cfg, mine, seed=seed, context_fn=context_fn,
             uncond_context=assets.uncond, vae=assets.vae, device=device, precision=precision,
-            progress=progress and state.is_main_process,
+            progress=progress and state.is_main_process, guide=guide,
         ):
             save_images(images, samples_dir, indices)
-        del model, assets
+        del model, guide, assets
     t_sampling = time.perf_counter() - t0
     state.wait_for_everyone()
     if not state.is_main_process:

@@ -4,7 +4,8 @@ The core pieces, reused by `uvic-sample` (`uvic.cli.sample`), the training loop'
 grids, the quickstart and the FID evaluator:
 
 * `sample_images`: the reverse process for a batch of initial noises x_T, with
-  classifier-free guidance `eps = c + s (c - u)` (the U-ViT release's convention).
+  classifier-free guidance `eps = c + s (c - u)` (the U-ViT release's convention) and
+  optional autoguidance by a weaker model (`load_guide`).
 * `sample_generators` / `make_noise` (from `uvic.seeding`): per-sample seeding from
   (seed, index), so sample `i` of a run is the same image whatever the batch size, the
   number of processes or the device.
@@ -97,6 +98,8 @@ def sample_images(
     progress: bool = False,
     generator: torch.Generator | list[torch.Generator] | None = None,
     scheduler_kwargs: dict | None = None,
+    guide: nn.Module | None = None,
+    autoguidance_scale: float = 0.0,
 ) -> torch.Tensor:
     """Run the reverse process from the initial noise x_T (B, C, H, W) to x_0.
 
@@ -105,14 +108,24 @@ def sample_images(
     call in `torch.autocast` for mixed precision (the solver itself stays in float32).
     `generator` (one per sample, see `sample_generators`) only matters for stochastic
     schedulers. The samplers (`scheduler`, `scheduler_kwargs`) are `uvic.samplers`'.
+
+    Autoguidance: with `autoguidance_scale` s != 0, `eps = g + s (g - b)`, where g and b
+    are the (classifier-free guided) predictions of `model` and of the weaker `guide`:
+    the direction in which the better model improves on the weaker one, extrapolated.
     """
+    if autoguidance_scale != 0.0 and guide is None:
+        raise ValueError(f"autoguidance_scale={autoguidance_scale} needs a guide model")
     if context is not None and context.shape[0] != noise.shape[0]:
         raise ValueError(f"context batch {context.shape[0]} != noise batch {noise.shape[0]}")
     if context is not None:
         context = context.to(noise.device)
 
     def eps_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return guided_eps(model, x, t, context, uncond_context, cfg_scale)
+        eps = guided_eps(model, x, t, context, uncond_context, cfg_scale)
+        if autoguidance_scale == 0.0:
+            return eps
+        weak = guided_eps(guide, x, t, context, uncond_context, cfg_scale)
+        return eps + autoguidance_scale * (eps - weak)
 
     return run_sampler(
         eps_fn, diffusion, noise, scheduler=scheduler, steps=steps, order=order,
@@ -179,6 +192,31 @@ def load_model(cfg: Config, ckpt: str | Path, device: torch.device | str = "cpu"
     model = build_model(cfg.model)
     load_weights(model, ckpt, strict=True)
     return model.to(device).eval().requires_grad_(False)
+
+
+def load_guide(cfg: Config, ckpt: str | Path,
+               device: torch.device | str = "cpu") -> nn.Module | None:
+    """The weaker model of autoguidance for sampling checkpoint `ckpt`, or None when
+    `sample.autoguidance_scale` is 0.
+
+    A relative `sample.autoguidance_ckpt` is taken from the run folder of `ckpt`: the
+    folder of a run's `ema.safetensors`, the run above `checkpoints/step_N/`.
+    """
+    s = cfg.sample
+    if s.autoguidance_scale == 0.0:
+        return None
+    path = Path(s.autoguidance_ckpt)
+    if not path.is_absolute():
+        base = Path(ckpt).parent
+        if base.parent.name == "checkpoints":
+            base = base.parent.parent
+        path = base / path
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r}: weights not found at {path} "
+            "(keep an early checkpoint with train.keep_steps, or set "
+            "sample.autoguidance_scale=0)")
+    return load_model(cfg, path, device)
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -248,7 +286,8 @@ class SamplingAssets:
 
 class SampleGrid:
     """Fixed initial noises (and prompts) sampled again and again: the training loop's
-    periodic grids. Sample i is sample i of `uvic-sample` with the same seed."""
+    periodic grids. Sample i is sample i of `uvic-sample` with the same seed (without
+    autoguidance: its weaker model may not exist yet during training)."""
 
     def __init__(self, cfg: Config, device: torch.device | str, seed: int, n: int) -> None:
         m = cfg.model
@@ -295,11 +334,13 @@ def generate(
     device: torch.device | str = "cpu",
     precision: str = "fp32",
     progress: bool = False,
+    guide: nn.Module | None = None,
 ) -> Iterator[tuple[list[int], torch.Tensor]]:
     """Sample the images with global indices `indices` in batches of cfg.sample.batch_size.
 
     Yields (indices, images in [0, 1] on the CPU). Sampler settings come from cfg.sample
-    (scheduler, steps, order, cfg_scale; guidance only for text-conditional models).
+    (scheduler, steps, order, cfg_scale; guidance only for text-conditional models;
+    autoguidance_scale with the weaker model `guide`, see `load_guide`).
     `context_fn(indices) -> (b, L, D)` gives the text context of each sample. Sample i is
     seeded by (seed, i) (`SampleGenerator`), so any split of `indices` into batches, processes
     or resumed runs gives the same images.
@@ -318,6 +359,7 @@ def generate(
                 model, diffusion, noise, context=context, uncond_context=uncond_context,
                 cfg_scale=scale, scheduler=s.scheduler, steps=s.steps, order=s.order,
                 generator=gens, scheduler_kwargs=s.scheduler_kwargs,
+                guide=guide, autoguidance_scale=s.autoguidance_scale,
             )
         with torch.inference_mode():
             images = to_pixels(cfg, x0, vae)

@@ -28,7 +28,7 @@ Run folder (`train.output_dir`):
     log.jsonl              one line per log step: step, loss, lr, grad_norm, images/s, time
     tensorboard/           the same scalars for TensorBoard (the tracker's logging folder)
     samples/step_*.png     sample grids of the EMA model with fixed noise (and prompts)
-    checkpoints/step_*/    the last `train.keep_last` checkpoints
+    checkpoints/step_*/    the last `train.keep_last` checkpoints, and those of `train.keep_steps`
     ema.safetensors        EMA weights of the latest checkpoint (what sampling loads)
     summary.json           written at the end: steps, final loss, time per step, images/s
     .run.lock              held while a run uses the folder (`uvic.runlock`)
@@ -268,7 +268,7 @@ class Trainer:
                     loss_steps = window_steps = 0
                     self.window_start = time.perf_counter()
                 pause = time.perf_counter()
-                if _every(self.step, t.ckpt_every):
+                if _every(self.step, t.ckpt_every) or self.step in t.keep_steps:
                     self._save_checkpoint(loss_sum, loss_steps)
                 if _every(self.step, t.sample_every):
                     self._sample_grid()
@@ -394,7 +394,9 @@ class Trainer:
             # a kill here leaves ema.safetensors one checkpoint behind: the next start of
             # the run copies it from the latest checkpoint (sync_run_ema)
             save_safetensors(self.ema.model, self.run_dir / RUN_EMA)
-            for old in list_checkpoints(self.run_dir)[:-max(self.cfg.train.keep_last, 1)]:
+            kept = {checkpoint_name(step) for step in self.cfg.train.keep_steps}
+            rotating = [c for c in list_checkpoints(self.run_dir) if c.name not in kept]
+            for old in rotating[:-max(self.cfg.train.keep_last, 1)]:
                 remove_tree(old)
         acc.wait_for_everyone()
 

@@ -40,6 +40,7 @@ from uvic.sampling import (
     distributed_state,
     effective_cfg_scale,
     generate,
+    load_guide,
     load_model,
     prompt_contexts,
     read_prompts,
@@ -186,14 +187,15 @@ def sample_to_folder(
     grids: dict[str, torch.Tensor] = {}
     for label, ckpt in zip(labels, ckpts):
         model = load_model(cfg, ckpt, device)
+        guide = load_guide(cfg, ckpt, device)
         local = []
         for indices, images in generate(
             model, diffusion, cfg, mine, seed=seed, context_fn=context_fn,
             uncond_context=assets.uncond, vae=assets.vae, device=device, precision=precision,
-            progress=progress and state.is_main_process,
+            progress=progress and state.is_main_process, guide=guide,
         ):
             local += list(zip(indices, to_uint8(images)))
-        del model
+        del model, guide
         gathered = sorted(gather_object(local), key=lambda item: item[0])
         if state.is_main_process:
             images = torch.stack([img for _, img in gathered]).permute(0, 3, 1, 2).float() / 255
