@@ -418,8 +418,14 @@ def main(argv: list[str] | None = None) -> int:
     timing["jobs"] = jobs
     gamma = base.diffusion.min_snr_gamma
     objective = f"Min-SNR-{gamma:g} weighted noise MSE" if gamma > 0 else "noise MSE"
+    sample = base.sample
+    sampler = f"Samples: {sample.scheduler}, {sample.steps} steps, from the EMA weights"
+    if sample.autoguidance_scale:
+        sampler += (f", autoguided (eps = g + {sample.autoguidance_scale:g} (g - b)) by "
+                    f"each run's {sample.autoguidance_ckpt}")
     notes = [
         "S = softmax block, C = Cog block (in-blocks, mid-block, out-blocks).",
+        sampler + ".",
         f"Final train loss: the training objective ({objective}, mean over the last "
         f"{base.train.log_every} steps). Held-out noise MSE: plain, EMA weights, "
         f"{args.heldout} held-out images at fixed noise levels and noise.",

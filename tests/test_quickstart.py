@@ -76,6 +76,9 @@ def test_quickstart_end_to_end(first_run: Path) -> None:
     assert any("inception" in note.lower() for note in results["notes"])
     # the training objective is the config's weighted loss, the held-out figure plain MSE
     assert any("Min-SNR-5 weighted" in note for note in results["notes"])
+    assert ("Samples: DDPMScheduler, 4 steps, from the EMA weights, autoguided "
+            "(eps = g + 1 (g - b)) by each run's checkpoints/step_000008/ema.safetensors."
+            in results["notes"])
     assert "skipped" in (out / "results.md").read_text()
     # the attention analysis of both models: Cog blocks carry negative mass, softmax none
     attention = results["attention"]
