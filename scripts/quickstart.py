@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from uvic.analysis import analyze, save_figures, write_json
-from uvic.checkpoint import checkpoint_name
+from uvic.checkpoint import RUN_EMA, checkpoint_name
 from uvic.config import (
     Config,
     ConfigError,
@@ -119,7 +119,7 @@ def check_guide(cfg: Config) -> None:
     s, t = cfg.sample, cfg.train
     if s.autoguidance_scale == 0:
         return
-    kept = [f"checkpoints/{checkpoint_name(step)}/ema.safetensors"
+    kept = [f"checkpoints/{checkpoint_name(step)}/{RUN_EMA}"
             for step in t.keep_steps if step <= t.max_steps]
     if s.autoguidance_ckpt not in kept:
         raise ConfigError(
@@ -153,8 +153,9 @@ def train_and_sample(cfg: Config, n_samples: int, threads: int) -> dict:
     make_deterministic(threads)
     run_dir = train(cfg, overwrite=True)  # the quickstart's own folder: a rerun replaces it
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_model(cfg, run_dir / "ema.safetensors", device)
-    guide = load_guide(cfg, run_dir / "ema.safetensors", device)  # None without autoguidance
+    ema = run_dir / RUN_EMA
+    model = load_model(cfg, ema, device)
+    guide = load_guide(cfg, ema, device)  # None without autoguidance
     images = torch.cat([batch for _, batch in generate(
         model, Diffusion(cfg.diffusion), cfg, range(n_samples), seed=cfg.train.seed,
         device=device, guide=guide)])
@@ -373,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, cfg in configs.items():
         run_dir = Path(trained[name]["run_dir"])
         summary = json.loads((run_dir / "summary.json").read_text())
-        ckpt = run_dir / "ema.safetensors"
+        ckpt = run_dir / RUN_EMA
         logs[name] = read_log(run_dir)
         model = models[name] = load_model(cfg, ckpt, device)
         images = trained[name]["samples"]

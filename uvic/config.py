@@ -161,8 +161,8 @@ class SampleConfig:
     # itself"): eps = g + s (g - b), g the sampled model, b a weaker one of the same
     # architecture, e.g. an early EMA of the same run (train.keep_steps). 0: off.
     autoguidance_scale: float = 0.0
-    # The weaker model's weights; a relative path is taken from the folder of the
-    # sampled checkpoint (for a run's ema.safetensors: the run folder).
+    # The weaker model's weights; a relative path is taken from the sampled checkpoint's
+    # run folder (see uvic.sampling.load_guide).
     autoguidance_ckpt: str = ""
     batch_size: int = 500
     decode_batch_size: int = 50
