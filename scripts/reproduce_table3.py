@@ -109,7 +109,7 @@ def plan(jobs: list[Job]) -> str:
 def run_train(job: Job) -> str:
     if job.ckpt.is_file() and job.trained_steps() >= job.cfg.train.max_steps:
         return "trained (skipped)"
-    train(job.cfg, resume="latest")
+    train(job.cfg, resume="latest-or-new")  # the first time: a new run
     return f"trained to step {job.trained_steps()}"
 
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import json
+import math
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -30,6 +34,7 @@ from uvic.data import SHAPES_SEEDS, ShapesDataset, build_dataset, to_signed
 from uvic.diffusion import Diffusion, diffusion_loss
 from uvic.ema import EMA
 from uvic.optim import warmup_constant
+from uvic.run_folder import config_history
 from uvic.runlock import LOCK_FILE
 from uvic.seeding import DEBUG_ENV, EpochSampler, SeededItems, derive_seed
 from uvic.train import Trainer, TrainError, make_accelerator, train
@@ -356,24 +361,38 @@ def test_resume_after_kill_reaches_the_same_weights(tmp_path):
     assert (state["epoch"], state["batch_in_epoch"]) == divmod(target, 4)
 
 
-def test_two_processes_see_different_data(tmp_path):
-    """Two CPU processes (gloo) through `accelerate launch`: each gets its own half of the data.
+def readme_command(start: str) -> tuple[dict[str, str], list[str]]:
+    """The README's command line that begins with `start` (continuation lines joined):
+    its leading VAR=value assignments and its words, split as a shell splits them."""
+    text = (REPO / "README.md").read_text().replace("\\\n", " ")
+    line = next(line for line in text.splitlines() if line.strip().startswith(start))
+    words = shlex.split(line)
+    assignments = list(itertools.takewhile(lambda w: re.fullmatch(r"[A-Z_]+=.*", w), words))
+    return dict(w.split("=", 1) for w in assignments), words[len(assignments):]
 
-    Accelerate's `--cpu` flag alone starts one process; multi-process CPU runs go through its
-    multi-process launcher with ACCELERATE_USE_CPU=1.
-    """
-    out, debug = tmp_path / "run", tmp_path / "debug"
-    debug.mkdir()
+
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
-           str(REPO / "scripts" / "train.py"), "--config", str(REPO / "configs" / "quickstart.py"),
-           *[f"--set={o}" for o in shapes_overrides(out, "train.max_steps=4")]]
-    env = {**os.environ, DEBUG_ENV: str(debug), "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        return s.getsockname()[1]
+
+
+def test_two_processes_see_different_data(tmp_path):
+    """The README's command for several CPU processes (gloo) starts two, which say so at
+    start and each get their own half of the data."""
+    out, debug = tmp_path / "run", tmp_path / "debug"
+    debug.mkdir()
+    env_vars, words = readme_command("ACCELERATE_USE_CPU=1 accelerate launch")
+    assert env_vars == {"ACCELERATE_USE_CPU": "1"} and words[:2] == ["accelerate", "launch"]
+    # the README's command at test size; a free port, as other tests may launch at once
+    cmd = [ACCELERATE, "launch", "--main_process_port", str(free_port()), *words[2:],
+           *[f"--set={o}" for o in shapes_overrides(out, "train.max_steps=4")],
+           "--output-dir", str(out)]
+    env = {**os.environ, **env_vars, DEBUG_ENV: str(debug), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert ("launch: 2 processes (MULTI_CPU, gloo) on 2 x cpu; mixed precision no "
+            "(train.mixed_precision)") in done.stdout.splitlines()
 
     # 16 images, 2 processes x 2 per batch: 4 steps are one epoch, split without overlap.
     ranks = [[json.loads(line) for line in (debug / f"data_rank{r}.jsonl").read_text().splitlines()]
@@ -385,6 +404,10 @@ def test_two_processes_see_different_data(tmp_path):
     assert sorted(seen[0] + seen[1]) == expected
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_processes"] == 2 and summary["steps"] == 4
+    assert summary["launch"] == {"num_processes": 2, "distributed_type": "MULTI_CPU",
+                                 "backend": "gloo", "devices": ["cpu", "cpu"],
+                                 "mixed_precision": "no",
+                                 "precision_from": "train.mixed_precision"}
     ckpt = out / "checkpoints" / "step_000004"
     assert (ckpt / "random_states_0.pkl").is_file() and (ckpt / "random_states_1.pkl").is_file()
 
@@ -495,8 +518,67 @@ def test_config_errors_name_the_key(tmp_path):
 def test_refuses_processes_that_do_not_see_each_other(tmp_path, monkeypatch):
     """WORLD_SIZE=2 but Accelerate runs alone (e.g. --multi_gpu on a CPU machine)."""
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(TrainError, match="ACCELERATE_USE_CPU=1"):
+    with pytest.raises(TrainError, match="ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu"):
         train(shapes_config(tmp_path / "run"))
+
+
+def test_cpu_flag_with_several_processes_is_refused(tmp_path):
+    """`accelerate launch --cpu --num_processes 2` starts one process: refused in one line
+    (the launcher's own traceback follows it), nothing written."""
+    out = tmp_path / "run"
+    cmd = [ACCELERATE, "launch", "--cpu", "--num_processes", "2",
+           str(REPO / "scripts" / "train.py"), "--config", str(REPO / "configs" / "quickstart.py"),
+           *[f"--set={o}" for o in shapes_overrides(out, "train.max_steps=4")]]
+    launcher_vars = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in launcher_vars}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode != 0
+    ours = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert ours == ["error: accelerate launch was asked for several processes but started only "
+                    "this one (its one-process launcher, used with --cpu, ignores "
+                    "--num_processes); for N CPU processes run "
+                    "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N "
+                    "scripts/train.py ..."], done.stderr[-3000:]
+    assert not out.exists()
+
+
+def test_a_users_own_master_addr_is_no_launch_of_several(tmp_path, monkeypatch):
+    """The check looks at who set MASTER_ADDR: the launcher (absent from the parent's
+    environment: refused) or the user (present there too: a single process is fine)."""
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    cfg = shapes_config(tmp_path)
+    for parent_has_it in (False, True):
+        extra = {"MASTER_ADDR": "127.0.0.1"} if parent_has_it else {}
+        parent = subprocess.Popen(["sleep", "60"], env={"PATH": os.environ["PATH"], **extra})
+        try:
+            monkeypatch.setattr(os, "getppid", lambda pid=parent.pid: pid)
+            if parent_has_it:
+                assert make_accelerator(cfg, tmp_path).num_processes == 1
+            else:
+                with pytest.raises(TrainError, match="asked for several processes"):
+                    make_accelerator(cfg, tmp_path)
+        finally:
+            parent.kill()
+            parent.wait()
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
+def test_errors_under_an_elastic_launcher_are_printed_once(tmp_path, monkeypatch, capsys):
+    """Under torch's elastic launcher (accelerate launch --multi_gpu) every process writes
+    its error line to the launcher's error file, whose report shows it; only rank 0 prints
+    it on stderr."""
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    args = ["--config", str(REPO / "configs" / "quickstart.py"), "--set", "train.batch_sise=3"]
+    for rank, printed in (("1", False), ("0", True)):
+        monkeypatch.setenv("RANK", rank)
+        assert load_cli().main(args) == 2
+        written = json.loads(error_file.read_text())["message"]
+        assert written.startswith("error: unknown config key 'train.batch_sise'")
+        assert capsys.readouterr().err == (f"{written}\n" if printed else "")
+        error_file.unlink()
 
 
 def test_precision_follows_the_launcher_unless_the_config_sets_it(tmp_path, monkeypatch, capsys):
@@ -609,7 +691,7 @@ def test_fresh_start_over_a_previous_run_needs_overwrite(tmp_path, capsys):
     assert err.startswith(f"error: {out.resolve()} already holds a previous run "
                           "(ema.safetensors, log.jsonl, summary.json")
     assert "--overwrite to replace it" in err
-    err = cli_error(capsys, out, "train.max_steps=3", resume="latest")
+    err = cli_error(capsys, out, "train.max_steps=3", resume="latest-or-new")
     assert "already holds a previous run (ema.safetensors, summary.json)" in err
     err = cli_error(capsys, out, "train.max_steps=3", resume="latest", overwrite=True)
     assert "--overwrite replaces a run and --resume latest continues it" in err
@@ -631,7 +713,12 @@ def test_resume_applies_new_optimizer_settings_and_refuses_a_new_seed(tmp_path, 
     train(shapes_config(out, "train.max_steps=3"))
     changed = ("optim.lr=5e-4", "optim.weight_decay=0.1", "optim.betas=(0.9,0.95)",
                "optim.warmup_steps=8")
+    capsys.readouterr()
     trainer = Trainer(shapes_config(out, "train.max_steps=6", *changed), resume="latest")
+    assert ("note: the LR schedule changes at step 3 (optim.lr 0.001 -> 0.0005, "
+            "optim.warmup_steps 5 -> 8): LR 0.0006 at step 3 under the old one; from here on "
+            "0.000188 at step 3, warm-up to 0.0005 at step 8, then constant 0.0005"
+            ) in capsys.readouterr().out.splitlines()
     group = trainer.optimizer.param_groups[0]
     assert group["lr"] == pytest.approx(5e-4 * 3 / 8)
     assert (group["betas"], group["weight_decay"]) == ((0.9, 0.95), 0.1)
@@ -647,6 +734,103 @@ def test_resume_applies_new_optimizer_settings_and_refuses_a_new_seed(tmp_path, 
     err = cli_error(capsys, out, "train.max_steps=9", *changed, "train.seed=7", resume="latest")
     assert "train.seed=7 but the run was started with train.seed=1234" in err
     assert snapshot(out) == before
+
+
+def test_resume_latest_needs_a_checkpoint(tmp_path, capsys):
+    """`--resume latest` into a folder without checkpoints (a typo) is refused naming the
+    folder, which is not created; `--resume latest-or-new` starts the run, then continues
+    it."""
+    typo = tmp_path / "rnu"
+    err = cli_error(capsys, typo, "train.max_steps=3", resume="latest")
+    assert err == (f"error: --resume latest: no checkpoint in {typo.resolve()} to resume (check "
+                   "train.output_dir; --resume latest-or-new starts a new run where there is "
+                   "none)")
+    assert not typo.exists()
+    for steps, said in ((3, f"note: no checkpoint in {typo.resolve()}: starting a new run"),
+                        (6, "resumed from")):
+        args = ["--config", str(REPO / "configs" / "quickstart.py"), "--resume", "latest-or-new"]
+        for o in shapes_overrides(typo, f"train.max_steps={steps}"):
+            args += ["--set", o]
+        assert load_cli().main(args) == 0
+        assert said in capsys.readouterr().out
+    assert [c.name for c in list_checkpoints(typo)] == ["step_000003", "step_000006"]
+
+
+def test_resume_records_every_change_in_config_json(tmp_path):
+    """config.json is the current config plus the changes of each resume, at the step they
+    took effect; each checkpoint holds the history up to its step; the original is the
+    first config of config_history."""
+    out = tmp_path / "run"
+    original = shapes_config(out, "train.max_steps=3")
+    train(original)
+    first = shapes_config(out, "train.max_steps=6", "optim.lr=5e-4")
+    train(first, resume="latest")
+    train(first, resume="latest")  # nothing to train: nothing recorded
+    second = shapes_config(out, "train.max_steps=7", "optim.lr=5e-4", "train.log_every=1")
+    train(second, resume="latest")
+
+    saved = json.loads((out / "config.json").read_text())
+    assert [(r["step"], r["changes"]) for r in saved["resumes"]] == [
+        (3, {"optim.lr": [1e-3, 5e-4], "train.max_steps": [3, 6]}),
+        (6, {"train.max_steps": [6, 7], "train.log_every": [2, 1]})]
+    assert all(time.strptime(r["time"], "%Y-%m-%dT%H:%M:%S+00:00") for r in saved["resumes"])
+    assert load_config(out / "config.json") == second  # --config run/config.json: the latest
+    assert config_history(out / "config.json") == [(0, original), (3, first), (6, second)]
+    checkpoints = out / "checkpoints"
+    assert config_history(checkpoints / "step_000006" / "config.json") == [(0, original),
+                                                                          (3, first)]
+    assert ((checkpoints / "step_000007" / "config.json").read_text()
+            == (out / "config.json").read_text())
+    assert [r["lr"] for r in read_log(out)][-2:] == pytest.approx([5e-4, 5e-4])
+
+
+def test_resume_below_or_at_the_run_step(tmp_path, capsys, six_step_run):
+    """train.max_steps below the checkpoint's step is refused in one line; at the step there
+    is nothing to train, and the run folder (config.json, summary.json) is kept."""
+    out = tmp_path / "run"
+    shutil.copytree(six_step_run, out)
+    before = snapshot(out)
+    err = cli_error(capsys, out, "train.max_steps=4", resume="latest")
+    ckpt = out.resolve() / "checkpoints" / "step_000006"
+    assert err == (f"error: train.max_steps=4 is below step 6 of {ckpt}: a resume cannot "
+                   "undo steps (set train.max_steps >= 6)")
+    assert snapshot(out) == before
+
+    args = ["--config", str(REPO / "configs" / "quickstart.py"), "--resume", "latest"]
+    for o in shapes_overrides(out, "train.max_steps=6", "optim.lr=5e-4"):
+        args += ["--set", o]
+    assert load_cli().main(args) == 0
+    assert ("note: the run is at step 6 = train.max_steps: nothing to train; its config.json "
+            "and summary.json are kept (ignored: optim.lr, train.output_dir)"
+            ) in capsys.readouterr().out
+    assert snapshot(out) == before
+    assert json.loads((out / "summary.json").read_text())["final_loss"] == read_log(out)[-1]["loss"]
+
+
+def test_schedule_change_on_resume_is_announced(tmp_path, capsys):
+    """Raising train.max_steps moves the cosine schedule's end: a note says the LR at this
+    step before and now and what it does from here on, and the log follows it. A constant
+    LR does not depend on train.max_steps: no note."""
+    out = tmp_path / "cosine"
+    train(shapes_config(out, "train.max_steps=6", "optim.lr_schedule=cosine"))
+    capsys.readouterr()
+    train(shapes_config(out, "train.max_steps=10", "optim.lr_schedule=cosine"), resume="latest")
+
+    def cosine(step: int) -> float:  # warm-up 5 steps, then cosine to 0 at step 10
+        return 1e-3 * 0.5 * (1 + math.cos(math.pi * (step - 5) / (10 - 5)))
+
+    assert (f"note: the LR schedule changes at step 6 (train.max_steps 6 -> 10): LR 0 at step 6 "
+            f"under the old one; from here on {cosine(6):.3g} at step 6, cosine decay to 0 at "
+            "step 10") in capsys.readouterr().out.splitlines()
+    log = read_log(out)[3:]
+    assert [r["step"] for r in log] == [8, 10]
+    assert [r["lr"] for r in log] == pytest.approx([cosine(8), 0.0])
+
+    out = tmp_path / "constant"
+    train(shapes_config(out, "train.max_steps=3"))
+    capsys.readouterr()
+    train(shapes_config(out, "train.max_steps=6"), resume="latest")
+    assert "LR schedule" not in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")
@@ -741,12 +925,12 @@ def test_disk_full_or_read_only_run_folder_is_one_line(tmp_path, capsys, monkeyp
     # Still full at the resume: the leftover of a killed save is cleared, then one line.
     (out / "checkpoints" / "step_000006.tmp").mkdir()
 
-    def no_space(cfg, path):
+    def no_space(cfg, path, resumes):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
     import uvic.run_folder as run_folder  # where the run folder is prepared
 
-    monkeypatch.setattr(run_folder, "save_config", no_space)
+    monkeypatch.setattr(run_folder, "save_run_config", no_space)
     err = cli_error(capsys, out, "train.max_steps=6", resume="latest")
     assert err == (f"error: cannot write to the run folder: {out.resolve() / 'config.json'} "
                    f"({os.strerror(errno.ENOSPC)})")

@@ -23,13 +23,14 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from uvic.config import Config, ConfigError, config_changes, load_config
+from uvic.config import Config, ConfigError, config_changes, config_diff
 from uvic.files import atomic_write, fsync, fsync_tree
 
 # Keys under which training scripts commonly nest a state dict.
@@ -42,7 +43,9 @@ RUN_EMA = "ema.safetensors"  # a run's EMA weights, at its root and in every che
 # What a run writes into its folder (besides the lock): a fresh start refuses to overwrite it.
 RUN_OUTPUTS = ("checkpoints", RUN_EMA, "log.jsonl", "summary.json", "samples", "tensorboard",
                "config.json")
-RESUME_CHOICES = ("latest", "latest-intact")  # besides a checkpoint or run folder path
+# besides a checkpoint or run folder path; "latest-or-new" starts the run if it has no
+# checkpoint yet, the others refuse
+RESUME_CHOICES = ("latest", "latest-intact", "latest-or-new")
 
 
 class CheckpointError(ValueError):
@@ -228,18 +231,24 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 def resolve_resume(run_dir: str | Path, resume: str | None,
                    skipped: list[str] | None = None) -> Path | None:
-    """The checkpoint folder to resume from: None (fresh), "latest" (None if the run has no
-    checkpoint yet), "latest-intact" (the newest checkpoint whose files all read back; each
-    one passed over is appended to `skipped` with the reason), a checkpoint folder, or a
-    run folder (its latest checkpoint).
+    """The checkpoint folder to resume from: None (fresh), "latest", "latest-intact" (the
+    newest checkpoint whose files all read back; each one passed over is appended to
+    `skipped` with the reason), "latest-or-new" (as "latest", or None if the run has no
+    checkpoint yet), a checkpoint folder, or a run folder (its latest checkpoint).
 
-    "latest" and a path refuse a checkpoint with an unreadable file (CheckpointError naming
-    the file and the "latest-intact" way out).
+    "latest" and "latest-intact" refuse a run without checkpoints (CheckpointError naming
+    the folder: a mistyped folder must not start a new run); "latest", "latest-or-new" and
+    a path refuse a checkpoint with an unreadable file (naming the file and the
+    "latest-intact" way out).
     """
     if resume is None:
         return None
     if resume in RESUME_CHOICES:
         checkpoints = list_checkpoints(run_dir)
+        if not checkpoints and resume != "latest-or-new":
+            raise CheckpointError(f"--resume {resume}: no checkpoint in {run_dir} to resume "
+                                  "(check train.output_dir; --resume latest-or-new starts a "
+                                  "new run where there is none)")
     else:
         path = Path(resume)
         checkpoints = [path] if (path / TRAINER_STATE).is_file() else list_checkpoints(path)
@@ -253,7 +262,7 @@ def resolve_resume(run_dir: str | Path, resume: str | None,
         if resume != "latest-intact":
             older = [c.name for c in checkpoints[:len(checkpoints) - newest_first - 1]]
             fallback = ("--resume latest-intact falls back to the newest intact one" if
-                        resume == "latest" else "pass an older checkpoint folder")
+                        resume in RESUME_CHOICES else "pass an older checkpoint folder")
             way_out = (f"; {fallback} (of {', '.join(older)})" if older
                        else "; no older checkpoint to fall back to")
             raise CheckpointError(f"cannot resume from {problem}{way_out}")
@@ -312,17 +321,21 @@ def _check_zip(path: Path) -> None:
         raise ValueError(f"member {bad} fails its CRC check")
 
 
-def check_resume_config(checkpoint: Path, cfg: Config) -> list[str]:
-    """Refuse to resume `checkpoint` under a different model or train.seed (ConfigError
-    naming the fields); returns one line per changed data/diffusion/optim field, which a
-    resume applies (the trainer sets the new optim values on the restored optimizer)."""
-    saved_path = checkpoint / "config.json"
-    if not saved_path.is_file():
-        saved_path = checkpoint.parent.parent / "config.json"
-    if not saved_path.is_file():
-        raise CheckpointError(f"cannot resume from {checkpoint}: no config.json in it or its "
-                              "run folder")
-    saved = load_config(saved_path)
+def resume_config_path(checkpoint: Path) -> Path:
+    """The config.json a checkpoint was written with: its own, else its run folder's."""
+    for path in (checkpoint / "config.json", checkpoint.parent.parent / "config.json"):
+        if path.is_file():
+            return path
+    raise CheckpointError(f"cannot resume from {checkpoint}: no config.json in it or its "
+                          "run folder")
+
+
+def check_resume_config(checkpoint: Path, saved: Config,
+                        cfg: Config) -> dict[str, tuple[Any, Any]]:
+    """Refuse to resume `checkpoint` (written with `saved`) under a different model or
+    train.seed (ConfigError naming the fields); returns every other changed field,
+    "section.field" -> (old, new), which the resume applies (the trainer sets the new
+    optim values on the restored optimizer) and records in config.json."""
     diffs = config_changes(saved, cfg, "model")
     if diffs:
         raise ConfigError(f"refusing to resume from {checkpoint}: the model differs from "
@@ -332,8 +345,7 @@ def check_resume_config(checkpoint: Path, cfg: Config) -> list[str]:
         # continued under another seed would be recorded as a run that never happened.
         raise ConfigError(f"refusing to resume from {checkpoint}: train.seed={cfg.train.seed} "
                           f"but the run was started with train.seed={saved.train.seed}")
-    return [change for section in ("data", "diffusion", "optim")
-            for change in config_changes(saved, cfg, section)]
+    return config_diff(saved, cfg)
 
 
 def commit_checkpoint(tmp: Path, final: Path) -> None:

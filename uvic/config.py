@@ -5,7 +5,8 @@ Any field can be overridden from the command line with `--set section.field=valu
 (for example `--set train.batch_size=64 --set model.attention=uvic`). Values are parsed
 with the field's declared type; an unknown key or a value of the wrong type raises a
 `ConfigError` naming the key. The resolved config is saved as JSON next to every run's
-outputs and can be loaded back with `load_config("run/config.json")`.
+outputs and can be loaded back with `load_config("run/config.json")` (a run's config.json
+also lists what each resume changed, under `resumes`: see `uvic.run_folder`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ SCHEDULES = ("vp_continuous", "scaled_linear")
 MIXED_PRECISIONS = ("", "no", "fp16", "bf16")  # "": the launcher's
 FID_MODES = ("clean", "legacy_pytorch", "legacy_tensorflow")
 DPM_SOLVER_NAMES = ("dpm_solver++", "dpm_solver")  # else a diffusers scheduler class name
+# A run's config.json: the current config plus, under this key, the changes each resume
+# made (uvic.run_folder); loading the file as a config skips it.
+RESUMES_KEY = "resumes"
 
 
 # --------------------------------------------------------------------------- sections
@@ -312,6 +316,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
             data = json.loads(path.read_text())
         except json.JSONDecodeError as err:
             raise ConfigError(f"{path}: not valid JSON ({err})") from err
+        if isinstance(data, dict):  # a run's config.json: its resume history is no setting
+            data = {k: v for k, v in data.items() if k != RESUMES_KEY}
         cfg = from_dict(data, source=str(path))
     elif path.suffix == ".py":
         spec = importlib.util.spec_from_file_location(f"uvic_config_{path.stem}", path)
@@ -383,6 +389,20 @@ def config_changes(saved: Config, current: Config, section: str) -> list[str]:
     old, new = to_dict(saved)[section], to_dict(current)[section]
     return [f"{section}.{k}: {old.get(k)!r} in the checkpoint vs {new.get(k)!r} now"
             for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def config_diff(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
+    """Every field that differs between two configs: "section.field" (or a top-level
+    name) -> (old value, new value), in the order of the config's fields."""
+    before, after = to_dict(old), to_dict(new)
+    diff = {}
+    for section, values in before.items():
+        if isinstance(values, dict):
+            diff.update({f"{section}.{k}": (v, after[section][k]) for k, v in values.items()
+                         if v != after[section][k]})
+        elif values != after[section]:
+            diff[section] = (values, after[section])
+    return diff
 
 
 def from_dict(data: dict[str, Any], source: str = "config") -> Config:

@@ -5,15 +5,25 @@ A run folder (`train.output_dir`) holds `config.json`, `log.jsonl`, `checkpoints
 `ema.safetensors` (the latest checkpoint's EMA weights) and `summary.json`; `.run.lock`
 (`uvic.runlock`) keeps a second run out while one uses it. Each function returns a
 message or raises OSError; the trainer turns them into its one-line errors.
+
+`config.json` (the run's, and each checkpoint's copy) is the config the run is at now,
+with every change a resume made listed under `resumes`, oldest first:
+`{"step": 90, "changes": {"train.max_steps": [90, 120], "optim.lr": [0.001, 0.0005]},
+"time": "..."}` says that the steps after step 90 ran with the new values. Loaded with
+`--config`, the file gives the current config (`resumes` is skipped); `config_history`
+undoes the changes to give every config the run ran with, the original first.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -25,8 +35,8 @@ from uvic.checkpoint import (
     remove_leftovers,
     sync_run_ema,
 )
-from uvic.config import Config, save_config
-from uvic.files import truncate_log
+from uvic.config import RESUMES_KEY, Config, ConfigError, from_dict, load_config, to_dict
+from uvic.files import truncate_log, write_json
 
 try:  # safetensors reports a full disk as its own error
     from safetensors import SafetensorError
@@ -53,21 +63,62 @@ def fresh_start_problem(run_dir: Path, resume: str | None, overwrite: bool) -> s
             "replace it, or set train.output_dir to a new folder")
 
 
-def prepare_run_dir(run_dir: Path, cfg: Config, step: int, overwrite: bool,
-                    say: Callable[[str], None]) -> None:
+def prepare_run_dir(run_dir: Path, cfg: Config, resumes: list[dict[str, Any]], step: int,
+                    overwrite: bool, say: Callable[[str], None]) -> None:
     """The run folder before the first step (main process): leftovers of a write or
     deletion a kill cut short removed, a previous run's outputs removed (`overwrite`),
-    config.json written, log.jsonl cut back to `step`, ema.safetensors equal to the latest
-    checkpoint's. Raises OSError when the folder cannot be written."""
+    config.json written (`cfg` and its resume history), log.jsonl cut back to `step`,
+    ema.safetensors equal to the latest checkpoint's. Raises OSError when the folder
+    cannot be written."""
     remove_leftovers(run_dir)  # first: frees the space a kill left taken
     if overwrite:
         clear_run_outputs(run_dir)
-    save_config(cfg, run_dir / "config.json")
+    save_run_config(cfg, run_dir / "config.json", resumes)
     # drop the lines of steps that will be redone (or cut short by a kill)
     truncate_log(run_dir / "log.jsonl", step)
     if sync_run_ema(run_dir):
         say(f"note: {run_dir / RUN_EMA} was behind the latest checkpoint (a kill during "
             "its export); refreshed")
+
+
+def save_run_config(cfg: Config, path: Path, resumes: list[dict[str, Any]]) -> None:
+    """Write a run's config.json: `cfg` and, under `resumes`, what each resume changed."""
+    write_json(path, {**to_dict(cfg), RESUMES_KEY: resumes})
+
+
+def read_run_config(path: Path) -> tuple[Config, list[dict[str, Any]]]:
+    """A run's (or checkpoint's) config.json: the config and its resume history (oldest
+    first; none in a file written before histories were kept)."""
+    cfg = load_config(path)
+    resumes = json.loads(path.read_text()).get(RESUMES_KEY, [])
+    if not (isinstance(resumes, list) and all(
+            isinstance(r, dict) and isinstance(r.get("step"), int)
+            and isinstance(r.get("changes"), dict) for r in resumes)):
+        raise ConfigError(f"{path}: {RESUMES_KEY} must be a list of {{step, changes, time}}")
+    return cfg, resumes
+
+
+def resume_record(step: int, changes: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+    """The history entry of a resume at `step` that changed `changes` (key -> old, new)."""
+    return {"step": step, "changes": {key: list(pair) for key, pair in changes.items()},
+            "time": datetime.now(UTC).isoformat(timespec="seconds")}
+
+
+def config_history(path: Path) -> list[tuple[int, Config]]:
+    """Every config a run ran with, oldest first, each with the step after which it ran:
+    `[(0, original), (step of the first resume that changed something, the config from
+    then on), ...]`; the last is the file's own config. The original is the file's config
+    with each recorded change undone, newest first."""
+    cfg, resumes = read_run_config(path)
+    values = to_dict(cfg)
+    history = [(resumes[-1]["step"] if resumes else 0, cfg)]
+    for index in range(len(resumes) - 1, -1, -1):
+        for key, (old, _new) in resumes[index]["changes"].items():
+            section, _, name = key.rpartition(".")
+            (values[section] if section else values)[name] = old
+        since = resumes[index - 1]["step"] if index else 0
+        history.insert(0, (since, from_dict(values, source=str(path))))
+    return history
 
 
 def checkpoint_bytes(run_dir: Path, model: nn.Module) -> int:

@@ -21,33 +21,43 @@ Checkpoints hold the model, EMA, optimizer, LR schedule, grad scaler (Accelerate
 Precision: `train.mixed_precision` when set, else the launcher's (`accelerate launch
 --mixed_precision`, `accelerate config`); accumulation and the seed come from the config.
 Metrics go to `train.log_with` (an Accelerate tracker: tensorboard, wandb, ...). With
-several nodes, `train.output_dir` must be on a filesystem they share.
+several nodes, `train.output_dir` must be on a filesystem they share. A run says at start
+how many processes it runs, on which devices and in which precision ("launch: ...", also
+in summary.json and every checkpoint's trainer state), and refuses a launch that asked for
+several processes but got one (`make_accelerator`).
 
 Run folder (`train.output_dir`):
-    config.json            resolved config
+    config.json            resolved config, and what each resume changed (uvic.run_folder)
     log.jsonl              one line per log step: step, loss, lr, grad_norm, images/s, time
     tensorboard/           the same scalars for TensorBoard (the tracker's logging folder)
     samples/step_*.png     sample grids of the EMA model with fixed noise (and prompts)
     checkpoints/step_*/    the last `train.keep_last` checkpoints, and those of `train.keep_steps`
     ema.safetensors        EMA weights of the latest checkpoint (what sampling loads)
-    summary.json           written at the end: steps, final loss, time per step, images/s
+    summary.json           written at the end: steps, final loss, time per step, images/s,
+                           processes, devices, precision
     .run.lock              held while a run uses the folder (`uvic.runlock`)
 
 Safety of the run folder: one run at a time (the lock); a fresh start over a previous run
-is refused unless `overwrite`; a resume applies changed optim values and refuses a changed
-model or seed, so config.json describes what ran; a checkpoint with an unreadable file is
-named ("latest-intact" skips it); a failed write (disk full, read-only) is one line.
+is refused unless `overwrite`; "latest" without a checkpoint is refused ("latest-or-new"
+starts the run); a resume refuses a changed model or seed and a train.max_steps below its
+step, applies and records (config.json `resumes`) every other change, and names a change
+of the LR schedule, so config.json describes what ran; a checkpoint with an unreadable file
+is named ("latest-intact" skips it); a failed write (disk full, read-only) is one line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -56,6 +66,7 @@ from accelerate.utils import (
     GradientAccumulationPlugin,
     ProjectConfiguration,
     broadcast_object_list,
+    gather_object,
     set_seed,
 )
 from torch import Tensor
@@ -70,16 +81,25 @@ from uvic.checkpoint import (
     list_checkpoints,
     remove_tree,
     resolve_resume,
+    resume_config_path,
     save_safetensors,
 )
-from uvic.config import Config, ConfigError, flat_dict, save_config, validate
+from uvic.config import Config, ConfigError, flat_dict, validate
 from uvic.data import build_dataset, load_empty_context
 from uvic.diffusion import Diffusion, diffusion_loss
 from uvic.ema import EMA
 from uvic.files import write_json
 from uvic.images import save_grid
-from uvic.optim import apply_optim_config, make_optimizer
-from uvic.run_folder import checkpoint_bytes, fresh_start_problem, prepare_run_dir, write_failure
+from uvic.optim import apply_optim_config, make_optimizer, schedule_change
+from uvic.run_folder import (
+    checkpoint_bytes,
+    fresh_start_problem,
+    prepare_run_dir,
+    read_run_config,
+    resume_record,
+    save_run_config,
+    write_failure,
+)
 from uvic.runlock import RunLock, RunLockError
 from uvic.sampling import SampleGrid
 from uvic.seeding import noise_seed, record_batches, seeded_loader
@@ -92,13 +112,17 @@ class TrainError(RuntimeError):
 
 def train(cfg: Config, resume: str | None = None, overwrite: bool = False) -> Path:
     """Train the model of `cfg` (fresh, or continuing from `resume`: "latest",
-    "latest-intact", a checkpoint folder or a run folder); returns the run folder
-    `cfg.train.output_dir`. A fresh start into a folder holding a previous run is refused
-    unless `overwrite` (which deletes that run's outputs first)."""
+    "latest-intact", "latest-or-new", a checkpoint folder or a run folder); returns the run
+    folder `cfg.train.output_dir`. A fresh start into a folder holding a previous run is
+    refused unless `overwrite` (which deletes that run's outputs first)."""
     return Trainer(cfg, resume, overwrite).fit()
 
 
 # --------------------------------------------------------------------------- setup
+
+# Several training processes on CPUs (gloo), as the README documents it: Accelerate's
+# multi-process launcher, told by ACCELERATE_USE_CPU=1 to use the CPU.
+CPU_LAUNCH = "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N"
 
 
 def make_accelerator(cfg: Config, run_dir: Path) -> Accelerator:
@@ -107,6 +131,13 @@ def make_accelerator(cfg: Config, run_dir: Path) -> Accelerator:
     Precision: train.mixed_precision when set (a launcher setting that disagrees is named
     in a note), else the launcher's (`accelerate launch --mixed_precision`, `accelerate
     config`), which Accelerate reads from ACCELERATE_MIXED_PRECISION.
+
+    A launch that asked for several processes but runs this one alone is refused (one
+    line, before any work): N copies of one process that do not see each other (WORLD_SIZE
+    above Accelerate's count: `--multi_gpu` without GPUs), or `accelerate launch` with
+    `--num_processes N` that started one process (its simple launcher, e.g. with `--cpu`:
+    it sets MASTER_ADDR for N > 1 but starts one process). Refused rather than run: the
+    run would not be the launched one (N times the per-process batch and the time).
     """
     t = cfg.train
     launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")
@@ -128,14 +159,62 @@ def make_accelerator(cfg: Config, run_dir: Path) -> Accelerator:
     if acc.num_processes != world:
         # e.g. `accelerate launch --multi_gpu` without GPUs: N independent copies would
         # write the same run folder.
-        raise TrainError(f"launched as {world} processes (WORLD_SIZE) but Accelerate runs "
-                         f"{acc.num_processes} ({acc.distributed_type}); without GPUs set "
-                         "ACCELERATE_USE_CPU=1 for multi-process CPU training (gloo)")
+        raise TrainError(f"launched as {world} processes (WORLD_SIZE={world}) but Accelerate "
+                         f"finds no GPU for them and runs each alone "
+                         f"({acc.distributed_type.value}); for several CPU processes run "
+                         f"{CPU_LAUNCH} scripts/train.py ...")
+    if (acc.num_processes == 1 and "ACCELERATE_USE_CPU" in os.environ
+            and _set_by_launcher("MASTER_ADDR")):
+        raise TrainError("accelerate launch was asked for several processes but started only "
+                         "this one (its one-process launcher, used with --cpu, ignores "
+                         "--num_processes); for N CPU processes run "
+                         f"{CPU_LAUNCH} scripts/train.py ...")
     if t.mixed_precision and launcher and launcher != t.mixed_precision and acc.is_main_process:
         tqdm.write(f"note: train.mixed_precision={t.mixed_precision} overrides the launcher's "
                    f"--mixed_precision {launcher}; set train.mixed_precision= (empty) to "
                    "follow the launcher")
     return acc
+
+
+def _set_by_launcher(name: str) -> bool:
+    """Whether the environment variable `name` was set by the program that started this
+    process: set here but not in the parent's environment (Linux /proc); where that cannot
+    be read, whether it is set. (A user's own MASTER_ADDR is then no launcher's.)"""
+    if name not in os.environ:
+        return False
+    try:
+        parent = Path(f"/proc/{os.getppid()}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return True
+    return not any(entry.startswith(f"{name}=".encode()) for entry in parent)
+
+
+def launch_facts(acc: Accelerator, cfg: Config) -> dict[str, Any]:
+    """How this run runs: processes, distributed type and backend, every process's device
+    (gathered, in rank order) and the precision with where it came from."""
+    device = str(acc.device) if acc.device.type != "cpu" else "cpu"  # gloo: all "cpu:0"
+    if acc.device.type == "cuda":
+        device += f" ({torch.cuda.get_device_name(acc.device)})"
+    return {
+        "num_processes": acc.num_processes,
+        "distributed_type": acc.distributed_type.value,
+        "backend": acc.state.backend,
+        "devices": gather_object([device]),
+        "mixed_precision": acc.mixed_precision,
+        "precision_from": "train.mixed_precision" if cfg.train.mixed_precision else "launcher",
+    }
+
+
+def describe_launch(facts: dict[str, Any]) -> str:
+    """One line, e.g. "launch: 2 processes (MULTI_CPU, gloo) on 2 x cpu; mixed precision no
+    (train.mixed_precision)"."""
+    n = facts["num_processes"]
+    kind = facts["distributed_type"] if facts["distributed_type"] != "NO" else None
+    how = ", ".join(x for x in (kind, facts["backend"]) if x)
+    kinds = Counter(re.sub(r":\d+", "", device) for device in facts["devices"])
+    on = ", ".join(kind if count == 1 else f"{count} x {kind}" for kind, count in kinds.items())
+    return (f"launch: {n} process{'es' if n > 1 else ''}{f' ({how})' if how else ''} on {on}; "
+            f"mixed precision {facts['mixed_precision']} ({facts['precision_from']})")
 
 
 # --------------------------------------------------------------------------- trainer
@@ -153,6 +232,8 @@ class Trainer:
         self.run_dir = Path(cfg.train.output_dir).resolve()
         self.accelerator = make_accelerator(cfg, self.run_dir)
         self.is_main, self.device = self.accelerator.is_main_process, self.accelerator.device
+        self.launch = launch_facts(self.accelerator, cfg)
+        self._print(describe_launch(self.launch))
         self.lock = self._lock_run_dir()
         try:
             self._setup(resume)
@@ -167,6 +248,9 @@ class Trainer:
             raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by "
                               f"{acc.num_processes} processes x train.grad_accum={t.grad_accum}")
         self.batch_per_process = t.batch_size // (acc.num_processes * t.grad_accum)
+        # what config.json records: the config and its resume history (set by _find_start)
+        self.recorded: tuple[Config, list[dict[str, Any]]] = (cfg, [])
+        self.nothing_to_train = False  # a resume at train.max_steps: the folder is kept
         self.resume_from = self._find_start(resume)
 
         self.diffusion = Diffusion(cfg.diffusion)
@@ -203,13 +287,14 @@ class Trainer:
         self.last_saved = self.step if self.resume_from is not None else -1
         if self.is_main:
             try:
-                prepare_run_dir(self.run_dir, cfg, self.step, self.overwrite, self._print)
+                prepare_run_dir(self.run_dir, *self.recorded, self.step, self.overwrite,
+                                self._print)
             except OSError as err:
                 raise TrainError(f"cannot write to the run folder: "
                                  f"{err.filename or self.run_dir} ({err.strerror or err})") from err
         acc.wait_for_everyone()
         self.grid = self._prepare_grid()
-        if self.is_main:
+        if self.is_main and not self.nothing_to_train:
             acc.init_trackers(cfg.name, config=flat_dict(cfg))
 
     # ------------------------------------------------------------------ loop
@@ -223,7 +308,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)  # since the last log, on device
         loss_steps = window_steps = 0
         self.window_start = time.perf_counter()  # throughput window
-        self.last_loss: float | None = None
+        self.last_loss: float | None = self._logged_loss()  # of the current step, if logged
         grad_norm: Tensor | None = None
         bar = tqdm(total=t.max_steps, initial=self.step, disable=not self.is_main,
                    desc=self.cfg.name, dynamic_ncols=True)
@@ -381,10 +466,12 @@ class Trainer:
         acc.wait_for_everyone()
         if self.is_main:
             save_safetensors(self.ema.model, tmp / "ema.safetensors")
-            save_config(self.cfg, tmp / "config.json")
+            recorded_cfg, resumes = self.recorded
+            save_run_config(recorded_cfg, tmp / "config.json", resumes)
             write_json(tmp / TRAINER_STATE, {
                 "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                 "num_processes": acc.num_processes, "batch_per_process": self.batch_per_process,
+                "launch": self.launch,
                 "grad_accum": self.cfg.train.grad_accum,
                 "images_seen": self.step * self.cfg.train.batch_size,
                 # training time so far, including the current (unlogged) window
@@ -411,8 +498,15 @@ class Trainer:
         self.accelerator.wait_for_everyone()
 
     def _write_summary(self, start_step: int, wall_time: float) -> None:
+        """summary.json of the run at its current step; a session that trained nothing
+        keeps the summary a previous session wrote at this step."""
         if not self.is_main:
             return
+        previous = self.run_dir / "summary.json"
+        if self.step == start_step and previous.is_file():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                if json.loads(previous.read_text())["steps"] == self.step:
+                    return
         step_time = self.train_time / self.step if self.step else float("nan")
         write_json(self.run_dir / "summary.json", {
             "steps": self.step,
@@ -424,26 +518,60 @@ class Trainer:
             "num_processes": self.accelerator.num_processes,
             "global_batch": self.cfg.train.batch_size,
             "resumed_from": str(self.resume_from) if self.resume_from else None,
+            "launch": self.launch,
         })
+
+    def _logged_loss(self) -> float | None:
+        """The loss log.jsonl holds for the current step (a resume at a logged step)."""
+        path = self.run_dir / "log.jsonl"
+        if not self.is_main or not path.is_file():
+            return None
+        lines = path.read_text().splitlines()
+        with contextlib.suppress(ValueError, KeyError, TypeError, IndexError):
+            record = json.loads(lines[-1])
+            if record["step"] == self.step:
+                return record["loss"]
+        return None
 
     # ------------------------------------------------------------------ setup
 
     def _find_start(self, resume: str | None) -> Path | None:
-        """The checkpoint to resume from (None: fresh); refuses to overwrite a run or to
-        resume with a different model or seed."""
+        """The checkpoint to resume from (None: fresh); refuses to overwrite a run, to
+        resume with a different model or seed or below the checkpoint's step; sets what
+        config.json records (the changes of this resume added to the history)."""
         skipped: list[str] = []
         start = resolve_resume(self.run_dir, resume, skipped)
         for line in skipped:
             self._print(f"note: {line}")
         if start is None:
-            if resume is not None:
-                self._print(f"no checkpoint in {self.run_dir}: starting from scratch")
+            if resume is not None:  # latest-or-new
+                self._print(f"note: no checkpoint in {self.run_dir}: starting a new run")
             problem = fresh_start_problem(self.run_dir, resume, self.overwrite)
             if problem is not None:
                 raise TrainError(problem)
             return None
-        for change in check_resume_config(start, self.cfg):  # applied, and said out loud
-            self._print(f"note: resuming with a changed setting, {change}")
+        step = json.loads((start / TRAINER_STATE).read_text())["step"]
+        max_steps = self.cfg.train.max_steps
+        if max_steps < step:
+            raise TrainError(f"train.max_steps={max_steps} is below step {step} of {start}: a "
+                             f"resume cannot undo steps (set train.max_steps >= {step})")
+        saved, resumes = read_run_config(resume_config_path(start))
+        resumes = [r for r in resumes if r["step"] <= step]  # a run folder's, past `start`
+        changes = check_resume_config(start, saved, self.cfg)
+        if max_steps == step:  # nothing runs: no change takes effect, nothing is rewritten
+            self.nothing_to_train, self.recorded = True, (saved, resumes)
+            ignored = f" (ignored: {', '.join(changes)})" if changes else ""
+            self._print(f"note: the run is at step {step} = train.max_steps: nothing to "
+                        f"train; its config.json and summary.json are kept{ignored}")
+            return start
+        for key, (old, new) in changes.items():  # applied, recorded and said out loud
+            self._print(f"note: resuming with a changed setting, {key}: {old!r} in the "
+                        f"checkpoint vs {new!r} now")
+        note = schedule_change(saved.optim, saved.train.max_steps, self.cfg.optim, max_steps,
+                               step)
+        if note is not None:
+            self._print(f"note: {note}")
+        self.recorded = (self.cfg, resumes + ([resume_record(step, changes)] if changes else []))
         return start
 
     def _load_checkpoint(self, checkpoint: Path) -> None:

@@ -7,23 +7,32 @@
 
 `--config` takes a configs/*.py file or a run's config.json; `--set section.field=value`
 (repeatable) overrides any field; `--resume latest` continues the run in
-train.output_dir from its newest checkpoint (or starts it if it has none), `--resume
-latest-intact` from its newest checkpoint whose files all read back (naming those skipped),
-`--resume PATH` from a given checkpoint or run folder. A run folder is locked while a run
-uses it; a fresh start into a folder holding a previous run is refused unless `--overwrite`
-(which deletes that run's outputs first). Precision comes from train.mixed_precision when the
-config sets it (the presets do), else from the launcher. Several processes without GPUs (gloo):
+train.output_dir from its newest checkpoint (refused if it has none: `--resume
+latest-or-new` starts it then), `--resume latest-intact` from its newest checkpoint whose
+files all read back (naming those skipped), `--resume PATH` from a given checkpoint or run
+folder. A resume records what it changed in config.json and refuses a train.max_steps below
+the checkpoint's step. A run folder is locked while a run uses it; a fresh start into a
+folder holding a previous run is refused unless `--overwrite` (which deletes that run's
+outputs first). Precision comes from train.mixed_precision when the config sets it (the
+presets do), else from the launcher. Several processes without GPUs (gloo):
 `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 scripts/train.py ...`
-(Accelerate's `--cpu` flag alone starts a single process).
+(Accelerate's `--cpu` flag starts a single process whatever `--num_processes` says: the run
+refuses that launch).
 Expected problems (bad config, missing data, diverged run) end with a one-line
-`error: ...` and exit status 2.
+`error: ...` and exit status 2; under a multi-process launcher (`--multi_gpu`, torchrun)
+the first process prints it and every process writes it to the launcher's error file, so
+that the launcher's failure report ends with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import sys
+import time
+from pathlib import Path
 
 from uvic.checkpoint import CheckpointError
 from uvic.config import ConfigError, load_config
@@ -40,15 +49,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="configs/*.py (defines get_config()) or a run's config.json")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.FIELD=VALUE", help="override a config field (repeatable)")
-    parser.add_argument("--resume", default=None, metavar="latest|latest-intact|PATH",
+    parser.add_argument("--resume", default=None,
+                        metavar="latest|latest-intact|latest-or-new|PATH",
                         help="continue from the newest (intact) checkpoint of the run, or "
-                        "from PATH")
+                        "from PATH; latest-or-new: start the run if it has no checkpoint")
     parser.add_argument("--overwrite", action="store_true",
                         help="start afresh in a run folder that holds a previous run, "
                         "deleting its checkpoints, weights, logs and samples")
     parser.add_argument("--output-dir", default=None,
                         help="run folder (shortcut for --set train.output_dir=...)")
     return parser.parse_args(argv)
+
+
+def report_error(line: str) -> None:
+    """Print the one-line error on stderr. Under torch's elastic launcher (`accelerate
+    launch --multi_gpu`, torchrun), which gives each process an error file and ends a
+    failed launch with a report of them, write it there too, and print it from rank 0
+    only: the report shows every process's line, stderr shows it once."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:  # the launcher shows a plain-string "message" as it is
+        with contextlib.suppress(OSError):
+            Path(error_file).write_text(json.dumps({"message": line,
+                                                    "timestamp": int(time.time())}))
+    if not error_file or int(os.environ.get("RANK", "0")) == 0:
+        print(line, file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
     except EXPECTED_ERRORS as err:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"error: {message}", file=sys.stderr)
+        report_error(f"error: {message}")
         return 2
     except KeyboardInterrupt:
         return 130
