@@ -300,6 +300,8 @@ def results_table(rows: list[dict], timing: dict[str, dict]) -> str:
     lines = [header, "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         fid_cell = f"{r['fid']:.2f}" if r["fid"] is not None else "skipped"
+        if r["fid"] is not None and r.get("fid_features", "inception") != "inception":
+            fid_cell += f" ({r['fid_features']} stand-in: not Inception FID)"
         t = timing[r["model"]]
         lines.append(
             f"| {r['model']} | {r['pattern']} | {r['final_loss']:.4f} | {r['heldout_loss']:.4f} "
@@ -393,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             "heldout_loss": heldout_loss(model, cfg.diffusion, heldout[:args.heldout]),
             **quality,
             "fid": fid_value,
+            "fid_features": cfg.eval.features,
             "run_dir": MODELS[name],  # relative to the output folder
         })
         timing[name] = {"ms_per_step": 1000.0 * summary["mean_step_time_s"],

@@ -5,7 +5,9 @@ and the Table 3 builder."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +21,17 @@ from torch import nn
 import uvic.fid as fid
 import uvic.fid_stats as fid_stats
 from uvic.checkpoint import checkpoint_step, save_safetensors
-from uvic.config import Config, DataConfig, EvalConfig, ModelConfig, SampleConfig, apply_overrides
-from uvic.protocols import RELEASE
+from uvic.config import (
+    Config,
+    DataConfig,
+    EvalConfig,
+    ModelConfig,
+    SampleConfig,
+    apply_overrides,
+    load_config,
+    save_config,
+)
+from uvic.protocols import NOT_FID, RELEASE
 from uvic.uvit import build_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -166,7 +177,8 @@ def test_evaluate_end_to_end_resume_and_table(tmp_path: Path, capsys) -> None:
 
     # the protocol is recorded: sampler, steps, samples, mode, reference, features
     assert saved["protocol"]["label"] == ("dpm_solver++ order 2 3 steps, 6 samples, clean, "
-                                          "ref shapes/train/8, features tiny16")
+                                          "ref shapes/train/8, features tiny16 (stand-in: "
+                                          "NOT comparable with Inception FID)")
 
     # Table 3 from the results folder: a release-protocol CIFAR-10 result beside it
     other = dict(saved, model="U-ViT", dataset="cifar10", fid=3.5, n=50_000,
@@ -186,7 +198,7 @@ def test_evaluate_end_to_end_resume_and_table(tmp_path: Path, capsys) -> None:
     assert "3.27" in rows["U-ViC"] and "5.85" in rows["U-ViC"]
     assert rows["U-ViC"].split("|")[2].strip() == "—"  # no U-ViC CIFAR-10 result
     assert f"- P1: {RELEASE['cifar10'].label()} — *release protocol*" in table
-    assert header[-1] == "Shapes (P2)"  # the stand-in features make it another protocol
+    assert header[-1] == "Shapes (P2, stand-in: not FID)"  # the stand-in: another protocol
     assert "features tiny16" in table
     latest = json.loads((tmp_path / "results" / "shapes.json").read_text())  # the n=8 run
     assert latest["n"] == 8 and f"{latest['fid']:.2f}" in rows["U-ViC"]
@@ -292,9 +304,63 @@ def test_missing_inception_weights(tmp_path: Path) -> None:
     legacy = apply_overrides(cfg, ["eval.mode=legacy_pytorch"])
     with pytest.raises(fid_stats.InceptionWeightsMissing, match="pt_inception-2015-12-05"):
         fid_stats.build_inception(legacy, device="cpu")
-    # the default location is clean-fid's own
+    # the default file name is clean-fid's own (its folder: the user cache, below)
     default = apply_overrides(cfg, ["eval.inception_path="])
     assert fid_stats.inception_weights_path(default)[0].name == fid_stats.INCEPTION_FILE
+
+
+def test_inception_weights_default_to_the_user_cache(tmp_path: Path, monkeypatch) -> None:
+    """Item 5 of the trust issue: not /tmp (emptied on reboot) but ~/.cache/uvic, or
+    $XDG_CACHE_HOME/uvic; the missing-file line names that exact path and the URL."""
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("UVIC_FID_STATS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    expected = tmp_path / "home" / ".cache" / "uvic" / fid_stats.INCEPTION_FILE
+    assert fid_stats.inception_weights_path(Config())[0] == expected
+    assert fid_stats.default_stats_dir() == tmp_path / "home" / ".cache" / "uvic" / "fid_stats"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    expected = tmp_path / "xdg" / "uvic" / fid_stats.INCEPTION_FILE
+    assert fid_stats.inception_weights_path(Config())[0] == expected
+    assert fid_stats.default_stats_dir() == tmp_path / "xdg" / "uvic" / "fid_stats"
+    with pytest.raises(fid_stats.InceptionWeightsMissing) as info:
+        fid_stats.check_inception(Config())
+    message = str(info.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith(f"FID Inception weights not found at {expected}: download "
+                              "https://nvlabs-fi-cdn.nvidia.com/")
+    assert f"curl -L --create-dirs -o {expected} " in message  # the folder may not exist yet
+
+
+class TinyInception(nn.Module):
+    """A TorchScript stand-in with InceptionV3W's interface (`layers`, return_features)."""
+
+    def __init__(self, layers: nn.Module) -> None:
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, x: torch.Tensor, return_features: bool = True) -> torch.Tensor:
+        return self.layers(x)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning")
+def test_download_goes_to_the_user_cache(tmp_path: Path, monkeypatch) -> None:
+    """--download: clean-fid's own download code writes into the (new) cache folder; the
+    network is replaced by a tiny TorchScript file served from memory."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    payload = io.BytesIO()
+    torch.jit.save(torch.jit.script(TinyInception(nn.Sequential(nn.AdaptiveAvgPool2d(1),
+                                                                nn.Flatten()))), payload)
+    urls = []
+
+    def urlopen(url, *args, **kwargs):
+        urls.append(url)
+        return io.BytesIO(payload.getvalue())
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    extractor = fid_stats.build_inception(Config(), device="cpu", allow_download=True)
+    assert urls == [fid_stats.inception_weights_path(Config())[1]]
+    assert (tmp_path / "xdg" / "uvic" / fid_stats.INCEPTION_FILE).is_file()
+    assert extractor.base is not None
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning")  # TorchScript, as clean-fid
@@ -336,6 +402,134 @@ def test_wrong_reference_resolution(tmp_path: Path) -> None:
     cfg = apply_overrides(shapes_config(tmp_path), ["eval.ref_res=32"])
     with pytest.raises(ValueError, match=r"eval\.ref_res=32"):
         run_eval(cfg, tmp_path)
+
+
+# --------------------------------------------------------------------------- stand-in FID
+
+
+def tiny_cifar10_run(tmp_path: Path) -> tuple[Path, dict]:
+    """configs/cifar10_uvic.py at toy size as a run folder (config.json beside its EMA
+    weights), with the CIFAR-10 copy tests/datagen.py writes (10 train images) as data.root;
+    the Inception weights point at a file that does not exist."""
+    data = make_cifar10(tmp_path / "cifar", n_per_batch=2)
+    cfg = load_config(REPO / "configs" / "cifar10_uvic.py", [
+        "model.embed_dim=32", "model.depth=2", "model.num_heads=2",
+        "model.attention_backend=torch", f"data.root={tmp_path / 'cifar'}",
+        f"eval.inception_path={tmp_path / 'absent' / 'inception.pth'}"])
+    run = tmp_path / "run"
+    run.mkdir()
+    save_config(cfg, run / "config.json")
+    torch.manual_seed(0)
+    save_safetensors(build_model(cfg.model), run / "ema.safetensors")
+    return run, data
+
+
+def projection_fid_cli(tmp_path: Path, run: Path, *extra: str) -> int:
+    return load_script("eval/fid.py").main([
+        "--config", str(run / "config.json"), "--ckpt", str(run / "ema.safetensors"),
+        "--features", "projection", "--n", "4", "--steps", "2", "--batch-size", "4",
+        "--out", str(tmp_path / "fid" / "cifar10_uvic.json"), "--stats-dir",
+        str(tmp_path / "stats"), "--num-workers", "0", "--quiet", *extra])
+
+
+def test_projection_fid_of_a_cifar10_checkpoint_without_downloads(tmp_path: Path, monkeypatch,
+                                                                  capsys) -> None:
+    """Item 5 of the trust issue: `--features projection` scores one's own CIFAR-10
+    checkpoint with no Inception weights and no downloads, the reference statistics built
+    with the same features from data.root's CIFAR-10 copy; the printed lines, the result
+    and the table say the number is not comparable with Inception FID."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # must stay untouched
+    run, data = tiny_cifar10_run(tmp_path)
+    # the datagen copy fails torchvision's MD5 check: one line, before any sampling
+    assert projection_fid_cli(tmp_path, run) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "fail torchvision's MD5 check" in err, err
+    assert not (tmp_path / "fid").exists()
+
+    patch_cifar10_checksums(monkeypatch, tmp_path / "cifar")
+    assert projection_fid_cli(tmp_path, run) == 0
+    out = capsys.readouterr().out.splitlines()
+    result = json.loads((tmp_path / "fid" / "cifar10_uvic.json").read_text())
+    assert out[0] == (f"U-ViC cifar10: stand-in FID (projection features, {NOT_FID}) "
+                      f"{result['fid']:.3f}  KID {result['kid']:.5f}  (N=4, legacy_pytorch, "
+                      "euler_maruyama 2 steps, guidance 0.0)")
+    assert out[1] == f"protocol: {result['protocol']['label']}"
+    assert result["protocol"]["label"].endswith(
+        "legacy_pytorch, ref cifar10/train/32, features projection (stand-in: NOT comparable "
+        "with Inception FID)")
+    assert result["protocol"]["features"] == "projection" == result["feature_extractor"]
+    assert result["protocol"]["comparable_with_inception_fid"] is False
+    assert result["config"]["eval"]["features"] == "projection"
+    assert result["reference"].startswith(f"CIFAR-10 train from {tmp_path / 'cifar'}, 10 images")
+    assert not (tmp_path / "cache").exists()
+
+    # the distance between the samples' and CIFAR-10 train's projection features
+    fx = fid_stats.ProjectionFeatures()
+    samples = sorted(Path(result["samples_dir"]).glob("*.png"))
+    exported = fid_stats.list_images(tmp_path / "stats" / "cifar10_train_png")
+    np.testing.assert_array_equal(np.stack([np.asarray(Image.open(f)) for f in exported]),
+                                  data["train"])
+    stats = [fid_stats.feature_statistics(fid_stats.files_features(
+        files, fx, mode="legacy_pytorch", progress=False)) for files in (samples, exported)]
+    assert result["fid"] == pytest.approx(reference_fid(*stats[0], *stats[1]), rel=1e-6)
+
+    # the table: its own column, marked (the samples folder's samples.json is no result)
+    capsys.readouterr()
+    assert load_script("eval/fid_table.py").main([str(tmp_path / "fid")]) == 0
+    table = capsys.readouterr().out
+    assert "| CIFAR-10 (P1, stand-in: not FID) | CIFAR-10 (paper) |" in table
+    assert f"their numbers are {NOT_FID}" in table
+    assert f"U-ViC / CIFAR-10 (P1): stand-in FID (projection features) {result['fid']:.3f}" \
+        in table
+
+
+def test_features_option_is_validated(tmp_path: Path, capsys) -> None:
+    run, _ = tiny_cifar10_run(tmp_path)
+    main = load_script("eval/fid.py").main
+    assert main(["--config", str(run / "config.json"), "--ckpt", str(run / "ema.safetensors"),
+                 "--set", "eval.features=clip", "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: eval.features='clip' must be one of ('inception', 'projection')")
+
+
+def test_quickstart_fid_column_names_stand_in_features() -> None:
+    """The quickstart's FID column with --set eval.features=projection says it is no FID."""
+    quickstart = load_script("scripts/quickstart.py")
+    row = {"pattern": "SSS", "final_loss": 0.5, "heldout_loss": 0.05, "hf_ratio": 1.0,
+           "palette_share": 0.9, "shape_share": 0.8}
+    timing = {m: {"ms_per_step": 10.0, "images_per_s": 100.0} for m in ("U-ViT", "U-ViC")}
+    table = quickstart.results_table([
+        {**row, "model": "U-ViT", "fid": 1.234, "fid_features": "projection"},
+        {**row, "model": "U-ViC", "fid": 5.678, "fid_features": "inception"}], timing)
+    rows = {line.split("|")[1].strip(): line.split("|")[8].strip()
+            for line in table.splitlines()[2:]}
+    assert rows == {"U-ViT": "1.23 (projection stand-in: not Inception FID)", "U-ViC": "5.68"}
+
+
+# --------------------------------------------------------------------------- fid_table input
+
+
+@pytest.mark.parametrize("content", [None, {"name": "x", "steps": 3}, "not json"])
+def test_fid_table_refuses_a_folder_without_results(tmp_path: Path, capsys, content) -> None:
+    """Item 6 of the trust issue: an empty or wrong folder exits non-zero with one line
+    (naming the folder, or the file that is no result) and prints no table."""
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    if content is not None:
+        (folder / "x").mkdir()
+        bad = folder / "x" / "config.json"
+        bad.write_text(content if isinstance(content, str) else json.dumps(content))
+    main = load_script("eval/fid_table.py").main
+    assert main([str(folder), "--out", str(tmp_path / "table.md")]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and len(err.splitlines()) == 1
+    assert not (tmp_path / "table.md").exists()
+    if content is None:
+        assert err == (f"error: {folder}: holds no FID result JSONs (eval/fid.py --out writes "
+                       "them); no table")
+    else:
+        assert err.startswith(f"error: {bad}: not ")
 
 
 # --------------------------------------------------------------------------- reference images

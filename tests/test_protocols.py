@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from uvic.config import apply_overrides, load_config
-from uvic.protocols import RELEASE, Protocol, protocol_of, protocol_table
+from uvic.protocols import (
+    NOT_FID,
+    RELEASE,
+    Protocol,
+    protocol_from_result,
+    protocol_of,
+    protocol_table,
+)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -31,8 +38,21 @@ def test_protocol_labels() -> None:
         'sample.scheduler_kwargs={"use_lu_lambdas": false}'])
     p = protocol_of(cfg, n=1000, features="tiny16")
     assert p.label() == ("dpm_solver++ order 3 (use_lu_lambdas=False) 50 steps, 1000 samples, "
-                         "legacy_pytorch, ref cifar10/train/32, features tiny16")
-    assert Protocol(**{k: v for k, v in p.as_dict().items() if k != "label"}) == p
+                         "legacy_pytorch, ref cifar10/train/32, features tiny16 (stand-in: "
+                         "NOT comparable with Inception FID)")
+    assert protocol_from_result({"protocol": p.as_dict()}) == p
+    assert p.as_dict()["comparable_with_inception_fid"] is False
+    assert RELEASE["cifar10"].as_dict()["comparable_with_inception_fid"] is True
+
+
+def test_projection_features_are_a_protocol_labelled_not_fid() -> None:
+    """eval.features=projection (the download-free stand-in) is part of the protocol and
+    its label says the number is not an FID; Inception's label is unchanged."""
+    cfg = load_config(CONFIGS / "cifar10_uvic.py", ["eval.features=projection"])
+    p = protocol_of(cfg)
+    assert p.features == "projection" and not p.inception and p != RELEASE["cifar10"]
+    assert p.label() == (f"{RELEASE['cifar10'].label()}, features projection (stand-in: "
+                         f"{NOT_FID})")
 
 
 def result(model: str, dataset: str, fid: float, protocol: Protocol) -> dict:
@@ -58,6 +78,21 @@ def test_table_never_mixes_protocols_in_a_column() -> None:
     assert f"- P1: {RELEASE['cifar10'].label()} — *release protocol*" in lines
     assert f"- P2: {fast.label()}" in lines
     assert f"- P3: {RELEASE['mscoco'].label()} — *release protocol*" in lines
+
+
+def test_table_marks_stand_in_columns() -> None:
+    stand_in = Protocol("euler_maruyama", 1000, 0.0, 50_000, "legacy_pytorch",
+                        "cifar10/train/32", "projection")
+    table = protocol_table([result("U-ViT", "cifar10", 3.30, RELEASE["cifar10"]),
+                            result("U-ViC", "cifar10", 0.12, stand_in)])
+    header = [c.strip() for c in table.splitlines()[0].split("|")[1:-1]]
+    assert header == ["Model", "CIFAR-10 (P1)", "CIFAR-10 (P2, stand-in: not FID)",
+                      "CIFAR-10 (paper)", "MS-COCO 256 (paper)"]
+    assert f"their numbers are {NOT_FID}" in table
+    assert "- U-ViC / CIFAR-10 (P2): stand-in FID (projection features) 0.120" in table
+    assert "- U-ViT / CIFAR-10 (P1): FID 3.300" in table
+    # Inception only: no stand-in wording anywhere
+    assert "stand-in" not in protocol_table([result("U-ViT", "cifar10", 3.3, RELEASE["cifar10"])])
 
 
 def test_table_refuses_results_without_protocol() -> None:

@@ -7,6 +7,13 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+import torch
+from accelerate.utils import set_seed
+from PIL import Image
+
+from uvic.uvit import build_model
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -46,11 +53,39 @@ def test_smoke_chain_and_resume(tmp_path: Path, capsys) -> None:
         result = json.loads((out / "fid" / f"shapes_{model}.json").read_text())
         assert result["model"] == {"uvit": "U-ViT", "uvic": "U-ViC"}[model]
         assert result["attention"] == model
-        assert result["protocol"]["features"] == "smoke16"
+        assert result["protocol"]["features"] == "projection"  # eval.features, no Inception
+        assert result["protocol"]["comparable_with_inception_fid"] is False
         assert result["protocol"]["sampler"] == "euler_maruyama"
         assert f"{result['fid']:.2f}" in rows[result["model"]]
-    assert "euler_maruyama 20 steps, 32 samples, clean, ref shapes/train/16, features smoke16" \
-        in table
+    assert ("euler_maruyama 20 steps, 32 samples, clean, ref shapes/train/16, features "
+            "projection (stand-in: NOT comparable with Inception FID)") in table
+    assert "| Shapes (P1, stand-in: not FID) |" in table.splitlines()[0]
+    assert "shapes / uvit: stand-in FID " in first
+
+    # Item 8 of the trust issue: the two rows agree, and the table says why, measured
+    samples = {m: np.stack([np.asarray(Image.open(p)) for p in sorted(
+        (out / "fid" / f"shapes_{m}_samples").glob("*.png"))]) for m in ("uvit", "uvic")}
+    same = np.mean(samples["uvit"] == samples["uvic"])
+    clipped = np.mean([(x == 0) | (x == 255) for x in samples.values()])
+    fids = [json.loads((out / "fid" / f"shapes_{m}.json").read_text())["fid"]
+            for m in ("uvit", "uvic")]
+    assert same > 0.9 and abs(fids[0] - fids[1]) < 0.01  # what the note explains
+    note = [line for line in table.splitlines() if line.startswith("Smoke note: ")]
+    assert note == [
+        f"Smoke note: U-ViT and U-ViC score alike (stand-in FID {fids[0]:.4f} vs "
+        f"{fids[1]:.4f}) because their samples are {same:.1%} identical pixels ({clipped:.1%} "
+        "clipped to 0 or 255): both models start from the same weights (same seed; softmax "
+        "and Cog blocks have the same parameters), see the same batches and sampling noise, "
+        "and train only 40 steps. The smoke checks the chain (train, FID, table, resume), not "
+        "the models."]
+    assert note[0] in first  # printed too
+    # the note's "same weights": the seed alone decides the initial weights of both
+    initial = []
+    for job in script.make_jobs(script.parse_args(["--smoke", "--out", str(out)])):
+        set_seed(job.cfg.train.seed)
+        initial.append(build_model(job.cfg.model).state_dict())
+    assert initial[0].keys() == initial[1].keys()
+    assert all(torch.equal(initial[0][k], initial[1][k]) for k in initial[0])
 
     # again: every stage is found done and skipped; the table is the same
     assert script.main(["--smoke", "--out", str(out), "--quiet"]) == 0

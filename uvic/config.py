@@ -33,6 +33,9 @@ DATASETS = ("cifar10", "mscoco", "shapes")
 SCHEDULES = ("vp_continuous", "scaled_linear")
 MIXED_PRECISIONS = ("", "no", "fp16", "bf16")  # "": the launcher's
 FID_MODES = ("clean", "legacy_pytorch", "legacy_tensorflow")
+# eval.features: Inception (real FID) or the download-free random projection (a stand-in
+# whose numbers are not comparable with Inception FID; `uvic.fid_stats.ProjectionFeatures`)
+FID_FEATURES = ("inception", "projection")
 DPM_SOLVER_NAMES = ("dpm_solver++", "dpm_solver")  # else a diffusers scheduler class name
 # A run's config.json: the current config plus, under this key, the changes each resume
 # made (uvic.run_folder); loading the file as a config skips it.
@@ -184,6 +187,9 @@ class EvalConfig:
     ref_res: int = 32
     ref_images: str = ""  # folder/source to build custom statistics from if needed
     inception_path: str = ""  # local Inception weights (clean-fid's inception-2015-12-05.pt)
+    # inception: FID proper. projection: download-free stand-in features (fixed random
+    # projection) to check the pipeline; its numbers are NOT comparable with Inception FID.
+    features: str = "inception"
     captions: str = ""  # mscoco: val captions features used to draw prompts
 
 
@@ -242,6 +248,8 @@ def validate(cfg: Config) -> Config:
         (o.lr_schedule in LR_SCHEDULES,
          f"optim.lr_schedule={o.lr_schedule!r} must be one of {LR_SCHEDULES}"),
         (cfg.eval.mode in FID_MODES, f"eval.mode={cfg.eval.mode!r} must be one of {FID_MODES}"),
+        (cfg.eval.features in FID_FEATURES,
+         f"eval.features={cfg.eval.features!r} must be one of {FID_FEATURES}"),
         (cfg.eval.n_samples >= 2, f"eval.n_samples={cfg.eval.n_samples} must be >= 2"),
     ])
     check_sample(cfg.sample)

@@ -8,7 +8,9 @@ release's DPM-Solver "fast" 50 steps with guidance `eps = c + 1.0 (c - u)`, agai
 at 256x256 (center crop, resize). `evaluate` does all of it and writes a result JSON; every
 result names its protocol (`uvic.protocols.protocol_of`), and `eval/fid_table.py` turns a
 folder of results into the paper's Table 3. Inception features and reference statistics
-come from `uvic.fid_stats`.
+come from `uvic.fid_stats`. eval.features=projection swaps Inception for a download-free
+stand-in (reference statistics built with it from local images): the pipeline runs end to
+end offline, and every result and table says its number is not comparable with FID.
 
 Frechet distance: our own float64 implementation. clean-fid 0.1.35 computes it with
 `scipy.linalg.sqrtm(..., disp=False)`, and SciPy 1.18 removed `disp`, so
@@ -52,11 +54,12 @@ from uvic.fid_stats import (
     feature_statistics,
     files_features,
     reference_statistics,
+    stand_in_features,
     stats_plan,
 )
 from uvic.files import write_json
 from uvic.images import save_images
-from uvic.protocols import protocol_of
+from uvic.protocols import SAMPLES_META, protocol_of
 from uvic.sampling import (
     SamplingAssets,
     distributed_state,
@@ -68,7 +71,6 @@ from uvic.sampling import (
 )
 
 SAMPLE_NAME = re.compile(r"^(\d+)\.png$")
-SAMPLES_META = "samples.json"
 VAE_FACTOR = 8  # the Stable Diffusion KL-f8 autoencoder: 32x32 latents -> 256x256 pixels
 PROTOCOL_N = {"cifar10": 50_000, "mscoco": 30_000}  # the paper's sample counts
 
@@ -218,13 +220,16 @@ def evaluate(
     Sampler settings come from cfg.sample, the protocol from cfg.eval (mode, reference).
     Runs on every process of an `accelerate launch` (each samples its share); the main
     process then extracts features and returns the result (other processes return {}).
-    `feat_extractor` replaces Inception (tests, quickstart without weights): a callable
-    mapping (B, 3, 299, 299) images in [0, 255] to features (B, F).
+    `feat_extractor` replaces Inception (tests): a callable mapping (B, 3, 299, 299) images
+    in [0, 255] to features (B, F); without it, cfg.eval.features picks Inception or the
+    download-free `ProjectionFeatures` stand-in (results labelled not comparable with FID).
     Raises InceptionWeightsMissing / InceptionWeightsCorrupt / ReferenceStatsMissing (from
     `uvic.fid_stats`) before sampling anything: the Inception network is loaded first.
     """
     t_start = time.perf_counter()
     validate(cfg)
+    if feat_extractor is None:
+        feat_extractor = stand_in_features(cfg)  # None: Inception
     state = distributed_state()
     mode = cfg.eval.mode
     n = int(n if n is not None else cfg.eval.n_samples)

@@ -8,10 +8,14 @@ What we take from clean-fid and what we do ourselves:
   (eval.ref_stats), or statistics we build once from local images (eval.ref_images,
   center-cropped and resized to eval.ref_res; Shapes renders a held-out set) and cache.
 * Downloads: clean-fid silently downloads the Inception weights to
-  /tmp/inception-2015-12-05.pt and statistics into its package folder, failing offline with
-  a urllib traceback. We check every file first and raise `InceptionWeightsMissing` /
-  `ReferenceStatsMissing` saying which file, where, and the URL clean-fid would use;
-  downloading happens only with `allow_download=True` (`--download`).
+  /tmp/inception-2015-12-05.pt (emptied on reboot) and statistics into its package folder,
+  failing offline with a urllib traceback. We keep the weights in the user cache
+  (`cache_dir()`, ~/.cache/uvic), check every file first and raise
+  `InceptionWeightsMissing` / `ReferenceStatsMissing` saying which file, where, and the URL
+  clean-fid would use; downloading happens only with `allow_download=True` (`--download`).
+* Without downloads: eval.features=projection replaces Inception by `ProjectionFeatures`
+  (a fixed random projection) and builds the reference statistics with it from local
+  images, so the whole pipeline runs offline; its numbers are not comparable with FID.
 
 The distances themselves (Frechet, KID) and the protocol are in `uvic.fid`.
 """
@@ -22,7 +26,6 @@ import contextlib
 import functools
 import hashlib
 import os
-import platform
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,10 +41,9 @@ from cleanfid.inception_pytorch import FID_WEIGHTS_URL
 from cleanfid.inception_torchscript import InceptionV3W
 from cleanfid.utils import EXTENSIONS
 from PIL import Image
-from torchvision.datasets import CIFAR10
 
 from uvic.config import FID_MODES, Config
-from uvic.data import SHAPES_SEEDS, center_crop_resize, save_shapes_folder
+from uvic.data import SHAPES_SEEDS, CIFAR10Images, center_crop_resize, save_shapes_folder
 from uvic.files import atomic_write
 
 MODES = FID_MODES
@@ -58,18 +60,28 @@ def feature_statistics(feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class ProjectionFeatures(torch.nn.Module):
-    """Stand-in for Inception in smoke runs and tests: (B, 3, 299, 299) in [0, 255],
-    4x4 average-pooled, through a fixed random projection -> (B, 16). Deterministic and
-    cheap; the distances it gives are not FIDs, and `name` says so in every result."""
+    """Stand-in for Inception (eval.features=projection, smoke runs, tests): (B, 3, H, W)
+    in [0, 255], 4x4 average-pooled, through a fixed random projection -> (B, 16).
+    Deterministic, cheap and download-free; the distances it gives are not FIDs (colour
+    layout only, no learned features), and `name` says so in every result."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str = "projection") -> None:
         super().__init__()
         self.name = name
         g = torch.Generator().manual_seed(0)
         self.register_buffer("proj", torch.randn(48, 16, generator=g) / 7)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.adaptive_avg_pool2d(x / 255.0, 4).flatten(1) @ self.proj
+        # on the images' device: clean-fid moves each batch to the evaluation device
+        # (CUDA under `accelerate launch`), never the extractor
+        pooled = torch.nn.functional.adaptive_avg_pool2d(x / 255.0, 4).flatten(1)
+        return pooled @ self.proj.to(x.device, pooled.dtype)
+
+
+def stand_in_features(cfg: Config) -> ProjectionFeatures | None:
+    """The feature extractor eval.features asks for when it is not Inception, else None
+    (None means Inception throughout this module and `uvic.fid`)."""
+    return ProjectionFeatures("projection") if cfg.eval.features == "projection" else None
 
 
 class InceptionWeightsMissing(FileNotFoundError):
@@ -87,12 +99,18 @@ class ReferenceStatsMissing(FileNotFoundError):
 # --------------------------------------------------------------------------- Inception
 
 
+def cache_dir() -> Path:
+    """uvic's persistent user cache: $XDG_CACHE_HOME/uvic, else ~/.cache/uvic."""
+    base = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(base).expanduser() / "uvic"
+
+
 def inception_weights_path(cfg: Config, mode: str | None = None) -> tuple[Path, str]:
     """Where the Inception weights for `mode` are expected, and clean-fid's URL for them.
 
-    clean / legacy_tensorflow: clean-fid's TorchScript file (default /tmp, as clean-fid);
-    legacy_pytorch: pytorch-fid's state dict in torch.hub's checkpoint folder.
-    `cfg.eval.inception_path` overrides the location.
+    clean / legacy_tensorflow: clean-fid's TorchScript file in `cache_dir()` (clean-fid's
+    own default, /tmp, is emptied on reboot); legacy_pytorch: pytorch-fid's state dict in
+    torch.hub's checkpoint folder (~/.cache/torch). `cfg.eval.inception_path` overrides.
     """
     mode = check_mode(mode or cfg.eval.mode)
     if mode == "legacy_pytorch":
@@ -100,7 +118,7 @@ def inception_weights_path(cfg: Config, mode: str | None = None) -> tuple[Path, 
         default = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
     else:
         url = inception_url
-        default = Path("." if platform.system() == "Windows" else "/tmp") / INCEPTION_FILE
+        default = cache_dir() / INCEPTION_FILE
     path = Path(cfg.eval.inception_path).expanduser() if cfg.eval.inception_path else default
     return path, url
 
@@ -111,7 +129,8 @@ def check_inception(cfg: Config, mode: str | None = None) -> Path:
     if not path.is_file():
         raise InceptionWeightsMissing(
             f"FID Inception weights not found at {path}: download {url} there "
-            f"(curl -L -o {path} {url}) or set eval.inception_path to a local copy"
+            f"(curl -L --create-dirs -o {path} {url}) or set eval.inception_path to a local "
+            "copy (or use eval.features=projection: download-free, not comparable with FID)"
         )
     return path
 
@@ -160,6 +179,7 @@ def _build_inception(path: Path, mode: str, device: torch.device,
                 torch.hub.set_dir(hub)
     resize_inside = mode == "legacy_tensorflow"
     if allow_download and not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)  # clean-fid writes into the folder
         model = InceptionV3W(str(path.parent), download=True, resize_inside=resize_inside)
     else:  # InceptionV3W wants a folder holding a file of exactly this name
         with _linked_as(path, INCEPTION_FILE) as folder:
@@ -240,8 +260,9 @@ class ReferenceStats:
 
 
 def default_stats_dir() -> Path:
-    """Cache of reference statistics we build: $UVIC_FID_STATS or ~/.cache/uvic/fid_stats."""
-    return Path(os.environ.get("UVIC_FID_STATS", "~/.cache/uvic/fid_stats")).expanduser()
+    """Cache of reference statistics we build: $UVIC_FID_STATS or `cache_dir()`/fid_stats."""
+    stats = os.environ.get("UVIC_FID_STATS")
+    return Path(stats).expanduser() if stats else cache_dir() / "fid_stats"
 
 
 def _cleanfid_stats_path(name: str, mode: str, split: str, res: int, kid: bool = False) -> Path:
@@ -253,11 +274,13 @@ def _cleanfid_stats_path(name: str, mode: str, split: str, res: int, kid: bool =
 @dataclass
 class ReferenceImages:
     """Local images to build reference statistics from: `key` names the set in cache files,
-    `prepare()` returns the folder (rendering or exporting it first if needed)."""
+    `prepare()` returns the folder (rendering or exporting it first if needed), `check()`
+    raises before any sampling if `prepare()` could not work."""
 
     key: str
     description: str
     prepare: Callable[[], Path]
+    check: Callable[[], None] = lambda: None
 
 
 def reference_images(cfg: Config, stats_dir: Path) -> ReferenceImages | None:
@@ -294,26 +317,34 @@ def reference_images(cfg: Config, stats_dir: Path) -> ReferenceImages | None:
 
 
 def _cifar10_images(root: Path, split: str, stats_dir: Path) -> ReferenceImages:
-    """The torchvision CIFAR-10 copy in `root`, exported as PNGs once (cached)."""
+    """The torchvision CIFAR-10 copy in `root`, exported as PNGs once (cached). It is read
+    with uvic.data's loader (torchvision's MD5 check): a missing or corrupt copy is one
+    `DatasetError` line, raised by `check()` before an evaluation samples anything."""
     folder = stats_dir / f"cifar10_{split}_png"
+    loaded: list[np.ndarray] = []  # the arrays, once read
+
+    def check() -> None:
+        if not loaded and not (folder / ".complete").is_file():
+            loaded.append(CIFAR10Images(root, "train" if split == "train" else "test").data.data)
 
     def prepare() -> Path:
         if not (folder / ".complete").is_file():
-            data = CIFAR10(str(root), train=split == "train", download=False)
+            check()
             folder.mkdir(parents=True, exist_ok=True)
-            for i, array in enumerate(data.data):
+            for i, array in enumerate(loaded[0]):
                 Image.fromarray(array).save(folder / f"{i:06d}.png")
             (folder / ".complete").touch()
         return folder
 
-    return ReferenceImages(f"cifar10_{split}", f"CIFAR-10 {split} from {root}", prepare)
+    return ReferenceImages(f"cifar10_{split}", f"CIFAR-10 {split} from {root}", prepare, check)
 
 
 def stats_plan(
     cfg: Config, mode: str, feat_extractor: Callable | None, stats_dir: Path,
     allow_download: bool,
 ) -> tuple[str, Path, ReferenceImages | None]:
-    """Decide where the reference statistics come from, without heavy work.
+    """Decide where the reference statistics come from, without heavy work (a CIFAR-10 copy
+    still to be exported is read once, to check it before any sampling).
 
     Returns (kind, path, images): "file" (load `path`), "build" (features of `images`,
     saved to `path`) or "download" (clean-fid fetches its named statistics). In order:
@@ -332,6 +363,7 @@ def stats_plan(
         if path.is_file():
             return "file", path, None
         if images is not None:
+            images.check()
             return "build", path, images
         raise ReferenceStatsMissing(
             f"FID reference statistics not found at {path} (eval.ref_stats): set "
@@ -340,7 +372,10 @@ def stats_plan(
         return "file", named, None
     if images is not None:
         path = stats_dir / f"{images.key}_{mode}_{tag}_{ev.ref_res}.npz"
-        return ("file" if path.is_file() else "build"), path, images
+        if path.is_file():
+            return "file", path, images
+        images.check()
+        return "build", path, images
     if feat_extractor is None and allow_download:
         return "download", named, None
     hint = "set eval.ref_images to a folder of reference images to build them"

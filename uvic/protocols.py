@@ -5,14 +5,16 @@ its steps, the number of samples, clean-fid's mode, the reference statistics and
 feature extractor. `protocol_of(cfg)` reads it from a config; `RELEASE` holds the U-ViT
 release's protocols, which the paper's Table 3 follows (the paper defers to U-ViT's
 setup); `protocol_table` renders Table 3 with one column per (dataset, protocol), so two
-protocols never share a column.
+protocols never share a column. A protocol whose features are not Inception (the
+download-free eval.features=projection, test extractors) is a stand-in: its label, its
+column and its result say it is not comparable with Inception FID.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,8 @@ PAPER_FID = {("U-ViT", "cifar10"): 3.39, ("U-ViT", "mscoco"): 5.99,
              ("U-ViC", "cifar10"): 3.27, ("U-ViC", "mscoco"): 5.85}
 RELEASE_FID = {("U-ViT", "cifar10"): 3.11, ("U-ViT", "mscoco"): 5.95}
 DATASET_TITLES = {"cifar10": "CIFAR-10", "mscoco": "MS-COCO 256", "shapes": "Shapes"}
+NOT_FID = "NOT comparable with Inception FID"  # what every stand-in result says
+SAMPLES_META = "samples.json"  # `uvic.fid`'s record of a samples folder: not a result
 
 
 @dataclass(frozen=True)
@@ -37,16 +41,23 @@ class Protocol:
     reference: str  # reference statistics: name or file, split, resolution
     features: str = "inception"  # the feature extractor
 
+    @property
+    def inception(self) -> bool:
+        """Inception features: an FID proper; else a stand-in, not comparable with FID."""
+        return self.features == "inception"
+
     def label(self) -> str:
         """One line, e.g. `euler_maruyama 1000 steps, 50000 samples, legacy_pytorch,
-        ref cifar10/train/32`."""
+        ref cifar10/train/32`; a stand-in adds `, features projection (stand-in: NOT
+        comparable with Inception FID)`."""
         guided = f", guidance {self.guidance:g}" if self.guidance else ""
-        features = "" if self.features == "inception" else f", features {self.features}"
+        features = "" if self.inception else f", features {self.features} (stand-in: {NOT_FID})"
         return (f"{self.sampler} {self.steps} steps{guided}, {self.n_samples} samples, "
                 f"{self.fid_mode}, ref {self.reference}{features}")
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "label": self.label()}
+        return {**asdict(self), "label": self.label(),
+                "comparable_with_inception_fid": self.inception}
 
 
 def sampler_name(cfg: Config) -> str:
@@ -71,14 +82,16 @@ def reference_name(cfg: Config) -> str:
 
 
 def protocol_of(
-    cfg: Config, n: int | None = None, features: str = "inception"
+    cfg: Config, n: int | None = None, features: str | None = None
 ) -> Protocol:
-    """The protocol a run of `eval/fid.py` with this config (and `n` samples) follows."""
+    """The protocol a run of `eval/fid.py` with this config (and `n` samples) follows;
+    `features` names a feature extractor other than eval.features' (tests)."""
     return Protocol(
         sampler=sampler_name(cfg), steps=cfg.sample.steps,
         guidance=cfg.sample.cfg_scale if cfg.model.clip_dim > 0 else 0.0,
         n_samples=int(n if n is not None else cfg.eval.n_samples), fid_mode=cfg.eval.mode,
-        reference=reference_name(cfg), features=features,
+        reference=reference_name(cfg),
+        features=features if features is not None else cfg.eval.features,
     )
 
 
@@ -94,10 +107,12 @@ RELEASE = {
 def protocol_from_result(result: dict[str, Any]) -> Protocol:
     """The protocol recorded in a result JSON of `eval/fid.py`."""
     p = result.get("protocol")
-    if not isinstance(p, dict):
+    names = [f.name for f in fields(Protocol)]
+    required = [f.name for f in fields(Protocol) if f.default is MISSING]
+    if not isinstance(p, dict) or not all(k in p for k in required):
         raise ValueError(f"{result.get('_path', 'result')}: names no protocol (made before "
                          "protocols were recorded; evaluate it again)")
-    return Protocol(**{k: v for k, v in p.items() if k != "label"})
+    return Protocol(**{k: p[k] for k in names if k in p})  # not the derived label etc.
 
 
 # --------------------------------------------------------------------------- Table 3
@@ -129,7 +144,8 @@ def protocol_table(results: list[dict[str, Any]]) -> str:
     header = ["Model"]
     for d, p in columns:
         title = DATASET_TITLES.get(d, d)
-        header.append(f"{title} (paper)" if p is None else f"{title} ({names[p]})")
+        mark = "" if p is None or p.inception else ", stand-in: not FID"
+        header.append(f"{title} (paper)" if p is None else f"{title} ({names[p]}{mark})")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for m in models:
         row = [m]
@@ -146,38 +162,53 @@ def protocol_table(results: list[dict[str, Any]]) -> str:
     lines += ["", "Lower is better. Paper: the Cog-attention paper's Table 3 (U-ViT-S/2, 44M "
               "parameters), under the U-ViT release's protocol; release: the U-ViT "
               "repository's reported FID. Our numbers are comparable with them only in a "
-              "column whose protocol is marked *release protocol*.", "", "Protocols:", ""]
+              "column whose protocol is marked *release protocol*."]
+    if any(not p.inception for p in names):
+        lines += ["", "Columns marked *stand-in: not FID* use features other than Inception "
+                  "(eval.features=projection: a fixed random projection, no downloads): they "
+                  f"check the pipeline; their numbers are {NOT_FID}."]
+    lines += ["", "Protocols:", ""]
     for p, name in names.items():
         d = next(dd for dd, pp in columns if pp == p)
         mark = " — *release protocol*" if RELEASE.get(d) == p else ""
         lines.append(f"- {name}: {p.label()}{mark}")
-    details = [_describe(r, names[p]) for (_, _, p), r in sorted(
+    details = [_describe(r, p, names[p]) for (_, _, p), r in sorted(
         cells.items(), key=lambda kv: (kv[0][1], kv[0][0], names[kv[0][2]]))]
     if details:
         lines += ["", "Results shown:", "", *details]
     return "\n".join(lines) + "\n"
 
 
-def _describe(r: dict[str, Any], protocol: str) -> str:
+def _describe(r: dict[str, Any], protocol: Protocol, name: str) -> str:
     kid = r.get("kid")
     kid_text = f", KID {kid:.5f}" if isinstance(kid, int | float) and not math.isnan(kid) else ""
     step = f" step {r['step']}" if r.get("step") is not None else ""
-    return (f"- {r['model']} / {DATASET_TITLES.get(r['dataset'], r['dataset'])} ({protocol}): "
-            f"FID {r['fid']:.3f}{kid_text}; {r['checkpoint']}{step}")
+    what = "FID" if protocol.inception else f"stand-in FID ({protocol.features} features)"
+    return (f"- {r['model']} / {DATASET_TITLES.get(r['dataset'], r['dataset'])} ({name}): "
+            f"{what} {r['fid']:.3f}{kid_text}; {r['checkpoint']}{step}")
 
 
 def load_results(folder: str | Path) -> list[dict[str, Any]]:
-    """Every result JSON (with an "fid" key) in `folder`, recursively."""
+    """Every result JSON of `eval/fid.py` in `folder`, recursively (the samples folders'
+    `samples.json` records aside). A folder with none, or any other JSON, is refused: a
+    table built from nothing (the paper's numbers alone) would read like a result."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"results folder not found: {folder}")
     results = []
     for path in sorted(folder.rglob("*.json")):
+        if path.name == SAMPLES_META:
+            continue
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: not valid JSON ({err})") from err
-        if isinstance(data, dict) and "fid" in data and "dataset" in data and "model" in data:
-            data["_path"] = str(path)
-            results.append(data)
+        if not (isinstance(data, dict) and {"fid", "dataset", "model"} <= data.keys()):
+            raise ValueError(f"{path}: not an FID result (a result JSON of eval/fid.py has "
+                             "fid, model, dataset and protocol); give the folder of those")
+        data["_path"] = str(path)
+        results.append(data)
+    if not results:
+        raise ValueError(f"{folder}: holds no FID result JSONs (eval/fid.py --out writes "
+                         "them); no table")
     return results

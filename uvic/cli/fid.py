@@ -16,8 +16,17 @@ Generates N samples as PNGs into --samples-dir (resumable: existing samples are 
 sample i is always seeded by (seed, i)), then computes FID and KID against the reference
 statistics of eval.ref_stats and writes a result JSON. Offline by default: missing
 Inception weights or statistics stop the run before sampling with a message saying which
-file, where, and the URL; --download lets clean-fid fetch them. The work is done by
-`uvic.fid.evaluate`; `python eval/fid_table.py runs/fid` builds the table.
+file, where, and the URL; --download lets clean-fid fetch them. The Inception weights
+live in the user cache (~/.cache/uvic/inception-2015-12-05.pt, or $XDG_CACHE_HOME/uvic;
+legacy_pytorch: torch.hub's checkpoint folder) unless eval.inception_path names a file.
+
+Without any download: `--features projection` (eval.features=projection) scores with a
+fixed random projection instead of Inception, the reference statistics built with it
+from the dataset's local files (data.root's CIFAR-10 copy, Shapes, or eval.ref_images).
+It checks the pipeline on one's own checkpoint; the number is NOT comparable with
+Inception FID, and the printed line, the result's protocol and the table all say so.
+The work is done by `uvic.fid.evaluate`; `python eval/fid_table.py runs/fid` builds the
+table.
 """
 
 from __future__ import annotations
@@ -27,9 +36,10 @@ import sys
 
 from uvic.checkpoint import CheckpointError
 from uvic.cli.sample import sampler_overrides
-from uvic.config import ConfigError, load_config
+from uvic.config import FID_FEATURES, ConfigError, load_config
 from uvic.fid import evaluate
 from uvic.fid_stats import MODES
+from uvic.protocols import NOT_FID, protocol_from_result
 from uvic.sampling import PRECISIONS
 
 
@@ -42,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", help="result JSON (default runs/fid/<name>_<run>_<ckpt>.json)")
     p.add_argument("--samples-dir", help="sample PNG folder (default: next to --out)")
     p.add_argument("--mode", choices=MODES, help="clean-fid mode (default: eval.mode)")
+    p.add_argument("--features", choices=FID_FEATURES,
+                   help="inception: FID; projection: download-free stand-in features to "
+                   f"check the pipeline, {NOT_FID} (default: eval.features)")
     p.add_argument("--steps", type=int, help="sampling steps (default: sample.steps)")
     p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, dpm_solver_fast, "
                    "euler_maruyama or a diffusers class name (uvic.samplers)")
@@ -53,7 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="autocast dtype on CUDA for sampling (default fp32)")
     p.add_argument("--inception-path", help="local Inception weights (eval.inception_path)")
     p.add_argument("--stats-dir", help="cache of built reference statistics "
-                   "(default $UVIC_FID_STATS or ~/.cache/uvic/fid_stats)")
+                   "(default $UVIC_FID_STATS or ~/.cache/uvic/fid_stats, "
+                   "$XDG_CACHE_HOME/uvic/fid_stats when that is set)")
     p.add_argument("--download", action="store_true",
                    help="let clean-fid download missing Inception weights / statistics")
     p.add_argument("--feature-batch-size", type=int, default=64)
@@ -67,7 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def overrides(args: argparse.Namespace) -> list[str]:
     """Command-line options as config overrides (recorded in the result's config): the
     sampler flags as `uvic-sample` reads them, then the evaluator's own."""
-    pairs = [("eval.mode", args.mode), ("eval.inception_path", args.inception_path)]
+    pairs = [("eval.mode", args.mode), ("eval.features", args.features),
+             ("eval.inception_path", args.inception_path)]
     return sampler_overrides(args) + [f"{key}={value}" for key, value in pairs
                                       if value is not None]
 
@@ -88,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if result:  # main process
         kid = "n/a" if result["kid"] is None else f"{result['kid']:.5f}"
-        print(f"{result['model']} {result['dataset']}: FID {result['fid']:.3f}  KID {kid}  "
+        protocol = protocol_from_result(result)
+        what = ("FID" if protocol.inception
+                else f"stand-in FID ({protocol.features} features, {NOT_FID})")
+        print(f"{result['model']} {result['dataset']}: {what} {result['fid']:.3f}  KID {kid}  "
               f"(N={result['n']}, {result['mode']}, {result['sampler']['scheduler']} "
               f"{result['sampler']['steps']} steps, guidance {result['guidance']})")
         print(f"protocol: {result['protocol']['label']}")
