@@ -13,8 +13,11 @@ every model, block, head and level: the negative share of the attention, the ent
 and effective number of attended tokens, the weight on the time (and text) tokens, the
 share of sink heads, and the mean pairwise cosine of the patch tokens; and it draws
 the attention maps of a few query patches. Writes `attention.json` and PNG figures to
-`--out`. A checkpoint's attention pattern comes from `--attention LABEL=SPEC`, else
-from its run folder's config.json, else from the config's `model.attention`.
+`--out`. Each checkpoint is built as the architecture it was trained with (the model
+config stored in its metadata, else its run folder's config.json; `--config`'s for a
+released nnet_ema.pth), as `uvic-sample` does: a `--set model.*` value that differs from
+it is refused with one line unless `--model-from-config`. `--attention LABEL=SPEC` then
+runs one checkpoint under another attention pattern.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import sys
 from pathlib import Path
 
 from uvic.analysis import analyze, load_inputs, load_models, save_figures, write_json
-from uvic.checkpoint import CheckpointError
+from uvic.checkpoint import CheckpointError, ModelChoice
+from uvic.cli import positive_int, unit_float
 from uvic.config import ConfigError, load_config
 
 
@@ -45,9 +49,12 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
 
 def _query(text: str) -> tuple[int, int]:
     row, sep, col = text.partition(",")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"--query {text!r} must look like ROW,COL")
-    return int(row), int(col)
+    try:
+        if not sep:
+            raise ValueError
+        return int(row), int(col)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} must look like ROW,COL (integers)") from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,16 +68,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="attention pattern of one checkpoint (uvit, uvic or a list)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. --set data.root=/data/coco_features")
-    p.add_argument("--num-images", type=int, default=8, help="images (default 8)")
+    p.add_argument("--model-from-config", action="store_true",
+                   help="build every checkpoint as --config and --set say, not as the model "
+                   "config stored with it")
+    p.add_argument("--num-images", type=positive_int, default=8, help="images (default 8)")
     p.add_argument("--split", default="test", help="dataset split (default test)")
-    p.add_argument("--levels", type=int, default=5, help="noise levels (default 5)")
+    p.add_argument("--levels", type=positive_int, default=5, help="noise levels (default 5)")
     p.add_argument("--timestep", type=int, action="append",
                    help="explicit discrete timestep (repeat); overrides --levels")
     p.add_argument("--query", type=_query, action="append", metavar="ROW,COL",
                    help="query patch of the maps (repeat; default three on the diagonal)")
-    p.add_argument("--sink-threshold", type=float, default=0.3,
+    p.add_argument("--sink-threshold", type=unit_float, default=0.3,
                    help="a head is a sink when its mean first-token weight exceeds this")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument("--seed", type=int, default=0, help="seed of the data draw and the noise")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--out", required=True, help="output folder")
@@ -88,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise ValueError(f"--attention names label {unknown[0]!r}, which no checkpoint has")
         cfg = load_config(args.config, args.set)
-        models = load_models(cfg, checkpoints, attention, device=args.device)
-        for label, model in models.items():
-            print(f"{label}: attention {','.join(model.attention_modes)}")
+        choice = ModelChoice.from_overrides(args.set, args.model_from_config, args.config)
+        models = load_models(cfg, checkpoints, attention, device=args.device, choice=choice,
+                             say=print)
         images, contexts = load_inputs(cfg, args.num_images, args.split, args.seed)
         result = analyze(models, cfg, images, contexts, timesteps=args.timestep,
                          num_levels=args.levels, queries=args.query,

@@ -25,7 +25,7 @@ from uvic.analysis import (
 )
 from uvic.analysis import metrics as M
 from uvic.analysis.capture import TokenLayout, row_metrics, token_layout
-from uvic.config import load_config
+from uvic.config import load_config, save_config
 from uvic.uvit import Attention, build_model
 from uvic_kernels import reference
 
@@ -282,7 +282,7 @@ def test_cli_on_tiny_checkpoints(tmp_path, capsys):
     run.mkdir()
     save_file(tiny_model("uvit").state_dict(), str(tmp_path / "uvit.safetensors"))
     save_file(tiny_model("uvic", seed=1).state_dict(), str(run / "ema.safetensors"))
-    (run / "config.json").write_text(json.dumps({"model": {"attention": "uvic"}}))
+    save_config(tiny_cfg("uvic"), run / "config.json")  # the run's own, as training writes
     sets = [arg for item in TINY for arg in ("--set", item)]
     main = _cli()
     out = tmp_path / "out"
@@ -298,3 +298,37 @@ def test_cli_on_tiny_checkpoints(tmp_path, capsys):
     rc = main(["--config", str(ROOT / "configs/quickstart.py"), *sets, "--checkpoint",
                f"x={tmp_path / 'missing.safetensors'}", "--out", str(out)])
     assert rc == 2 and "missing.safetensors" in capsys.readouterr().err
+    # an explicit --set model.* against the run's own config is refused in one line
+    rc = main(["--config", str(ROOT / "configs/quickstart.py"), *sets, "--set",
+               "model.attention=uvit", str(run / "ema.safetensors"), "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "model.attention='uvit' (--set)" in err and "model.attention='uvic'" in err
+    # unless asked for: then the run's weights are analysed as U-ViT
+    rc = main(["--config", str(ROOT / "configs/quickstart.py"), *sets, "--set",
+               "model.attention=uvit", "--model-from-config", "--num-images", "2",
+               "--levels", "1", str(run / "ema.safetensors"), "--out", str(tmp_path / "o2")])
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads((tmp_path / "o2" / "attention.json").read_text())
+    assert result["models"]["run_uvic"]["attention_modes"] == ["softmax"] * 3
+
+
+@pytest.mark.parametrize("bad", [["--num-images", "0"], ["--num-images", "-1"],
+                                 ["--levels", "0"], ["--batch-size", "0"],
+                                 ["--sink-threshold", "nan"], ["--sink-threshold", "2"],
+                                 ["--query", "a,b"], ["--levels", "1001"]])
+def test_cli_numeric_arguments_fail_in_one_line(tmp_path, capsys, bad):
+    """A bad number is one line naming the option, never a traceback, and nothing runs."""
+    path = tmp_path / "w.safetensors"
+    save_file(tiny_model("uvit").state_dict(), str(path))
+    sets = [arg for item in TINY for arg in ("--set", item)]
+    main = _cli()
+    try:
+        rc = main(["--config", str(ROOT / "configs/quickstart.py"), *sets, str(path),
+                   "--num-images", "2", *bad, "--out", str(tmp_path / "out")])
+    except SystemExit as stop:  # argparse's usage error
+        rc = stop.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].count("error") == 1 and not (tmp_path / "out").exists()
+    assert bad[0] in err[-1] or "num_levels" in err[-1]
+    assert not any("Traceback" in line for line in err)

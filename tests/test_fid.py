@@ -20,9 +20,10 @@ from torch import nn
 
 import uvic.fid as fid
 import uvic.fid_stats as fid_stats
-from uvic.checkpoint import checkpoint_step, save_safetensors
+from uvic.checkpoint import ModelChoice, checkpoint_step, load_weights, save_safetensors
 from uvic.config import (
     Config,
+    ConfigError,
     DataConfig,
     EvalConfig,
     ModelConfig,
@@ -31,7 +32,10 @@ from uvic.config import (
     load_config,
     save_config,
 )
+from uvic.diffusion import Diffusion
+from uvic.images import to_uint8
 from uvic.protocols import NOT_FID, RELEASE
+from uvic.sampling import generate
 from uvic.uvit import build_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,6 +134,29 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_evaluate_builds_the_checkpoint_architecture(tmp_path: Path) -> None:
+    """A U-ViC run scored under a U-ViT config is scored as U-ViC: its samples, the
+    result's model and config; an explicit conflicting model.* is refused."""
+    uvic = shapes_config(tmp_path)  # ema.safetensors of a U-ViC model
+    save_config(uvic, tmp_path / "config.json")  # ... in its run folder
+    uvit = apply_overrides(uvic, ["model.attention=uvit"])
+    result = run_eval(uvit, tmp_path)
+    assert result["model"] == "U-ViC" and result["attention"] == "uvic"
+    assert result["config"]["model"]["attention"] == "uvic"
+    assert result["model_source"] == str(tmp_path / "config.json")
+    model = build_model(uvic.model)
+    load_weights(model, tmp_path / "ema.safetensors")
+    model.eval()
+    expected = to_uint8(torch.cat([b for _, b in generate(
+        model, Diffusion(uvic.diffusion), uvic, range(6), seed=0)])).numpy()
+    samples = tmp_path / "results" / "shapes_samples"
+    got = np.stack([np.asarray(Image.open(samples / f"{i:06d}.png")) for i in range(6)])
+    np.testing.assert_array_equal(got, expected)
+    with pytest.raises(ConfigError, match=r"model\.attention='uvit' \(--set\)"):
+        run_eval(uvit, tmp_path, out_json=tmp_path / "other.json",
+                 choice=ModelChoice(set_keys=("attention",)))
 
 
 def test_evaluate_end_to_end_resume_and_table(tmp_path: Path, capsys) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import math
 import subprocess
@@ -28,7 +29,7 @@ from uvic.config import (
     validate,
 )
 from uvic.diffusion import Diffusion
-from uvic.images import save_comparison_grid, save_grid
+from uvic.images import MIN_GRID_WIDTH, grid_upscale, save_comparison_grid, save_grid
 from uvic.samplers import make_scheduler
 from uvic.sampling import generate, guided_eps, load_guide, sample_images, to_pixels
 from uvic.seeding import make_noise, sample_generators
@@ -370,6 +371,56 @@ def test_grid_sizes(tmp_path: Path) -> None:
     assert both.width == 2 * 32 + 8 and both.height > 22
 
 
+@pytest.mark.parametrize(("n", "width", "nrow"), [(16, 16, None), (5, 8, 3), (64, 32, 8),
+                                                (2, 600, None), (16, 16, 16)])
+def test_grid_upscale_is_the_smallest_factor_reaching_512(tmp_path: Path, n, width, nrow) -> None:
+    images = torch.rand(n, 3, width, width)
+
+    def saved(panels: int, upscale: int | None) -> int:
+        if panels == 1:
+            return Image.open(save_grid(images, tmp_path / "g.png", nrow=nrow,
+                                        upscale=upscale)).width
+        return Image.open(save_comparison_grid({"a": images, "b": images}, tmp_path / "c.png",
+                                               nrow=nrow, upscale=upscale)).width
+
+    for panels in (1, 2):
+        factor = grid_upscale(n, width, nrow, panels)
+        assert saved(panels, None) == saved(panels, factor) >= MIN_GRID_WIDTH
+        assert factor == 1 or saved(panels, factor - 1) < MIN_GRID_WIDTH
+    with pytest.raises(ValueError, match="upscale factor"):
+        save_grid(images, tmp_path / "bad.png", upscale=0)
+
+
+@pytest.mark.parametrize(("scheduler", "per_batch"), [("dpm_solver++", 3), ("dpm_solver_fast", 3),
+                                                      ("HeunDiscreteScheduler", 5)])
+def test_progress_bar_counts_solver_steps(monkeypatch: pytest.MonkeyPatch, scheduler: str,
+                                          per_batch: int) -> None:
+    """One bar over steps x batches, moving at every network evaluation, with the images
+    done beside it (not one tick per batch)."""
+    import uvic.sampling as sampling
+
+    bars = []
+    real_tqdm = sampling.tqdm
+
+    def recording_tqdm(*args, **kwargs):
+        bars.append(real_tqdm(*args, file=io.StringIO(), **kwargs))
+        return bars[-1]
+
+    monkeypatch.setattr(sampling, "tqdm", recording_tqdm)
+    cfg = apply_overrides(tiny_config(), [f"sample.scheduler={scheduler}"])
+    model = tiny_model(cfg)
+    seen = []  # the bar's count at each network evaluation
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: (seen.append(bars[-1].n),
+                                                          forward(*a, **k))[1])
+    images = list(generate(model, Diffusion(cfg.diffusion), cfg, range(5), seed=0,
+                           progress=True))  # batches of 4 and 1
+    assert [len(i) for i, _ in images] == [4, 1]
+    assert len(bars) == 1 and bars[0].total == 2 * per_batch
+    assert seen == list(range(2 * per_batch)) and bars[0].n == 2 * per_batch
+    assert "images 5/5" in str(bars[0])
+
+
 # --------------------------------------------------------------------------- sample.py CLI
 
 
@@ -401,9 +452,15 @@ def test_sample_cli_single_and_comparison(tmp_path: Path) -> None:
                          "--n", "5", "--seed", "3", "--save-individual",
                          "--out", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr
-    assert Image.open(tmp_path / "one" / "grid.png").size == (3 * 10 + 2, 2 * 10 + 2)
     singles = sorted((tmp_path / "one" / "samples").glob("*.png"))
     assert [p.name for p in singles] == [f"{i:06d}.png" for i in range(5)]
+    # the grid is enlarged by default to >= 512 px (8 px images, 3 a row: 21x, 512 px),
+    # nearest neighbour: each pixel of a sample is a 21 x 21 block
+    grid = np.asarray(Image.open(tmp_path / "one" / "grid.png")).astype(int)
+    assert grid.shape[:2] == (2 * (8 * 21 + 2) + 2, 3 * (8 * 21 + 2) + 2) == (342, 512)
+    first = np.asarray(Image.open(singles[0])).astype(int)
+    np.testing.assert_array_equal(grid[2:2 + 168, 2:2 + 168],
+                                  first.repeat(21, axis=0).repeat(21, axis=1))
     record = json.loads((tmp_path / "one" / "sample_config.json").read_text())
     assert record["seed"] == 3 and record["config"]["model"]["attention"] == "uvic"
 
@@ -411,12 +468,15 @@ def test_sample_cli_single_and_comparison(tmp_path: Path) -> None:
     two = run_sample_cli("--config", str(config), "--ckpt", str(tmp_path / "m0.safetensors"),
                          "--label", "U-ViT", "--ckpt", str(tmp_path / "m1.safetensors"),
                          "--label", "U-ViC", "--n", "5", "--seed", "3", "--batch-size", "2",
-                         "--save-individual", "--out", str(tmp_path / "two"))
+                         "--save-individual", "--upscale", "1", "--out", str(tmp_path / "two"))
     assert two.returncode == 0, two.stderr
-    cmp = Image.open(tmp_path / "two" / "comparison.png")
+    # grid.png is the main grid (the comparison), as the README's outputs table says
+    assert sorted(p.name for p in (tmp_path / "two").glob("*.png")) == [
+        "grid.png", "grid_U-ViC.png", "grid_U-ViT.png"]
+    cmp = Image.open(tmp_path / "two" / "grid.png")
     assert cmp.width == 2 * 32 + 8 and cmp.height > 22
     for label in ("U-ViT", "U-ViC"):
-        assert (tmp_path / "two" / f"grid_{label}.png").is_file()
+        assert Image.open(tmp_path / "two" / f"grid_{label}.png").size == (32, 22)
         assert len(list((tmp_path / "two" / label).glob("*.png"))) == 5
     record = json.loads((tmp_path / "two" / "sample_config.json").read_text())
     assert record["config"]["sample"]["batch_size"] == 2
@@ -434,6 +494,26 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_sample_cli_refuses_bad_upscale_and_clashing_labels(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    config = write_tiny_config(tmp_path / "tiny.py")
+    save_safetensors(tiny_model(tiny_config()), tmp_path / "m.safetensors")
+    main = load_script("scripts/sample.py").main
+    common = ["--config", str(config), "--ckpt", str(tmp_path / "m.safetensors"), "--quiet",
+              "--n", "2", "--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit) as stop:
+        main([*common, "--upscale", "0"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "argument --upscale: must be >= 1, got 0")
+    # two labels that would write the same grid_<label>.png
+    rc = main([*common, "--ckpt", str(tmp_path / "m.safetensors"), "--label", "a b",
+               "--label", "a_b"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "grid_a_b.png" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
 
 
 def test_sample_cli_text_to_image(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -455,7 +535,7 @@ def test_sample_cli_text_to_image(tmp_path: Path, capsys: pytest.CaptureFixture)
     prompts.write_text("a red bus\n\na dog on a surfboard\n")
     common = ["--config", str(config), "--ckpt", str(tmp_path / "t2i.safetensors"), "--quiet",
               "--cfg-scale", "1.0", *overrides]
-    assert main([*common, "--prompts", str(prompts), "--n", "4", "--out",
+    assert main([*common, "--prompts", str(prompts), "--n", "4", "--upscale", "1", "--out",
                  str(tmp_path / "p")]) == 0
     grid = Image.open(tmp_path / "p" / "grid.png")
     assert grid.width == 2 * 66 + 2 and grid.height > 2 * 66 + 2  # 64 px images + captions

@@ -28,7 +28,12 @@ from datagen import make_cifar10, make_mscoco_features, patch_cifar10_checksums,
 from safetensors.torch import load_file
 
 import uvic.train as train_module
-from uvic.checkpoint import checkpoint_problem, list_checkpoints, load_weights
+from uvic.checkpoint import (
+    checkpoint_problem,
+    list_checkpoints,
+    load_weights,
+    stored_model_config,
+)
 from uvic.config import Config, ConfigError, load_config
 from uvic.data import SHAPES_SEEDS, ShapesDataset, build_dataset, to_signed
 from uvic.diffusion import Diffusion, diffusion_loss
@@ -258,6 +263,8 @@ def test_trains_on_cifar10_files(tmp_path, monkeypatch, attention):
     assert ema.attention_modes[1] == ("cog" if attention == "uvic" else "softmax")
     ckpt = out / "checkpoints" / "step_000004"
     assert same_tensors(load_file(out / "ema.safetensors"), load_file(ckpt / "ema.safetensors"))
+    for weights in (out / "ema.safetensors", ckpt / "ema.safetensors"):  # carry their model
+        assert stored_model_config(weights) == (cfg.model, f"metadata of {weights}")
     model = load_file(ckpt / "model.safetensors")
     assert not same_tensors(model, load_file(ckpt / "ema.safetensors"))  # EMA lags the model
 

@@ -16,6 +16,11 @@ Frechet distance: our own float64 implementation. clean-fid 0.1.35 computes it w
 `scipy.linalg.sqrtm(..., disp=False)`, and SciPy 1.18 removed `disp`, so
 `cleanfid.fid.compute_fid` / `frechet_distance` fail there. We never call them.
 
+The model is the architecture the checkpoint was trained with (`uvic.checkpoint.
+resolve_model`: its stored model config; the config's for a released nnet_ema.pth, or with
+`ModelChoice(from_config=True)`); the result (its `model`, `attention` and `config`) and
+the sample folder's settings describe that model, not the given config's `model.*`.
+
 Samples are PNG files `{index:06d}.png`. Sample i is seeded by (seed, i) (see
 `uvic.seeding.SampleGenerator`), so a run can be interrupted and resumed (samples on disk
 are kept) and split over any number of processes (Accelerate) with identical results.
@@ -24,6 +29,7 @@ are kept) and split over any number of processes (Accelerate) with identical res
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.metadata as md
 import json
 import os
@@ -40,7 +46,7 @@ import torch
 from cleanfid.fid import kernel_distance as cleanfid_kid
 from scipy import linalg
 
-from uvic.checkpoint import checkpoint_step, file_sha256
+from uvic.checkpoint import ModelChoice, checkpoint_step, file_sha256, resolve_model
 from uvic.config import Config, to_dict, validate
 from uvic.data import MSCOCOFeatures, build_dataset
 from uvic.diffusion import Diffusion
@@ -62,12 +68,12 @@ from uvic.images import save_images
 from uvic.protocols import SAMPLES_META, protocol_of
 from uvic.sampling import (
     SamplingAssets,
+    build_loaded,
     distributed_state,
     effective_cfg_scale,
     generate,
     is_latent,
     load_guide,
-    load_model,
 )
 
 SAMPLE_NAME = re.compile(r"^(\d+)\.png$")
@@ -214,6 +220,8 @@ def evaluate(
     feature_batch_size: int = 64,
     num_workers: int | None = None,
     progress: bool = True,
+    choice: ModelChoice | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Generate `n` samples of the checkpoint (resumable), compute FID and KID, write JSON.
 
@@ -225,6 +233,8 @@ def evaluate(
     download-free `ProjectionFeatures` stand-in (results labelled not comparable with FID).
     Raises InceptionWeightsMissing / InceptionWeightsCorrupt / ReferenceStatsMissing (from
     `uvic.fid_stats`) before sampling anything: the Inception network is loaded first.
+    The model is built as `resolve_model(cfg, ckpt_path, choice)` says (the checkpoint's
+    own architecture); `say` (main process) gets a one-line note stating it.
     """
     t_start = time.perf_counter()
     validate(cfg)
@@ -238,6 +248,11 @@ def evaluate(
     ckpt_path = Path(ckpt_path)
     if not ckpt_path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {ckpt_path}")
+    resolved = resolve_model(cfg, ckpt_path, choice)
+    say = say if state.is_main_process else None
+    if say is not None:
+        say(resolved.note)
+    cfg = dataclasses.replace(cfg, model=resolved.model)  # what the samples come from
     stem = f"{cfg.name}_{ckpt_path.parent.name}_{ckpt_path.stem}"
     out_json = Path(out_json) if out_json is not None else Path("runs/fid") / f"{stem}.json"
     samples_dir = (Path(samples_dir) if samples_dir is not None
@@ -274,8 +289,8 @@ def evaluate(
     t0 = time.perf_counter()
     if mine:
         device = state.device
-        model = load_model(cfg, ckpt_path, device)
-        guide = load_guide(cfg, ckpt_path, device)
+        model = build_loaded(cfg.model, ckpt_path, device)
+        guide = load_guide(cfg, ckpt_path, device, choice, say=say)
         diffusion = Diffusion(cfg.diffusion)
         assets = SamplingAssets.from_config(cfg, device)
         context_fn = caption_context_fn(cfg, seed) if cfg.model.clip_dim > 0 else None
@@ -315,6 +330,7 @@ def evaluate(
         "name": cfg.name,
         "model": model_label(cfg),
         "attention": cfg.model.attention,
+        "model_source": resolved.source,
         "dataset": cfg.data.name,
         "config_path": str(config_path) if config_path is not None else None,
         "checkpoint": str(ckpt_path),

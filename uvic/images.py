@@ -1,5 +1,9 @@
 """Images to files: PNGs written atomically, grids with captions or row labels, and
-side-by-side comparisons of several models sampled from the same noise."""
+side-by-side comparisons of several models sampled from the same noise.
+
+Grids can be enlarged (`upscale`: nearest neighbour, every pixel an N x N block, text
+drawn at the enlarged size); `grid_upscale` picks the smallest factor that makes a grid
+at least MIN_GRID_WIDTH pixels wide, `uvic-sample`'s default."""
 
 from __future__ import annotations
 
@@ -13,6 +17,10 @@ from PIL import Image, ImageDraw, ImageFont
 from torchvision.utils import make_grid
 
 from uvic.files import atomic_write
+
+MIN_GRID_WIDTH = 512  # pixels: the width `grid_upscale` reaches
+PADDING = 2  # pixels between the images of a grid (make_grid's padding)
+PANEL_GAP = 8  # pixels between the grids of a comparison
 
 
 def to_uint8(images: torch.Tensor) -> torch.Tensor:
@@ -69,12 +77,34 @@ def _stack_vertical(parts: list[Image.Image]) -> Image.Image:
     return out
 
 
+def upscale_images(images: torch.Tensor, factor: int) -> torch.Tensor:
+    """Images (N, C, H, W) enlarged `factor` times by nearest neighbour (N, C, fH, fW)."""
+    if factor < 1:
+        raise ValueError(f"upscale factor must be >= 1, got {factor}")
+    if factor == 1:
+        return images
+    return images.repeat_interleave(factor, dim=-2).repeat_interleave(factor, dim=-1)
+
+
+def grid_upscale(n: int, width: int, nrow: int | None = None, panels: int = 1,
+                 min_width: int = MIN_GRID_WIDTH) -> int:
+    """The smallest factor >= 1 at which `panels` grids side by side (a comparison; 1: a
+    grid) of `n` images `width` pixels wide, `nrow` per row, are >= `min_width` wide."""
+    cols = min(nrow or math.ceil(math.sqrt(n)), n)
+    fixed = panels * (cols + 1) * PADDING + (panels - 1) * PANEL_GAP
+    return max(1, math.ceil((min_width - fixed) / (panels * cols * width)))
+
+
+def _factor(upscale: int | None, n: int, width: int, nrow: int | None, panels: int) -> int:
+    return grid_upscale(n, width, nrow, panels) if upscale is None else upscale
+
+
 def grid_image(
     images: torch.Tensor,
     nrow: int | None = None,
     captions: list[str] | None = None,
     labels: list[str] | None = None,
-    padding: int = 2,
+    padding: int = PADDING,
 ) -> Image.Image:
     """A PIL grid of images [0, 1] (N, 3, H, W): torchvision's make_grid, plus text.
 
@@ -139,11 +169,18 @@ def save_grid(
     nrow: int | None = None,
     captions: list[str] | None = None,
     labels: list[str] | None = None,
+    upscale: int | None = 1,
 ) -> Path:
-    """Write `grid_image(images, nrow, captions, labels)` as a PNG; returns the path."""
+    """Write `grid_image(images, nrow, captions, labels)` as a PNG; returns the path.
+
+    upscale: enlarge the images that many times (nearest neighbour); None: the smallest
+    factor that makes the grid at least MIN_GRID_WIDTH wide (`grid_upscale`).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    grid_image(images, nrow=nrow, captions=captions, labels=labels).save(path)
+    factor = _factor(upscale, images.shape[0], images.shape[-1], nrow, panels=1)
+    grid_image(upscale_images(images, factor), nrow=nrow, captions=captions,
+               labels=labels).save(path)
     return path
 
 
@@ -152,18 +189,23 @@ def save_comparison_grid(
     path: str | Path,
     nrow: int | None = None,
     captions: list[str] | None = None,
+    upscale: int | None = 1,
 ) -> Path:
     """Side-by-side grids, one per name (e.g. {"U-ViT": imgs, "U-ViC": imgs} sampled from
-    the same noise), each headed by its name; optional captions under each grid."""
+    the same noise), each headed by its name; optional captions under each grid.
+    upscale: as `save_grid`'s (None: the whole comparison at least MIN_GRID_WIDTH wide)."""
     if not named_grids:
         raise ValueError("save_comparison_grid needs at least one named grid")
+    first = next(iter(named_grids.values()))
+    factor = _factor(upscale, first.shape[0], first.shape[-1], nrow, panels=len(named_grids))
     panels = []
     for name, images in named_grids.items():
+        images = upscale_images(images, factor)
         grid = grid_image(images, nrow=nrow, captions=captions)
         size = max(10, min(18, images.shape[-1] // 6))
         header = _text_band([(0, grid.width, name)], grid.width, size)
         panels.append(_stack_vertical([header, grid]))
-    gap = 8
+    gap = PANEL_GAP
     width = sum(p.width for p in panels) + gap * (len(panels) - 1)
     out = Image.new("RGB", (width, max(p.height for p in panels)), "white")
     x = 0

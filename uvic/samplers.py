@@ -131,6 +131,23 @@ def net_time_of(diffusion: Diffusion, sched: SchedulerMixin, k: torch.Tensor) ->
     return diffusion.net_time(k)
 
 
+def model_calls(
+    diffusion: Diffusion,
+    scheduler: str = "dpm_solver++",
+    steps: int = 50,
+    order: int = 2,
+    scheduler_kwargs: dict[str, Any] | None = None,
+) -> int:
+    """How many times `run_sampler` calls `eps_fn` for one batch (its solver steps):
+    `steps` for `dpm_solver_fast` (its steps are model calls), else the length of the
+    scheduler's timestep list (e.g. 2 steps - 1 for diffusers' Heun)."""
+    if scheduler == "dpm_solver_fast":
+        return steps
+    sched = make_scheduler(diffusion, scheduler, order, steps, scheduler_kwargs)
+    sched.set_timesteps(steps)
+    return len(sched.timesteps)
+
+
 @torch.inference_mode()
 def run_sampler(
     eps_fn: EpsFn,

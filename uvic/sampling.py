@@ -10,7 +10,12 @@ grids, the quickstart and the FID evaluator:
   (seed, index), so sample `i` of a run is the same image whatever the batch size, the
   number of processes or the device.
 * `generate`: batches of (global indices, images in [0, 1]) for a list of sample indices,
-  including text contexts, mixed precision and VAE decoding.
+  including text contexts, mixed precision and VAE decoding; its progress bar counts
+  solver steps (network evaluations x batches) and the images done.
+* `load_model` / `load_guide`: a checkpoint built as the architecture it was trained with
+  (`uvic.checkpoint.resolve_model`: the model config stored with the weights; the given
+  config's only for files that record none, such as a released `nnet_ema.pth`, or when
+  asked for with `ModelChoice(from_config=True)`).
 * `SamplingAssets`: the VAE and empty-prompt context a config needs, loaded once;
   `to_pixels` turns model outputs into images in [0, 1] (`uvic.images` writes them).
 
@@ -22,6 +27,7 @@ k + 1 for the discrete scaled-linear one (MS-COCO).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -32,11 +38,16 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from uvic.autoencoder import decode_latents, load_vae
-from uvic.checkpoint import load_weights
-from uvic.config import Config
+from uvic.checkpoint import (
+    ModelChoice,
+    check_same_inputs,
+    load_weights,
+    resolve_model,
+)
+from uvic.config import Config, ModelConfig
 from uvic.data import load_empty_context, load_sample_prompts
 from uvic.diffusion import Diffusion
-from uvic.samplers import run_sampler
+from uvic.samplers import model_calls, run_sampler
 from uvic.seeding import make_noise, sample_generators
 from uvic.uvit import build_model
 
@@ -100,6 +111,7 @@ def sample_images(
     scheduler_kwargs: dict | None = None,
     guide: nn.Module | None = None,
     autoguidance_scale: float = 0.0,
+    on_step: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """Run the reverse process from the initial noise x_T (B, C, H, W) to x_0.
 
@@ -112,6 +124,7 @@ def sample_images(
     Autoguidance: with `autoguidance_scale` s != 0, `eps = g + s (g - b)`, where g and b
     are the (classifier-free guided) predictions of `model` and of the weaker `guide`:
     the direction in which the better model improves on the weaker one, extrapolated.
+    `on_step()` is called after each of the solver's network evaluations (progress).
     """
     if autoguidance_scale != 0.0 and guide is None:
         raise ValueError(f"autoguidance_scale={autoguidance_scale} needs a guide model")
@@ -122,10 +135,12 @@ def sample_images(
 
     def eps_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         eps = guided_eps(model, x, t, context, uncond_context, cfg_scale)
-        if autoguidance_scale == 0.0:
-            return eps
-        weak = guided_eps(guide, x, t, context, uncond_context, cfg_scale)
-        return eps + autoguidance_scale * (eps - weak)
+        if autoguidance_scale != 0.0:
+            weak = guided_eps(guide, x, t, context, uncond_context, cfg_scale)
+            eps = eps + autoguidance_scale * (eps - weak)
+        if on_step is not None:
+            on_step()
+        return eps
 
     return run_sampler(
         eps_fn, diffusion, noise, scheduler=scheduler, steps=steps, order=order,
@@ -183,24 +198,44 @@ def to_pixels(cfg: Config, x0: torch.Tensor, vae: nn.Module | None = None) -> to
 # --------------------------------------------------------------------------- checkpoints and text
 
 
-def load_model(cfg: Config, ckpt: str | Path, device: torch.device | str = "cpu") -> nn.Module:
-    """Build the model of `cfg.model` and load a checkpoint (our EMA .safetensors or a
-    released U-ViT `nnet_ema.pth`); returns it in eval mode without gradients."""
+def load_model(cfg: Config, ckpt: str | Path, device: torch.device | str = "cpu",
+               choice: ModelChoice | None = None) -> nn.Module:
+    """Build the architecture the checkpoint (our EMA .safetensors or a released U-ViT
+    `nnet_ema.pth`) was trained with and load it; eval mode, without gradients.
+
+    The architecture is `resolve_model(cfg, ckpt, choice).model`: the model config stored
+    with the weights, cfg.model for a file that records none (or with
+    `choice.from_config`); a conflicting explicit `model.*` value is a ConfigError.
+    """
+    return build_loaded(resolve_model(cfg, _existing(ckpt), choice).model, ckpt, device)
+
+
+def build_loaded(model: ModelConfig, ckpt: str | Path,
+                 device: torch.device | str = "cpu") -> nn.Module:
+    """The network of `model` with the weights of `ckpt` (strict), eval mode, no gradients."""
+    net = build_model(model)
+    load_weights(net, _existing(ckpt), strict=True)
+    return net.to(device).eval().requires_grad_(False)
+
+
+def _existing(ckpt: str | Path) -> Path:
     ckpt = Path(ckpt)
     if not ckpt.is_file():
         raise FileNotFoundError(f"checkpoint not found: {ckpt}")
-    model = build_model(cfg.model)
-    load_weights(model, ckpt, strict=True)
-    return model.to(device).eval().requires_grad_(False)
+    return ckpt
 
 
-def load_guide(cfg: Config, ckpt: str | Path,
-               device: torch.device | str = "cpu") -> nn.Module | None:
+def load_guide(cfg: Config, ckpt: str | Path, device: torch.device | str = "cpu",
+               choice: ModelChoice | None = None,
+               say: Callable[[str], None] | None = None) -> nn.Module | None:
     """The weaker model of autoguidance for sampling checkpoint `ckpt`, or None when
     `sample.autoguidance_scale` is 0.
 
     A relative `sample.autoguidance_ckpt` is taken from the run folder of `ckpt`: the
-    folder of a run's `ema.safetensors`, the run above `checkpoints/step_N/`.
+    folder of a run's `ema.safetensors`, the run above `checkpoints/step_N/`. `cfg.model`
+    is the sampled model's (`resolve_model(cfg, ckpt).model`); the guide is built as its
+    own checkpoint records (`resolve_model`, compared with the sampled model's), and must
+    take the same inputs. `say` gets the guide's one-line note.
     """
     s = cfg.sample
     if s.autoguidance_scale == 0.0:
@@ -216,7 +251,13 @@ def load_guide(cfg: Config, ckpt: str | Path,
             f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r}: weights not found at {path} "
             "(keep an early checkpoint with train.keep_steps, or set "
             "sample.autoguidance_scale=0)")
-    return load_model(cfg, path, device)
+    choice = dataclasses.replace(choice or ModelChoice(), config_name="the sampled model")
+    resolved = resolve_model(cfg, path, choice)
+    check_same_inputs({f"the model of {ckpt}": cfg.model,
+                       f"its guide {path}": resolved.model})
+    if say is not None:
+        say(f"guide {resolved.note}")
+    return build_loaded(resolved.model, path, device)
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -340,30 +381,40 @@ def generate(
 
     Yields (indices, images in [0, 1] on the CPU). Sampler settings come from cfg.sample
     (scheduler, steps, order, cfg_scale; guidance only for text-conditional models;
-    autoguidance_scale with the weaker model `guide`, see `load_guide`).
-    `context_fn(indices) -> (b, L, D)` gives the text context of each sample. Sample i is
-    seeded by (seed, i) (`SampleGenerator`), so any split of `indices` into batches, processes
-    or resumed runs gives the same images.
+    autoguidance_scale with the weaker model `guide`, see `load_guide`); the noise shape
+    from cfg.model, which must be `model`'s. `context_fn(indices) -> (b, L, D)` gives the
+    text context of each sample. Sample i is seeded by (seed, i) (`SampleGenerator`), so
+    any split of `indices` into batches, processes or resumed runs gives the same images.
+    With `progress`, one bar counts the solver's steps over all batches (steps per batch
+    x batches: it moves at every network evaluation) and shows the images done.
     """
     s = cfg.sample
     shape = (cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size)
     scale = effective_cfg_scale(cfg)
     batch = s.batch_size  # >= 1: uvic.config.validate
     chunks = [list(indices[i : i + batch]) for i in range(0, len(indices), batch)]
-    for chunk in tqdm(chunks, desc="generating", unit="batch", disable=not progress):
-        gens = sample_generators(seed, chunk)
-        noise = make_noise(shape, gens, device)
-        context = context_fn(chunk).to(device) if context_fn is not None else None
-        with autocast(device, precision):
-            x0 = sample_images(
-                model, diffusion, noise, context=context, uncond_context=uncond_context,
-                cfg_scale=scale, scheduler=s.scheduler, steps=s.steps, order=s.order,
-                generator=gens, scheduler_kwargs=s.scheduler_kwargs,
-                guide=guide, autoguidance_scale=s.autoguidance_scale,
-            )
-        with torch.inference_mode():
-            images = to_pixels(cfg, x0, vae)
-        yield chunk, images.cpu()
+    per_batch = model_calls(diffusion, s.scheduler, s.steps, s.order, s.scheduler_kwargs)
+    done = 0
+    with tqdm(total=per_batch * len(chunks), unit="step", disable=not progress,
+              desc=f"sampling ({len(chunks)} x {per_batch} steps)") as bar:
+        bar.set_postfix_str(f"images 0/{len(indices)}", refresh=False)
+        for chunk in chunks:
+            gens = sample_generators(seed, chunk)
+            noise = make_noise(shape, gens, device)
+            context = context_fn(chunk).to(device) if context_fn is not None else None
+            with autocast(device, precision):
+                x0 = sample_images(
+                    model, diffusion, noise, context=context, uncond_context=uncond_context,
+                    cfg_scale=scale, scheduler=s.scheduler, steps=s.steps, order=s.order,
+                    generator=gens, scheduler_kwargs=s.scheduler_kwargs,
+                    guide=guide, autoguidance_scale=s.autoguidance_scale,
+                    on_step=bar.update,
+                )
+            with torch.inference_mode():
+                images = to_pixels(cfg, x0, vae)
+            done += len(chunk)
+            bar.set_postfix_str(f"images {done}/{len(indices)}")
+            yield chunk, images.cpu()
 
 
 # --------------------------------------------------------------------------- processes

@@ -32,7 +32,8 @@ Run folder (`train.output_dir`):
     tensorboard/           the same scalars for TensorBoard (the tracker's logging folder)
     samples/step_*.png     sample grids of the EMA model with fixed noise (and prompts)
     checkpoints/step_*/    the last `train.keep_last` checkpoints, and those of `train.keep_steps`
-    ema.safetensors        EMA weights of the latest checkpoint (what sampling loads)
+    ema.safetensors        EMA weights of the latest checkpoint (what sampling loads; the
+                           model config in its metadata, as in each checkpoint's)
     summary.json           written at the end: steps, final loss, time per step, images/s,
                            processes, devices, precision
     .run.lock              held while a run uses the folder (`uvic.runlock`)
@@ -79,6 +80,7 @@ from uvic.checkpoint import (
     checkpoint_name,
     commit_checkpoint,
     list_checkpoints,
+    model_metadata,
     remove_tree,
     resolve_resume,
     resume_config_path,
@@ -465,7 +467,9 @@ class Trainer:
         acc.save_state(str(tmp))  # model, optimizer, LR schedule, scaler, RNG states, EMA
         acc.wait_for_everyone()
         if self.is_main:
-            save_safetensors(self.ema.model, tmp / "ema.safetensors")
+            # the EMA files carry the model config: a copy out of the run still knows it
+            save_safetensors(self.ema.model, tmp / "ema.safetensors",
+                             metadata=model_metadata(self.cfg.model))
             recorded_cfg, resumes = self.recorded
             save_run_config(recorded_cfg, tmp / "config.json", resumes)
             write_json(tmp / TRAINER_STATE, {
@@ -480,7 +484,8 @@ class Trainer:
             commit_checkpoint(tmp, final)
             # a kill here leaves ema.safetensors one checkpoint behind: the next start of
             # the run copies it from the latest checkpoint (sync_run_ema)
-            save_safetensors(self.ema.model, self.run_dir / RUN_EMA)
+            save_safetensors(self.ema.model, self.run_dir / RUN_EMA,
+                             metadata=model_metadata(self.cfg.model))
             kept = {checkpoint_name(step) for step in self.cfg.train.keep_steps}
             rotating = [c for c in list_checkpoints(self.run_dir) if c.name not in kept]
             for old in rotating[:-max(self.cfg.train.keep_last, 1)]:

@@ -26,7 +26,9 @@ the predicted noise); "maps" are rows of image 0, averaged over heads, on patch 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,8 +36,8 @@ from torch import Tensor, nn
 
 from uvic.analysis.capture import HEAD_METRICS, BlockRecorder, TokenLayout, token_layout
 from uvic.analysis.metrics import sink_share
-from uvic.checkpoint import load_weights
-from uvic.config import Config, apply_overrides
+from uvic.checkpoint import ModelChoice, load_weights, resolve_model
+from uvic.config import Config
 from uvic.diffusion import Diffusion
 from uvic.uvit import build_model
 
@@ -47,8 +49,9 @@ def spread_timesteps(num_levels: int, num_train_timesteps: int) -> list[int]:
 
     5 levels of a 1000-step schedule: [99, 299, 499, 699, 899] (low to high noise).
     """
-    if num_levels < 1:
-        raise ValueError(f"num_levels must be >= 1, got {num_levels}")
+    if not 1 <= num_levels <= num_train_timesteps:
+        raise ValueError(f"num_levels must be in [1, {num_train_timesteps}] (the schedule's "
+                         f"timesteps), got {num_levels}")
     return [round((i + 0.5) * num_train_timesteps / num_levels) - 1 for i in range(num_levels)]
 
 
@@ -163,6 +166,8 @@ def analyze(
     """
     if not models:
         raise ValueError("analyze needs at least one model")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     layouts = {label: token_layout(model) for label, model in models.items()}
     layout = next(iter(layouts.values()))
     for label, other in layouts.items():
@@ -239,32 +244,29 @@ def write_json(result: dict, path: str | Path) -> Path:
 
 def load_models(cfg: Config, checkpoints: dict[str, str | Path],
                 attention: dict[str, str] | None = None,
-                device: str | torch.device = "cpu") -> dict[str, nn.Module]:
+                device: str | torch.device = "cpu", choice: ModelChoice | None = None,
+                say: Callable[[str], None] | None = None) -> dict[str, nn.Module]:
     """Build and load one model per checkpoint (strict), in eval mode.
 
-    A checkpoint does not record its attention pattern; each model's pattern is, in
-    order: `attention[label]`, the `model.attention` of a run's `config.json` in the
-    checkpoint's folder or up to two folders up (a run folder holds `ema.safetensors`
-    and `checkpoints/step_*/`), else `cfg.model.attention`.
+    Each model is the architecture its checkpoint was trained with
+    (`uvic.checkpoint.resolve_model`: the model config stored in the file or its run's
+    `config.json`; `cfg.model` for a file that records none, such as a released
+    `nnet_ema.pth`, or with `choice.from_config`); `attention[label]` then runs it under
+    another attention pattern, as asked. `say` gets one note per checkpoint.
     """
     models = {}
     for label, path in checkpoints.items():
-        spec = (attention or {}).get(label) or _run_attention(Path(path)) or cfg.model.attention
-        model = build_model(apply_overrides(cfg, [f"model.attention={spec}"]))
+        resolved = resolve_model(cfg, path, choice)
+        model_cfg, note = resolved.model, resolved.note
+        if (attention or {}).get(label):
+            model_cfg = dataclasses.replace(model_cfg, attention=attention[label])
+            note += f"; run with attention {attention[label]} as asked"
+        if say is not None:
+            say(f"{label}: {note}")
+        model = build_model(model_cfg)
         load_weights(model, path, strict=True)
         models[label] = model.to(device).eval().requires_grad_(False)
     return models
-
-
-def _run_attention(checkpoint: Path) -> str | None:
-    for folder in checkpoint.resolve().parents[:3]:
-        saved = folder / "config.json"
-        if saved.is_file():
-            try:
-                return str(json.loads(saved.read_text())["model"]["attention"])
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise ValueError(f"{saved}: cannot read model.attention ({err})") from err
-    return None
 
 
 def load_inputs(cfg: Config, num_images: int, split: str = "test",
@@ -274,6 +276,8 @@ def load_inputs(cfg: Config, num_images: int, split: str = "test",
     a caption at random; the torch RNG is seeded with `seed` so the draw is fixed."""
     from uvic.data import build_dataset  # here: it imports torchvision, only needed here
 
+    if num_images < 1:
+        raise ValueError(f"num_images must be >= 1, got {num_images}")
     dataset = build_dataset(cfg, split)
     if len(dataset) < num_images:
         raise ValueError(f"data.name={cfg.data.name!r} split {split!r} has {len(dataset)} "

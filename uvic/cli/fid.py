@@ -27,6 +27,11 @@ It checks the pipeline on one's own checkpoint; the number is NOT comparable wit
 Inception FID, and the printed line, the result's protocol and the table all say so.
 The work is done by `uvic.fid.evaluate`; `python eval/fid_table.py runs/fid` builds the
 table.
+
+The checkpoint is built as the architecture it was trained with (its stored model config,
+else its run's config.json; `--config`'s for a released nnet_ema.pth), as `uvic-sample`
+does: a `--set model.*` value that differs from it is refused with one line, and
+`--model-from-config` builds `--config`'s model instead.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from uvic.checkpoint import CheckpointError
+from uvic.checkpoint import CheckpointError, ModelChoice
 from uvic.cli.sample import sampler_overrides
 from uvic.config import FID_FEATURES, ConfigError, load_config
 from uvic.fid import evaluate
@@ -74,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-workers", type=int, help="image loading workers for features")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. --set eval.ref_images=data/coco/val2014")
+    p.add_argument("--model-from-config", action="store_true",
+                   help="build the model as --config and --set say, not as the model config "
+                   "stored with the checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p.parse_args(argv)
 
@@ -97,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             stats_dir=args.stats_dir, allow_download=args.download,
             feature_batch_size=args.feature_batch_size, num_workers=args.num_workers,
             progress=not args.quiet,
+            choice=ModelChoice.from_overrides(args.set, args.model_from_config, args.config),
+            say=print,
         )
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -15,33 +15,51 @@
 The config may also be a run's saved config.json. Checkpoints are our EMA .safetensors or a
 released U-ViT nnet_ema.pth. The same --seed gives the same images on any device, batch
 size or number of processes. Installed as `uvic-sample`; `scripts/sample.py` runs the same.
+
+Each checkpoint is built as the architecture it was trained with (`uvic.checkpoint.
+resolve_model`): the model config stored in its safetensors metadata, else its run's
+config.json; `--config` gives the sampler settings (and the model of a file that records
+none, such as a released nnet_ema.pth). One note per checkpoint states the architecture
+and where it came from, and names the `--config` model values it did not use. A
+`--set model.*` value that differs from a checkpoint's is refused with one line;
+`--model-from-config` builds every checkpoint as `--config` (+ `--set`) says instead.
+Several checkpoints of a side-by-side may differ (U-ViT and U-ViC) but must take the same
+inputs (image size, channels, conditioning).
+
+Writes to --out: `grid.png`, the main grid (with several checkpoints: their grids side by
+side, labelled), `grid_<label>.png` per checkpoint when there are several,
+`<label>/{i:06d}.png` with --save-individual (native size) and `sample_config.json`.
+Grids are enlarged by nearest neighbour to at least 512 px wide (`--upscale N` forces a
+factor, 1 = native size).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 from accelerate.utils import gather_object
 
-from uvic.checkpoint import CheckpointError
+from uvic.checkpoint import CheckpointError, ModelChoice, check_same_inputs, resolve_model
+from uvic.cli import positive_int
 from uvic.config import Config, ConfigError, load_config, to_dict, validate
 from uvic.diffusion import Diffusion
 from uvic.images import save_comparison_grid, save_grid, save_images, to_uint8
 from uvic.sampling import (
     PRECISIONS,
     SamplingAssets,
+    build_loaded,
     distributed_state,
     effective_cfg_scale,
     generate,
     load_guide,
-    load_model,
     prompt_contexts,
     read_prompts,
     text_encoder,
@@ -58,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", help="text-to-image: file with one prompt per line")
     p.add_argument("--n", "--num-samples", dest="n", type=int, default=64,
                    help="number of images (default 64)")
-    p.add_argument("--nrow", type=int, help="images per grid row")
+    p.add_argument("--nrow", type=positive_int, help="images per grid row")
     p.add_argument("--steps", type=int, help="sampling steps (default: sample.steps)")
     p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, dpm_solver_fast, "
                    "euler_maruyama or a diffusers class name (uvic.samplers)")
@@ -71,6 +89,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="autocast dtype on CUDA (default fp32)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. --set data.root=/data/coco_features")
+    p.add_argument("--model-from-config", action="store_true",
+                   help="build every checkpoint as --config and --set say, not as the model "
+                   "config stored with it (run a checkpoint under another attention pattern)")
+    p.add_argument("--upscale", type=positive_int, metavar="N",
+                   help="enlarge grids N times, nearest neighbour (default: the smallest N "
+                   "that makes a grid at least 512 px wide; 1: native size)")
     p.add_argument("--save-individual", action="store_true", help="also write each image")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -93,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             prompts_file=args.prompts, precision=args.precision,
             save_individual=args.save_individual, nrow=args.nrow,
             record={"config_path": args.config, "args": vars(args)}, progress=not args.quiet,
+            choice=ModelChoice.from_overrides(args.set, args.model_from_config, args.config),
+            upscale=args.upscale, say=print,
         )
     except (ConfigError, CheckpointError, ClipLoadError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -121,6 +147,16 @@ def checkpoint_labels(
     return names
 
 
+def _check_labels(labels: Sequence[str]) -> None:
+    """Labels name files (`grid_<label>.png`, `<label>/`): distinct after `_slug`."""
+    seen: dict[str, str] = {}
+    for label in labels:
+        if _slug(label) in seen:
+            raise ValueError(f"--label {seen[_slug(label)]!r} and {label!r} would write the "
+                             f"same files (grid_{_slug(label)}.png); give distinct labels")
+        seen[_slug(label)] = label
+
+
 def _slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_") or "samples"
 
@@ -139,16 +175,25 @@ def sample_to_folder(
     nrow: int | None = None,
     record: dict | None = None,
     progress: bool = True,
+    choice: ModelChoice | None = None,
+    upscale: int | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
     """Sample `n` images from each checkpoint with the same noise and write them to `out`.
 
-    Writes `grid.png` (one checkpoint) or `grid_<label>.png` per checkpoint plus
-    `comparison.png` (labelled, side by side), `<label>/{i:06d}.png` with
-    `save_individual`, and `sample_config.json` (resolved config, prompts and `record`).
+    Writes `grid.png`, the main grid: the one checkpoint's, or with several their grids
+    side by side, labelled; with several also `grid_<label>.png` per checkpoint;
+    `<label>/{i:06d}.png` (native size) with `save_individual` (label "samples" for one
+    checkpoint); and `sample_config.json` (the given config, the model built for each
+    checkpoint and its source, prompts and `record`). Grids are enlarged `upscale` times
+    (nearest neighbour; None: each grid at least 512 px wide, `uvic.images.grid_upscale`).
+    Each checkpoint is built as `resolve_model(cfg, ckpt, choice)` says (its own stored
+    model config, see the module docstring); `say` gets one note per checkpoint.
     Text-to-image: prompts from `prompts_file` (else the feature folder's sample prompts);
     each prompt gets max(1, n // #prompts) images, one grid row per prompt.
     Under `accelerate launch` each process samples every num_processes-th image; the main
-    process gathers and writes. Returns the written grid paths by name.
+    process gathers and writes. Returns the written grid paths: "grid" and, with several
+    checkpoints, "grid_<label>" each.
     """
     if n < 1:
         raise ValueError(f"--n must be >= 1, got {n}")
@@ -157,6 +202,12 @@ def sample_to_folder(
     device = state.device
     out = Path(out)
     labels = checkpoint_labels(ckpts, labels)
+    _check_labels(labels)
+    # every checkpoint's architecture first: a refused one stops before any work
+    resolved = {label: resolve_model(cfg, ckpt, choice) for label, ckpt in zip(labels, ckpts)}
+    check_same_inputs({f"--ckpt {ckpt}": r.model for ckpt, r in zip(ckpts, resolved.values())})
+    given = cfg
+    cfg = dataclasses.replace(cfg, model=next(iter(resolved.values())).model)  # the inputs
     diffusion = Diffusion(cfg.diffusion)
     if prompts_file is not None and cfg.model.clip_dim <= 0:
         raise ValueError(f"--prompts given but {cfg.name} is not text-conditional "
@@ -185,12 +236,16 @@ def sample_to_folder(
 
     mine = list(range(total))[state.process_index :: state.num_processes]
     grids: dict[str, torch.Tensor] = {}
+    say = say if state.is_main_process else None
     for label, ckpt in zip(labels, ckpts):
-        model = load_model(cfg, ckpt, device)
-        guide = load_guide(cfg, ckpt, device)
+        if say is not None:
+            say(f"{label}: {resolved[label].note}")
+        model = build_loaded(resolved[label].model, ckpt, device)
+        ckpt_cfg = dataclasses.replace(cfg, model=resolved[label].model)
+        guide = load_guide(ckpt_cfg, ckpt, device, choice, say=say)
         local = []
         for indices, images in generate(
-            model, diffusion, cfg, mine, seed=seed, context_fn=context_fn,
+            model, diffusion, ckpt_cfg, mine, seed=seed, context_fn=context_fn,
             uncond_context=assets.uncond, vae=assets.vae, device=device, precision=precision,
             progress=progress and state.is_main_process, guide=guide,
         ):
@@ -207,16 +262,19 @@ def sample_to_folder(
     if state.is_main_process:
         if len(grids) == 1:
             written["grid"] = save_grid(next(iter(grids.values())), out / "grid.png", nrow=nrow,
-                                        captions=captions)
+                                        captions=captions, upscale=upscale)
         else:
+            written["grid"] = save_comparison_grid(grids, out / "grid.png", nrow=nrow,
+                                                   captions=captions, upscale=upscale)
             for label, images in grids.items():
-                written[label] = save_grid(images, out / f"grid_{_slug(label)}.png", nrow=nrow,
-                                           captions=captions)
-            written["comparison"] = save_comparison_grid(grids, out / "comparison.png",
-                                                         nrow=nrow, captions=captions)
+                name = f"grid_{_slug(label)}"
+                written[name] = save_grid(images, out / f"{name}.png", nrow=nrow,
+                                          captions=captions, upscale=upscale)
         summary = {
-            "config": to_dict(cfg),
+            "config": to_dict(given),
             "checkpoints": {label: str(c) for label, c in zip(labels, ckpts)},
+            "models": {label: {"source": r.source, "model": dataclasses.asdict(r.model)}
+                       for label, r in resolved.items()},
             "n": total, "seed": seed, "precision": precision,
             "guidance": effective_cfg_scale(cfg), "prompts": prompts,
             "num_processes": state.num_processes, "device": str(device),
