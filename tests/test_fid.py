@@ -476,6 +476,8 @@ def test_projection_fid_of_a_cifar10_checkpoint_without_downloads(tmp_path: Path
     patch_cifar10_checksums(monkeypatch, tmp_path / "cifar")
     assert projection_fid_cli(tmp_path, run) == 0
     out = capsys.readouterr().out.splitlines()
+    assert "attention uvic" in out[0] and "config.json" in out[0], out[0]  # what was built
+    out = out[1:]
     result = json.loads((tmp_path / "fid" / "cifar10_uvic.json").read_text())
     assert out[0] == (f"U-ViC cifar10: stand-in FID (projection features, {NOT_FID}) "
                       f"{result['fid']:.3f}  KID {result['kid']:.5f}  (N=4, legacy_pytorch, "
