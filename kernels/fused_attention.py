@@ -2,9 +2,10 @@
 
 Backends:
 
-* ``"triton"``: the fused kernels of :mod:`uvic_kernels.triton_attention`, compiled
-  on CUDA, or run by Triton's interpreter on the CPU when ``TRITON_INTERPRET=1``
-  was set before the kernels were first used (slow, for testing);
+* ``"triton"``: the fused kernels of :mod:`uvic_kernels.triton_attention` (launched by
+  :mod:`uvic_kernels.launch`), compiled on CUDA, or run by Triton's interpreter on the
+  CPU when ``TRITON_INTERPRET=1`` was set before the kernels were first used (slow, for
+  testing);
 * ``"torch"``: :mod:`uvic_kernels.torch_attention`, the same algorithm in PyTorch
   (chunked over query rows, fp32 internally), for CPUs and other devices;
 * ``"sdpa"``: PyTorch's ``scaled_dot_product_attention`` (FlashAttention / cuDNN /
@@ -80,9 +81,9 @@ def _implementation(backend: str, device: torch.device) -> ModuleType:
             f"backend='triton' needs CUDA tensors or TRITON_INTERPRET=1 (set before the kernels "
             f"are first used); got tensors on {device}"
         )
-    from uvic_kernels import triton_attention
+    from uvic_kernels import launch
 
-    return triton_attention
+    return launch
 
 
 def _check_inputs(

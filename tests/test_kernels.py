@@ -131,10 +131,10 @@ def test_torch_backend_equals_kernel(mode):
 def test_row_statistic(mode):
     """The forward's row statistic: log-sum-exp of S (softmax) or |S| (cog), or the row
     sum N of S^2 / (1 + S^2) (expressive), which the backward recomputes weights from."""
-    from uvic_kernels import triton_attention
+    from uvic_kernels import launch
 
     q, k, v = (randn(1, 2, 77, 32, seed=i) for i in range(3))
-    _, stat = triton_attention.forward(q, k, v, mode, 0.25)
+    _, stat = launch.forward(q, k, v, mode, 0.25)
     s = 0.25 * q.double() @ k.double().transpose(-2, -1)
     if mode == "expressive":
         ref = (s * s / (1 + s * s)).sum(dim=-1)
@@ -247,19 +247,21 @@ def test_bitwise_deterministic(mode):
 def test_computed_fraction_of_scores():
     """At U-ViT's sequence lengths at least 80% (N = 257) / 85% (N = 334) of the score
     elements every kernel computes are real, for every tile the kernels may use."""
-    from uvic_kernels import triton_attention as ta
+    from uvic_kernels import tiles
 
-    kinds = {"fwd": ta.GPU_FWD_TILES, "dkdv": ta.GPU_BWD_DKDV_TILES, "dq": ta.GPU_BWD_DQ_TILES}
+    kinds = {
+        "fwd": tiles.GPU_FWD_TILES, "dkdv": tiles.GPU_BWD_DKDV_TILES, "dq": tiles.GPU_BWD_DQ_TILES
+    }
     for n, floor in ((257, 0.80), (334, 0.85)):
-        for kind, tiles in kinds.items():
-            for bm, bn, _, _ in tiles:
-                assert ta.computed_fraction(n, n, bm, bn, kind) >= floor, (n, kind, bm, bn)
+        for kind, tile_list in kinds.items():
+            for bm, bn, _, _ in tile_list:
+                assert tiles.computed_fraction(n, n, bm, bn, kind) >= floor, (n, kind, bm, bn)
     # whole blocks for the remainder would waste nearly half at N = 257
-    assert ta.computed_fraction(257, 257, 128, 64, "fwd") == pytest.approx(257**2 / 272**2)
+    assert tiles.computed_fraction(257, 257, 128, 64, "fwd") == pytest.approx(257**2 / 272**2)
     # remainders: 16-row programs, or one masked full-size program when those cost more
-    assert ta.num_programs(257, 128) == 2 + 1 and ta.num_programs(280, 128) == 2 + 2
-    assert ta.num_programs(334, 128) == 2 + 1 and ta.num_programs(334, 64) == 5 + 1
-    assert ta.num_programs(15, 64) == 1 and ta.num_programs(256, 64) == 4
+    assert tiles.num_programs(257, 128) == 2 + 1 and tiles.num_programs(280, 128) == 2 + 2
+    assert tiles.num_programs(334, 128) == 2 + 1 and tiles.num_programs(334, 64) == 5 + 1
+    assert tiles.num_programs(15, 64) == 1 and tiles.num_programs(256, 64) == 4
 
 
 # ---------------------------------------------------------------------------------------
@@ -470,23 +472,23 @@ def test_gpu_config_pruning():
     """Tile selection on a GPU (pure Python, so it is checked here as well)."""
     import triton
 
-    from uvic_kernels import triton_attention as ta
+    from uvic_kernels import tiles
 
     configs = [
         triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_stages=s, num_warps=w)
-        for m, n, s, w in ta.GPU_FWD_TILES
+        for m, n, s, w in tiles.GPU_FWD_TILES
     ]
 
-    def tiles(n_q, n_kv, dtype):
+    def pruned(n_q, n_kv, dtype):
         args = {"Q": torch.empty(0, dtype=dtype), "N_Q": n_q, "N_KV": n_kv}
-        return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in ta._prune(configs, args)]
+        return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in tiles.prune(configs, args)]
 
-    assert len(tiles(4096, 4096, torch.bfloat16)) == (len(configs) if ta.AUTOTUNE else 1)
-    assert all(m <= 64 and n <= 64 for m, n in tiles(40, 50, torch.float16))
-    assert tiles(5, 5, torch.float16) == [(64, 32)]  # nothing fits: the smallest tile
-    assert all(m * n <= ta.FP32_MAX_TILE for m, n in tiles(4096, 4096, torch.float32))
+    assert len(pruned(4096, 4096, torch.bfloat16)) == (len(configs) if tiles.AUTOTUNE else 1)
+    assert all(m <= 64 and n <= 64 for m, n in pruned(40, 50, torch.float16))
+    assert pruned(5, 5, torch.float16) == [(64, 32)]  # nothing fits: the smallest tile
+    assert all(m * n <= tiles.FP32_MAX_TILE for m, n in pruned(4096, 4096, torch.float32))
     # without a GPU (no multiprocessor count) list order decides
-    assert tiles(334, 334, torch.bfloat16)[0] == ta.GPU_FWD_TILES[0][:2]
+    assert pruned(334, 334, torch.bfloat16)[0] == tiles.GPU_FWD_TILES[0][:2]
 
 
 def test_default_backend(monkeypatch):
