@@ -1,26 +1,48 @@
-"""Host side of the Triton attention kernels: argument preparation and launches.
+"""Host side of the Triton attention kernels: arguments, launches and the launch cache.
 
 ``forward`` and ``backward`` have the interface of :mod:`uvic_kernels.torch_attention`;
-they allocate the outputs, fold the scale (``_kernel_scales``), derive strides and
-constexprs, and launch the kernels of :mod:`uvic_kernels.triton_attention`, which holds
-the algorithm.  Inputs are assumed validated (see ``uvic_kernels.attention``).
+they allocate the outputs, fold the scale (``_kernel_scales``) and launch the kernels of
+:mod:`uvic_kernels.triton_attention`, which holds the algorithm.  Inputs are assumed
+validated (see ``uvic_kernels.attention``).
+
+Launch cache.  Everything a launch derives from the inputs' signature (mode, dtype,
+device, shapes, strides, and the 16-byte alignment of every pointer, on which Triton
+specialises) is worked out once per signature: the integer kernel arguments, the
+constexprs, and, after the first call, for each kernel the config the autotuner chose,
+its grid and its compiled kernel.  A later call with the same signature allocates its
+outputs, finds that plan in a dict and hands the same arguments straight to the
+compiled kernel's launcher (``CompiledKernel[grid](*args)``; in the interpreter, to the
+kernel function).  The autotuner (its key over every argument), Triton's binder (type
+and specialisation of every argument, the cache key), the grid function and this
+module's stride arithmetic are not run again.  The kernel launched is the one Triton's
+own path would launch with the same arguments, so results are bit-identical;
+``CACHE = False`` takes Triton's path on every call (the tests compare the two), and
+``cache_info()`` counts the launches of each path.  As with Triton's own autotuning
+cache, a config list changed after a signature was first launched is not seen: call
+``clear_cache()``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
+from triton.compiler import CompiledKernel
 
 from uvic_kernels import triton_attention as kernels
-from uvic_kernels.tiles import MIN_BLOCK, PREPROCESS_BLOCK_M, num_programs
+from uvic_kernels.tiles import INTERPRET, MIN_BLOCK, PREPROCESS_BLOCK_M, num_programs
 from uvic_kernels.triton_attention import LOG2E, MODE_IDS
 
 # fmt: off
 # (kernel argument lists are grouped by tensor, as in the kernels' signatures)
 
+CACHE = True  # False: every launch goes through Triton's autotuner and binder
+MAX_PLANS = 4096  # signatures kept; beyond, the cache starts afresh
+PTR_ALIGN = 16  # bytes: Triton specialises a pointer on whether it is a multiple of this
 
 def _block_d(head_dim: int) -> int:
     return max(MIN_BLOCK, triton.next_power_of_2(head_dim))
@@ -73,7 +95,8 @@ def _mode_id(mode: str | bool) -> int:
 
 
 def _kernel_scales(q: torch.Tensor, mode: int, scale: float):
-    """``(q', qk_scale, grad_scale, dq_sign)`` for the kernels (module docstring).
+    """``(q', qk_scale, grad_scale, dq_sign)`` for the kernels (see the docstring of
+    :mod:`uvic_kernels.triton_attention`).
 
     softmax / cog: the folded scale needs ``scale > 0``: a negative scale runs as
     ``(-q) k^T * |scale|`` (dQ changes sign), a zero scale in Cog mode as ``q = 0`` (every
@@ -92,6 +115,117 @@ def _kernel_scales(q: torch.Tensor, mode: int, scale: float):
     return q, scale * LOG2E, scale, dq_sign
 
 
+class _Launch:
+    """One kernel's launch for one input signature.
+
+    ``ints`` are the integer arguments after the tensors, ``constexprs`` the compile-time
+    ones (without the autotuned ``BLOCK_M`` / ``BLOCK_N``), ``grid`` a tuple or a function
+    of the constexprs.  The first call runs ``kernel[grid](...)`` (autotuning, binding,
+    compiling) and, with ``CACHE``, keeps what it launched; later calls launch that
+    directly with the same arguments.
+    """
+
+    __slots__ = ("constexprs", "direct", "grid", "ints", "kernel", "tail")
+
+    def __init__(self, kernel: Any, ints: tuple[int, ...], constexprs: dict[str, Any],
+                 grid: tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]):
+        self.kernel, self.ints, self.constexprs, self.grid = kernel, ints, constexprs, grid
+        self.direct: Callable[..., Any] | None = None
+        self.tail: tuple[Any, ...] = ()  # the constexpr values, in signature order
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...], floats: tuple[float, ...]) -> None:
+        if self.direct is not None and CACHE:
+            _STATS["hits"] += 1
+            self.direct(*tensors, *self.ints, *floats, *self.tail)
+            return
+        _STATS["misses"] += 1
+        launched = self.kernel[self.grid](*tensors, *self.ints, *floats, **self.constexprs)
+        if CACHE:
+            self.direct, self.tail = _direct_launch(
+                self.kernel, launched, len(tensors) + len(self.ints) + len(floats),
+                self.constexprs, self.grid)
+
+
+def _direct_launch(kernel: Any, launched: Any, n_runtime: int, constexprs: dict[str, Any],
+                   grid: Any) -> tuple[Callable[..., Any] | None, tuple[Any, ...]]:
+    """``(launch, constexpr values)`` that repeat what ``kernel[grid](...)`` just launched,
+    or ``(None, ())`` where that cannot be done safely (a config with a pre-hook, a launch
+    that returned no compiled kernel, e.g. a stand-in kernel)."""
+    fn, values = kernel, dict(constexprs)
+    if isinstance(kernel, triton.runtime.Autotuner):
+        config = kernel.best_config
+        if config.pre_hook is not None:
+            return None, ()
+        values.update(config.kwargs)
+        fn = kernel.fn
+    names = getattr(fn, "arg_names", None)
+    if names is None or sorted(names[n_runtime:]) != sorted(values):
+        return None, ()
+    grid = tuple(grid(values) if callable(grid) else grid)
+    grid += (1,) * (3 - len(grid))  # CompiledKernel[grid] reads all three dimensions
+    tail = tuple(values[name] for name in names[n_runtime:])
+    if INTERPRET:
+        return fn[grid], tail
+    if hasattr(launched, "result"):  # the future of an asynchronous compile
+        launched = launched.result()
+    if not isinstance(launched, CompiledKernel):
+        return None, ()
+    return launched[grid], tail
+
+
+_PLANS: dict[tuple, Any] = {}
+_STATS = {"hits": 0, "misses": 0}
+
+
+def cache_info() -> dict[str, int]:
+    """Kernel launches served by the cache (``hits``) and through Triton's autotuner and
+    binder (``misses``) since the process started, and the signatures cached (``plans``)."""
+    return {**_STATS, "plans": len(_PLANS)}
+
+
+def clear_cache() -> None:
+    """Forget every cached launch: the next call of each signature goes through the
+    autotuner and Triton's binder again."""
+    _PLANS.clear()
+
+
+def _plan(key: tuple, build: Callable[[], Any]) -> Any:
+    """The cached plan of ``key``, built (and kept, with ``CACHE``) on first use."""
+    plan = _PLANS.get(key) if CACHE else None
+    if plan is None:
+        plan = build()
+        if CACHE:
+            if len(_PLANS) >= MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    return plan
+
+
+def _layout(*tensors: torch.Tensor) -> tuple:
+    """Strides and pointer alignment of each tensor: with the shapes, dtype and device,
+    what Triton specialises a launch on."""
+    return tuple((t.stride(), t.data_ptr() % PTR_ALIGN) for t in tensors)
+
+
+def _forward_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                  mode: int) -> _Launch:
+    B, H, n_q, head_dim = q.shape
+    n_kv = k.shape[2]
+
+    def grid(meta):
+        return (num_programs(n_q, meta["BLOCK_M"]) * B * H,)
+
+    a = _stride_align(q, k, v, o)
+    return _Launch(
+        kernels._attn_fwd,
+        (*_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(o, a),
+         H, B * H, n_q, n_kv),
+        dict(MODE=mode, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), STRIDE_ALIGN=a,
+             DOT_PRECISION=_dot_precision(q.dtype)),
+        grid,
+    )
+
+
 def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str | bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,28 +234,64 @@ def forward(
     ``N`` of ``s^2 / (1 + s^2)`` (expressive).  The backward reads it to recompute the
     weights.  Inputs are assumed validated (see ``uvic_kernels.attention``).
     """
-    B, H, n_q, head_dim = q.shape
-    n_kv = k.shape[2]
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return o, lse
     mode = _mode_id(mode)
     q, qk_scale, _, _ = _kernel_scales(q, mode, scale)
+    # o and lse are fresh allocations: their layout follows from q's shape
+    key = ("fwd", mode, q.dtype, q.device, q.shape, k.shape, _layout(q, k, v))
+    launch = _plan(key, lambda: _forward_plan(q, k, v, o, mode))
+    with _device_guard(q):
+        launch((q, k, v, o, lse), (qk_scale,))
+    return o, lse
 
-    def grid(meta):
+
+def _backward_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                   do: torch.Tensor, dq: torch.Tensor | None, dk: torch.Tensor | None,
+                   dv: torch.Tensor | None, mode: int) -> tuple[_Launch, _Launch | None]:
+    """``(dQ launch or Delta launch, dK/dV launch or None)``."""
+    B, H, n_q, head_dim = q.shape
+    n_kv = k.shape[2]
+    block_d = _block_d(head_dim)
+    precision = _dot_precision(q.dtype)
+
+    def grid_kv(meta):
+        return (num_programs(n_kv, meta["BLOCK_N"]) * B * H,)
+
+    def grid_q(meta):
         return (num_programs(n_q, meta["BLOCK_M"]) * B * H,)
 
-    a = _stride_align(q, k, v, o)
-    with _device_guard(q):
-        kernels._attn_fwd[grid](
-            q, k, v, o, lse,
-            *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(o, a),
-            H, B * H, n_q, n_kv, qk_scale,
-            MODE=mode, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), STRIDE_ALIGN=a,
-            DOT_PRECISION=_dot_precision(q.dtype),
+    a = _stride_align(*(t for t in (q, k, v, o, do, dq, dk, dv) if t is not None))
+    if dq is not None:
+        first = _Launch(
+            kernels._attn_bwd_dq,
+            (*_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(o, a),
+             *_strides(do, a), *_strides(dq, a),
+             H, B * H, n_q, n_kv),
+            dict(MODE=mode, HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a,
+                 DOT_PRECISION=precision),
+            grid_q,
         )
-    return o, lse
+    else:
+        first = _Launch(
+            kernels._attn_bwd_preprocess,
+            (*_strides(o, a), *_strides(do, a), H, n_q),
+            dict(HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a, BLOCK_M=PREPROCESS_BLOCK_M),
+            (triton.cdiv(n_q, PREPROCESS_BLOCK_M) * B * H,),
+        )
+    if dk is None:
+        return first, None
+    return first, _Launch(
+        kernels._attn_bwd_dkdv,
+        (*_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(do, a),
+         *_strides(dk, a), *_strides(dv, a),
+         H, B * H, n_q, n_kv),
+        dict(MODE=mode, HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a,
+             DOT_PRECISION=precision),
+        grid_kv,
+    )
 
 
 def backward(
@@ -141,10 +311,6 @@ def backward(
     Launch order: dQ (which also writes Delta), then dK/dV; without dQ, a small
     kernel computes Delta first.  No atomics: results are bit-identical run to run.
     """
-    B, H, n_q, head_dim = q.shape
-    n_kv = k.shape[2]
-    block_d = _block_d(head_dim)
-    precision = _dot_precision(q.dtype)
     # every element of dq / dk / dv is written by the kernels (nothing is accumulated,
     # no atomics), so autotuning needs no reset_to_zero / restore_value
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if need_dq else None
@@ -156,40 +322,18 @@ def backward(
         return dq, dk, dv
     mode = _mode_id(mode)
     q, qk_scale, grad_scale, dq_sign = _kernel_scales(q, mode, scale)
-
-    delta = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
-
-    def grid_kv(meta):
-        return (num_programs(n_kv, meta["BLOCK_N"]) * B * H,)
-
-    def grid_q(meta):
-        return (num_programs(n_q, meta["BLOCK_M"]) * B * H,)
-
-    a = _stride_align(*(t for t in (q, k, v, o, do, dq, dk, dv) if t is not None))
+    delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    # dq, dk, dv and delta are fresh allocations: their layout follows from the shapes
+    key = ("bwd", mode, need_dq, need_dkdv, q.dtype, do.dtype, q.device, q.shape, k.shape,
+           _layout(q, k, v, o, do, lse))
+    first, dkdv = _plan(key, lambda: _backward_plan(q, k, v, o, do, dq, dk, dv, mode))
     with _device_guard(q):
         if need_dq:
-            kernels._attn_bwd_dq[grid_q](
-                q, k, v, o, do, dq, lse, delta,
-                *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(o, a),
-                *_strides(do, a), *_strides(dq, a),
-                H, B * H, n_q, n_kv, grad_scale * dq_sign, qk_scale,
-                MODE=mode, HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a,
-                DOT_PRECISION=precision,
-            )
+            first((q, k, v, o, do, dq, lse, delta), (grad_scale * dq_sign, qk_scale))
         else:
-            kernels._attn_bwd_preprocess[(triton.cdiv(n_q, PREPROCESS_BLOCK_M) * B * H,)](
-                o, do, delta, *_strides(o, a), *_strides(do, a), H, n_q,
-                HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a, BLOCK_M=PREPROCESS_BLOCK_M,
-            )
+            first((o, do, delta), ())
         if need_dkdv:
-            kernels._attn_bwd_dkdv[grid_kv](
-                q, k, v, do, dk, dv, lse, delta,
-                *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(do, a),
-                *_strides(dk, a), *_strides(dv, a),
-                H, B * H, n_q, n_kv, grad_scale, qk_scale,
-                MODE=mode, HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a,
-                DOT_PRECISION=precision,
-            )
+            dkdv((q, k, v, do, dk, dv, lse, delta), (grad_scale, qk_scale))
     return dq, dk, dv
 
 
