@@ -3,7 +3,8 @@
 Import name ``uvic_kernels``.
 
 ``attention(q, k, v, mode="cog")`` is the entry point; ``reference`` holds the plain
-PyTorch formulas used as test oracles.  See ``triton_attention`` for the algorithm.
+PyTorch formulas used as test oracles.  See ``triton_attention`` for the algorithm (the
+JIT kernels), ``tiles`` for the tile tables and ``launch`` for the host side.
 """
 
 from uvic_kernels.fused_attention import MODES, FusedAttention, attention

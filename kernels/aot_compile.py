@@ -1,6 +1,6 @@
 """Compile every uvic_kernels Triton kernel / config for sm_90 without a GPU.
 
-The launcher (uvic_kernels.triton_attention.forward / backward) is run on CPU
+The launcher (uvic_kernels.launch.forward / backward) is run on CPU
 tensors with the kernels replaced by recorders, so the argument lists are exactly
 the launcher's.  Each recorded launch is then specialised by Triton's own binder
 (the code a real launch runs) against a GPUTarget("cuda", 90, 32) backend and
@@ -36,6 +36,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
+from uvic_kernels import launch, tiles
 from uvic_kernels import triton_attention as ta
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -64,19 +65,23 @@ def record_launches(mode, head_dim, dtype, n_q=334, n_kv=334):
     names = ["_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"]
     saved = {n: getattr(ta, n) for n in names}
     recs = {n: Recorder(n, saved[n]) for n in names}
+    cache = launch.CACHE
     try:
+        launch.CACHE = False  # every launch through kernel[grid], i.e. to the recorders
         for n in names:
             setattr(ta, n, recs[n])
         q = torch.randn(2, 3, n_q, head_dim, dtype=dtype)
         k = torch.randn(2, 3, n_kv, head_dim, dtype=dtype)
         v = torch.randn_like(k)
-        ta.forward(q, k, v, mode, head_dim**-0.5)
+        launch.forward(q, k, v, mode, head_dim**-0.5)
         lse = torch.zeros(2, 3, n_q)
-        ta.backward(q, k, v, torch.randn_like(q), lse, torch.randn_like(q), mode, head_dim**-0.5)
+        launch.backward(q, k, v, torch.randn_like(q), lse, torch.randn_like(q), mode,
+                        head_dim**-0.5)
         # Delta has a kernel of its own only when dQ is not needed
-        ta.backward(q, k, v, torch.randn_like(q), lse, torch.randn_like(q), mode, head_dim**-0.5,
-                    need_dq=False)
+        launch.backward(q, k, v, torch.randn_like(q), lse, torch.randn_like(q), mode,
+                        head_dim**-0.5, need_dq=False)
     finally:
+        launch.CACHE = cache
         for n in names:
             setattr(ta, n, saved[n])
     return {n: r.calls[0] for n, r in recs.items()}
@@ -105,16 +110,17 @@ def configs_of(kernel, kname, args, kwargs, dtype):
     if not isinstance(kernel, triton.runtime.Autotuner):
         return [(triton.Config({}, num_warps=4, num_stages=3), True, True)]
     kind = KIND[kname]
-    t16, t32 = ta._TILES[kind]
-    tiles = t32 if dtype == torch.float32 else t16
-    cfgs = [c for c in kernel.configs if ta._tile(c) in set(tiles)]
+    t16, t32 = tiles.TILES[kind]
+    wanted = t32 if dtype == torch.float32 else t16
+    cfgs = [c for c in kernel.configs if tiles.tile_of(c) in set(wanted)]
     named = dict(zip(kernel.fn.arg_names, args))
     named["Q"] = FakeQ(dtype)
-    ta._max_shared_mem = lambda index: H100_MAX_SMEM
-    ta._multiprocessor_count = lambda index: H100_SMS
-    kept = ta._prune(list(kernel.configs), named, kind=kind, **kwargs)
-    kept_t = [ta._tile(c) for c in kept]
-    return [(c, ta._tile(c) in kept_t, bool(kept_t) and ta._tile(c) == kept_t[0]) for c in cfgs]
+    tiles.max_shared_mem = lambda index: H100_MAX_SMEM
+    tiles.multiprocessor_count = lambda index: H100_SMS
+    kept = tiles.prune(list(kernel.configs), named, kind=kind, **kwargs)
+    kept_t = [tiles.tile_of(c) for c in kept]
+    return [(c, tiles.tile_of(c) in kept_t, bool(kept_t) and tiles.tile_of(c) == kept_t[0])
+            for c in cfgs]
 
 
 def compile_one(job):
@@ -132,9 +138,9 @@ def compile_one(job):
     row = dict(kernel=kname, mode=mode, dtype=dname, D=head_dim, **cfg_kwargs,
                warps=num_warps, stages=num_stages, kept=kept, first=first)
     if kname in KIND:
-        block_d = ta._block_d(head_dim)
+        block_d = launch._block_d(head_dim)
         tile = (cfg_kwargs["BLOCK_M"], cfg_kwargs["BLOCK_N"], num_stages, num_warps)
-        row["smem_est"] = ta._smem_bytes(KIND[kname], tile, block_d, DTYPES[dname].itemsize)
+        row["smem_est"] = tiles.smem_bytes(KIND[kname], tile, block_d, DTYPES[dname].itemsize)
     try:
         ck = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET,
                             options=options.__dict__)
@@ -170,16 +176,16 @@ def compile_one(job):
     return row
 
 
-def jobs(dtypes, modes, head_dims, tiles=None):
+def jobs(dtypes, modes, head_dims, tile_list=None):
     out = []
     for mode, dname, head_dim in itertools.product(modes, dtypes, head_dims):
         launches = record_launches(mode, head_dim, DTYPES[dname])
         for kname, (args, kwargs) in launches.items():
             kernel = getattr(ta, kname)
             cfgs = configs_of(kernel, kname, args, kwargs, DTYPES[dname])
-            if tiles and isinstance(kernel, triton.runtime.Autotuner):
+            if tile_list and isinstance(kernel, triton.runtime.Autotuner):
                 cfgs = [(triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_stages=st, num_warps=w),
-                         None, None) for m, n, st, w in tiles]
+                         None, None) for m, n, st, w in tile_list]
             for c, kept, first in cfgs:
                 out.append((kname, mode, dname, head_dim, dict(c.kwargs), c.num_warps, c.num_stages,
                             kept, first))
@@ -196,9 +202,10 @@ def main():
     p.add_argument("--tiles", default="", help="M,N,stages,warps;... for the autotuned kernels")
     p.add_argument("--json", default="runs/aot/results.json")
     a = p.parse_args()
-    tiles = [tuple(int(x) for x in t.split(",")) for t in a.tiles.split(";")] if a.tiles else None
+    tile_list = ([tuple(int(x) for x in t.split(",")) for t in a.tiles.split(";")]
+                 if a.tiles else None)
     todo = jobs(a.dtypes.split(","), a.modes.split(","), [int(x) for x in a.dims.split(",")],
-                tiles)
+                tile_list)
     if a.kernels:
         todo = [j for j in todo if j[0] in a.kernels.split(",")]
     print(f"{len(todo)} compilations", file=sys.stderr)

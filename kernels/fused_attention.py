@@ -2,9 +2,10 @@
 
 Backends:
 
-* ``"triton"``: the fused kernels of :mod:`uvic_kernels.triton_attention`, compiled
-  on CUDA, or run by Triton's interpreter on the CPU when ``TRITON_INTERPRET=1``
-  was set before the kernels were first used (slow, for testing);
+* ``"triton"``: the fused kernels of :mod:`uvic_kernels.triton_attention` (launched by
+  :mod:`uvic_kernels.launch`), compiled on CUDA, or run by Triton's interpreter on the
+  CPU when ``TRITON_INTERPRET=1`` was set before the kernels were first used (slow, for
+  testing);
 * ``"torch"``: :mod:`uvic_kernels.torch_attention`, the same algorithm in PyTorch
   (chunked over query rows, fp32 internally), for CPUs and other devices;
 * ``"sdpa"``: PyTorch's ``scaled_dot_product_attention`` (FlashAttention / cuDNN /
@@ -13,6 +14,13 @@ Backends:
 
 The kernel module is imported lazily, so ``import uvic_kernels`` neither needs
 Triton nor fixes the interpreter setting.
+
+Host path.  Under ``torch.compile``, ``torch.export``, a dispatch mode (fake tensors,
+``make_fx``, selective checkpointing) or with tensor subclasses, the implementations run
+as the PyTorch custom ops below, which those machineries see as opaque calls.  A plain
+eager call skips that dispatch (about 20 us per op on a 2-core CPU) and calls the same
+function directly, and an argument signature that passed the input checks once is not
+checked again; :mod:`uvic_kernels.launch` caches the kernel launches themselves.
 """
 
 from __future__ import annotations
@@ -26,12 +34,15 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 MODES = ("cog", "softmax", "expressive")
 BACKENDS = ("triton", "torch", "sdpa")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
 _KERNEL_MODULE = "uvic_kernels.triton_attention"
+MAX_CHECKED = 4096  # argument signatures remembered as valid; beyond, the set starts afresh
+_CHECKED: set[tuple] = set()
 
 
 def _interpret_requested() -> bool:
@@ -80,9 +91,9 @@ def _implementation(backend: str, device: torch.device) -> ModuleType:
             f"backend='triton' needs CUDA tensors or TRITON_INTERPRET=1 (set before the kernels "
             f"are first used); got tensors on {device}"
         )
-    from uvic_kernels import triton_attention
+    from uvic_kernels import launch
 
-    return triton_attention
+    return launch
 
 
 def _check_inputs(
@@ -130,18 +141,87 @@ def _check_inputs(
         )
 
 
-# The kernels are wrapped as PyTorch custom ops, so torch.compile treats them as opaque
-# calls (no tracing into Triton launchers or Python dispatch) and fake tensors know
-# the output shapes.  The autograd.Function below wires them together.
+def _validate(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mode: str,
+    scale: float | None,
+    backend: str | None,
+) -> None:
+    """``_check_inputs``, once per argument signature in eager mode.
+
+    Everything the checks read is in the key (types, shapes, dtypes, devices, the mode,
+    the scale and its type, the backend), so a signature that passed once passes again.
+    Under ``torch.compile`` the checks are traced as they are (no global set to guard on).
+    """
+    if torch.compiler.is_compiling():
+        _check_inputs(q, k, v, mode, scale, backend)
+        return
+    try:
+        key = (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
+               q.device, k.device, v.device, mode, type(scale), scale, backend)
+        if key in _CHECKED:
+            return
+    except (AttributeError, TypeError):  # not tensors, or an unhashable argument
+        key = None
+    _check_inputs(q, k, v, mode, scale, backend)
+    if key is not None:
+        if len(_CHECKED) >= MAX_CHECKED:
+            _CHECKED.clear()
+        _CHECKED.add(key)
+
+
+def _plain(*tensors: torch.Tensor) -> bool:
+    """Whether the implementation may be called directly instead of through the custom ops:
+    eager mode, no dispatch mode or functorch transform active, plain tensors with data
+    (meta tensors take the ops' fake implementation)."""
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return False
+    if torch._C._are_functorch_transforms_active():
+        return False
+    return all(type(t) is torch.Tensor and not t.is_meta for t in tensors)
+
+
+def _run_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, scale: float, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(O, row statistic)`` of the backend's implementation, contiguous."""
+    o, lse = _implementation(backend, q.device).forward(q, k, v, mode, scale)
+    # The fake kernels below promise contiguous outputs (torch.compile checks strides).
+    return o.contiguous(), lse.contiguous()
+
+
+def _run_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor,
+    mode: str,
+    scale: float,
+    backend: str,
+    need_dq: bool,
+    need_dkdv: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """``(dQ, dK, dV)`` of the backend's implementation, contiguous, None where not needed."""
+    grads = _implementation(backend, q.device).backward(
+        q, k, v, o, lse, do, mode, scale, need_dq=need_dq, need_dkdv=need_dkdv
+    )
+    return tuple(None if g is None else g.contiguous() for g in grads)
+
+
+# The implementations are also wrapped as PyTorch custom ops, so torch.compile treats
+# them as opaque calls (no tracing into Triton launchers or Python dispatch) and fake
+# tensors know the output shapes.  The autograd.Function below wires them together.
 
 
 @torch.library.custom_op("uvic_kernels::attention_forward", mutates_args=())
 def _forward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, scale: float, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    o, lse = _implementation(backend, q.device).forward(q, k, v, mode, scale)
-    # The fake kernels below promise contiguous outputs (torch.compile checks strides).
-    return o.contiguous(), lse.contiguous()
+    return _run_forward(q, k, v, mode, scale, backend)
 
 
 @_forward_op.register_fake
@@ -164,11 +244,9 @@ def _backward_op(
     need_dq: bool,
     need_dkdv: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    grads = _implementation(backend, q.device).backward(
-        q, k, v, o, lse, do, mode, scale, need_dq=need_dq, need_dkdv=need_dkdv
-    )
+    grads = _run_backward(q, k, v, o, lse, do, mode, scale, backend, need_dq, need_dkdv)
     # custom ops return tensors only: an empty tensor stands for "not computed"
-    return tuple(q.new_empty(0) if g is None else g.contiguous() for g in grads)
+    return tuple(q.new_empty(0) if g is None else g for g in grads)
 
 
 @_backward_op.register_fake
@@ -188,7 +266,8 @@ class FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mode: str, scale: float, backend: str):
-        o, lse = _forward_op(q, k, v, mode, scale, backend)
+        run = _run_forward if _plain(q, k, v) else _forward_op
+        o, lse = run(q, k, v, mode, scale, backend)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.mode, ctx.scale, ctx.backend = mode, scale, backend
         return o
@@ -198,7 +277,8 @@ class FusedAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        dq, dk, dv = _backward_op(
+        run = _run_backward if _plain(q, k, v, o, lse, do) else _backward_op
+        dq, dk, dv = run(
             q, k, v, o, lse, do, ctx.mode, ctx.scale, ctx.backend, need_q, need_k or need_v
         )
         return (
@@ -231,7 +311,7 @@ def attention(
     ``"triton"``, ``"torch"`` or (softmax only) ``"sdpa"``; by default Triton runs on
     CUDA (and on the CPU under ``TRITON_INTERPRET=1``), PyTorch elsewhere.
     """
-    _check_inputs(q, k, v, mode, scale, backend)
+    _validate(q, k, v, mode, scale, backend)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if backend == "sdpa":
@@ -239,4 +319,5 @@ def attention(
     backend = backend or _backend_for(q)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return FusedAttention.apply(q, k, v, mode, float(scale), backend)
-    return _forward_op(q, k, v, mode, float(scale), backend)[0]
+    run = _run_forward if _plain(q, k, v) else _forward_op
+    return run(q, k, v, mode, float(scale), backend)[0]

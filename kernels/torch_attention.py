@@ -83,7 +83,7 @@ def _score_grad(
 def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str | bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(O, row statistic)`` as :func:`uvic_kernels.triton_attention.forward` does."""
+    """Return ``(O, row statistic)`` as :func:`uvic_kernels.launch.forward` does."""
     mode = _mode_name(mode)
     with torch.autocast(q.device.type, enabled=False):
         qf, kf, vf = q.float(), k.float(), v.float()

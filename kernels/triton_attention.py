@@ -74,21 +74,11 @@ Kernels, as in Triton's fused-attention tutorial, one per pass:
                            every result is bit-identical from run to run);
 * ``_attn_bwd_preprocess`` Delta alone, only when dQ is not needed.
 
-Short sequences.  U-ViT's sequences (257 tokens on CIFAR-10, 334 on MS-COCO) are just
-above a multiple of the block sizes, so whole blocks for the leftovers would waste up
-to half of the computed scores.  Every kernel therefore splits both of its sequence
-dimensions into full blocks plus a remainder:
-
-* the loop dimension (keys in ``_attn_fwd`` / ``_attn_bwd_dq``, queries in
-  ``_attn_bwd_dkdv``) runs full ``BLOCK`` steps unmasked, then unmasked ``TAIL``-wide
-  (16) steps, then at most one masked ``TAIL``-wide step;
-* the program dimension gets, after the full-block programs of a head, remainder
-  programs of ``TAIL`` rows (keys for dK/dV); those run 16-row mma.sync tiles, about
-  ``REMAINDER_COST`` (4) times the cost per row of a full block, so a remainder of more
-  than ``BLOCK / 4`` rows runs instead as one masked program of ``BLOCK`` rows.
-
-``computed_fraction`` gives the share of computed scores that are real: at least 86%
-for every tile at N = 257 and N = 334, against 54% (N = 257) with whole blocks.
+Short sequences (U-ViT's 257 and 334 tokens): every kernel splits both of its sequence
+dimensions into full blocks plus ``TAIL``-wide (16) steps and ``TAIL``-row programs (or
+one masked full-size program where those would cost more), so little of the computed
+scores is padding; the arithmetic and the tile tables are in :mod:`uvic_kernels.tiles`,
+the host side (argument preparation, launches) in :mod:`uvic_kernels.launch`.
 
 Head dims that are not powers of two (e.g. 72) are padded to ``BLOCK_D`` with masked
 loads.  The grid is one-dimensional (one program per (head, block)), so any number of
@@ -98,15 +88,23 @@ stay in L2.  All tensors are (B, H, N, D) with arbitrary strides.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import math
-import os
 
-import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+
+from uvic_kernels.tiles import (
+    AUTOTUNE_KEY,
+    INTERPRET,
+    INTERPRET_BWD_DKDV,
+    INTERPRET_BWD_DQ,
+    INTERPRET_FWD,
+    REMAINDER_COST,
+    TAIL,
+    configs,
+    prune,
+)
 
 # fmt: off
 # (kernel argument lists are grouped by tensor, one stride group per line, as in
@@ -114,11 +112,6 @@ from triton.language.extra import libdevice
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(2): converts a base-2 log-sum-exp to natural units
-TAIL = 16  # rows / keys per remainder step and per remainder program (tl.dot's minimum)
-# A TAIL-row remainder program runs 16-row mma.sync tiles: about 4x the cost per row of a
-# full wgmma block (sm_90 SASS census of the forward, cycle model).  A remainder longer
-# than BLOCK / REMAINDER_COST rows therefore runs as one masked full-size program.
-REMAINDER_COST = 4
 # Compiled kernels may only read globals that are tl.constexpr (the interpreter reads
 # any global, so it does not catch this): device code uses these.
 # The kernels' MODE constexpr: each mode compiles to its own specialisation.
@@ -130,179 +123,7 @@ LOG2E_C = tl.constexpr(LOG2E)
 LN2_C = tl.constexpr(LN2)
 TAIL_C = tl.constexpr(TAIL)
 REMAINDER_COST_C = tl.constexpr(REMAINDER_COST)
-MIN_BLOCK = 16  # tl.dot needs every block dimension to be at least 16
-
-try:  # triton >= 3.3 reads the environment through knobs; older releases read it directly
-    INTERPRET: bool = bool(triton.knobs.runtime.interpret)
-except AttributeError:  # pragma: no cover - depends on the installed triton
-    INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 INTERPRET_C = tl.constexpr(INTERPRET)
-
-# Block sizes.  The interpreter runs a single fixed configuration (autotuning with
-# more than one config needs a GPU).  On a GPU the kernels are autotuned over a few
-# FlashAttention-2 style tiles, keyed on the sequence lengths, the number of heads
-# (B * H), the head dim, the mode and the dtype; with UVIC_KERNELS_AUTOTUNE=0 the
-# first tile that survives pruning is used directly.
-# The interpreter's tiles are all 64x64: the backward then recomputes every score with
-# the same tile product as the forward (numpy's matmul may sum in another order for
-# other shapes, and at |S| ~ 1e4 one fp32 ulp of a score moves its weight by ~1e-3).
-INTERPRET_FWD = {"BLOCK_M": 64, "BLOCK_N": 64}
-INTERPRET_BWD_DKDV = {"BLOCK_M": 64, "BLOCK_N": 64}
-INTERPRET_BWD_DQ = {"BLOCK_M": 64, "BLOCK_N": 64}
-PREPROCESS_BLOCK_M = 64
-AUTOTUNE = os.environ.get("UVIC_KERNELS_AUTOTUNE", "1") != "0"
-# (BLOCK_M, BLOCK_N, num_stages, num_warps), preferred first; BLOCK_M tiles queries
-# and BLOCK_N keys in every kernel.  The backward tiles follow Triton's tutorial:
-# dK/dV keeps a wide key block resident, dQ a tall query block.  The dQ list starts
-# with 128x64 because its wgmma reads the dS operand from registers (128x32 reads
-# both operands from shared memory).  The lists were checked by compiling every kernel
-# for sm_90 (ptxas -v, see BENCHMARKS.md): for 16-bit inputs the first tile that survives
-# pruning spills no registers at head dims 64 to 128 in any mode (fp32: a few small
-# spills, listed there).
-GPU_FWD_TILES = [(128, 64, 3, 4), (128, 64, 3, 8), (64, 64, 3, 4), (128, 128, 3, 8), (64, 32, 4, 4)]
-GPU_BWD_DKDV_TILES = [
-    (64, 128, 3, 8), (32, 128, 3, 4), (32, 128, 3, 8), (32, 64, 3, 4), (64, 64, 2, 4),
-]
-GPU_BWD_DQ_TILES = [(128, 64, 3, 8), (128, 32, 3, 4), (64, 32, 3, 4), (64, 64, 2, 4)]
-# fp32 runs tl.dot in IEEE fp32 on the CUDA cores (FMA): every thread holds whole
-# rows / columns of both operands, so the tiles are small and use more warps.
-GPU_FWD_TILES_FP32 = [(64, 32, 2, 8), (32, 64, 2, 8), (32, 32, 2, 4), (16, 64, 2, 4)]
-GPU_BWD_DKDV_TILES_FP32 = [(32, 32, 2, 16), (16, 32, 2, 8), (16, 32, 2, 4)]
-GPU_BWD_DQ_TILES_FP32 = [(64, 32, 2, 8), (32, 64, 2, 8), (32, 32, 2, 4), (16, 64, 2, 4)]
-FP32_MAX_TILE = 64 * 32  # fp32 operands take twice the registers / shared memory
-# Tiles that spill registers on sm_90 once BLOCK_D exceeds the given value (head dims
-# above 64, e.g. 72 padded to 128): kept for small head dims only.
-TILE_MAX_BLOCK_D = {
-    "fwd": {(128, 64, 3, 4): 64, (128, 128, 3, 8): 64,
-            (64, 32, 2, 8): 64, (32, 64, 2, 8): 64, (32, 32, 2, 4): 64},
-    "dkdv": {(64, 128, 3, 8): 64, (32, 128, 3, 4): 64, (64, 64, 2, 4): 64,
-             (16, 32, 2, 4): 64},
-    "dq": {(128, 32, 3, 4): 64, (64, 32, 2, 8): 64, (32, 64, 2, 8): 64, (32, 32, 2, 4): 64},
-}
-_TILES = {
-    "fwd": (GPU_FWD_TILES, GPU_FWD_TILES_FP32),
-    "dkdv": (GPU_BWD_DKDV_TILES, GPU_BWD_DKDV_TILES_FP32),
-    "dq": (GPU_BWD_DQ_TILES, GPU_BWD_DQ_TILES_FP32),
-}
-assert all(m * n <= FP32_MAX_TILE for _, t32 in _TILES.values() for m, n, _, _ in t32)
-# Which sequence the program grid of each kernel tiles (the other one is looped over).
-_PROGRAM_DIM = {"fwd": ("N_Q", "BLOCK_M"), "dq": ("N_Q", "BLOCK_M"), "dkdv": ("N_KV", "BLOCK_N")}
-_AUTOTUNE_KEY = ["N_Q", "N_KV", "BH", "HEAD_DIM", "MODE"]
-
-
-def _configs(interpret_tile: dict[str, int], kind: str):
-    """One fixed config in the interpreter, a small autotuning space on a GPU."""
-    if INTERPRET:
-        return [triton.Config(dict(interpret_tile), num_warps=4, num_stages=1)]
-    tiles16, tiles32 = _TILES[kind]
-    return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
-        for bm, bn, s, w in dict.fromkeys(tiles16 + tiles32)
-    ]
-
-
-def _tile(c: triton.Config) -> tuple[int, int, int, int]:
-    return c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps
-
-
-def _smem_bytes(kind: str, tile: tuple[int, int, int, int], block_d: int, elt: int) -> int:
-    """Upper estimate of a config's shared memory: the tiles kept for the whole loop
-    plus ``num_stages`` buffers of the streamed ones, plus 1 KB of scratch.  For
-    16-bit inputs this is at most 1 KB above what Triton 3.8 allocates on sm_90;
-    for fp32 (FMA path) it overestimates by up to ~1.8x, which only prunes early."""
-    bm, bn, stages, _ = tile
-    if kind == "fwd":  # Q resident; K, V streamed
-        resident, streamed, rows = bm * block_d, 2 * bn * block_d, 0
-    elif kind == "dkdv":  # K, V resident; Q, dO (and LSE, Delta) streamed
-        resident, streamed, rows = 2 * bn * block_d, 2 * bm * block_d, 2 * bm
-    else:  # dq: Q, dO, O resident; K, V streamed
-        resident, streamed, rows = 3 * bm * block_d, 2 * bn * block_d, 0
-    return elt * (resident + stages * streamed) + 4 * stages * rows + 1024
-
-
-def _remainder(n: int, block: int) -> tuple[int, int]:
-    """``(programs, rows)`` for the ``n % block`` rows left after the full blocks: TAIL-row
-    programs, or one masked ``block``-row program where those would cost more."""
-    tails = triton.cdiv(n % block, TAIL)
-    if tails * TAIL * REMAINDER_COST > block:
-        return 1, block
-    return tails, tails * TAIL
-
-
-def num_programs(n: int, block: int) -> int:
-    """Programs per head along a sequence of ``n``: full blocks plus remainder programs."""
-    return n // block + _remainder(n, block)[0]
-
-
-def computed_fraction(n_q: int, n_kv: int, block_m: int, block_n: int, kind: str) -> float:
-    """Share of the score elements a kernel computes that are real (not padding).
-
-    ``kind`` is ``"fwd"``, ``"dq"`` or ``"dkdv"``: each pads its program dimension to
-    full blocks plus remainder programs (``_remainder``) and its loop dimension to full
-    blocks plus ``TAIL``-wide steps.
-    """
-    n_prog, n_loop, b_prog, b_loop = (
-        (n_kv, n_q, block_n, block_m) if kind == "dkdv" else (n_q, n_kv, block_m, block_n))
-    rows = (n_prog // b_prog) * b_prog + _remainder(n_prog, b_prog)[1]
-    cols = (n_loop // b_loop) * b_loop + triton.cdiv(n_loop % b_loop, TAIL) * TAIL
-    return n_q * n_kv / (rows * cols)
-
-
-@functools.cache
-def _max_shared_mem(device_index: int) -> int:
-    """Shared memory one block may use on the device (opt-in maximum), in bytes."""
-    props = triton.runtime.driver.active.utils.get_device_properties(device_index)
-    return int(props["max_shared_mem"])
-
-
-@functools.cache
-def _multiprocessor_count(device_index: int) -> int:
-    props = triton.runtime.driver.active.utils.get_device_properties(device_index)
-    return int(props["multiprocessor_count"])
-
-
-def _prune(configs, named_args, kind: str = "fwd", **kwargs):
-    """Order of preference, relaxed from the last criterion when nothing is left:
-
-    1. tiles meant for the dtype (fp32 or 16-bit; fp32 never above ``FP32_MAX_TILE``);
-    2. shared memory within the device's limit (CUDA tensors only);
-    3. no register spills at this ``BLOCK_D`` (``TILE_MAX_BLOCK_D``);
-    4. tiles no larger than the sequence lengths (at least one full block).
-
-    Among the survivors, tiles whose full-block programs (``B * H`` times the full blocks
-    of the program dimension) occupy every multiprocessor at least once come first, in
-    list order: few heads with long blocks would leave SMs idle.  At least one config
-    is kept; without autotuning only the first.
-    """
-    q = named_args["Q"]
-    n_q, n_kv = named_args["N_Q"], named_args["N_KV"]
-    fp32 = q.dtype == torch.float32
-    block_d = kwargs.get("BLOCK_D")
-    tiles16, tiles32 = _TILES[kind]
-    wanted = set(tiles32 if fp32 else tiles16)
-    kept = [c for c in configs if _tile(c) in wanted]
-    if not kept:  # configs from elsewhere: at least no large fp32 tiles
-        kept = [c for c in configs if not fp32 or _tile(c)[0] * _tile(c)[1] <= FP32_MAX_TILE]
-        kept = kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
-    if block_d is not None and q.is_cuda:
-        limit = _max_shared_mem(q.device.index)
-
-        def smem(c):
-            return _smem_bytes(kind, _tile(c), block_d, q.element_size())
-
-        kept = [c for c in kept if smem(c) <= limit] or [min(kept, key=smem)]
-    if block_d is not None:
-        max_d = TILE_MAX_BLOCK_D[kind]
-        kept = [c for c in kept if block_d <= max_d.get(_tile(c), block_d)] or kept
-    fits = [c for c in kept if c.kwargs["BLOCK_M"] <= n_q and c.kwargs["BLOCK_N"] <= n_kv]
-    if not fits:
-        fits = [min(kept, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
-    if q.is_cuda and "BH" in named_args:
-        sms = _multiprocessor_count(q.device.index)
-        n_name, block_name = _PROGRAM_DIM[kind]
-        n = named_args[n_name]
-        fits.sort(key=lambda c: named_args["BH"] * (n // c.kwargs[block_name]) < sms)
-    return fits if AUTOTUNE else fits[:1]
 
 
 # --------------------------------------------------------------------------------------
@@ -353,7 +174,8 @@ def _inverse_normaliser(n):
 def _head_offset(off_hz, H, stride_z, stride_h, STRIDE_ALIGN: tl.constexpr):
     """Element offset of head ``off_hz`` (flattened B*H index), in int64.
 
-    ``stride_z`` / ``stride_h`` arrive divided by ``STRIDE_ALIGN`` (see ``_stride_align``).
+    ``stride_z`` / ``stride_h`` arrive divided by ``STRIDE_ALIGN`` (see
+    ``uvic_kernels.launch._stride_align``).
     """
     off_z = (off_hz // H).to(tl.int64)
     off_h = (off_hz % H).to(tl.int64)
@@ -365,8 +187,8 @@ def _program_block(pid, N, BLOCK: tl.constexpr):
     """Split a 1-D program id into ``(head, first row, is_full, big_remainder)``.
 
     Each head has ``N // BLOCK`` full-block programs followed by its remainder
-    programs (``_remainder``): ``cdiv(N % BLOCK, TAIL)`` programs of ``TAIL`` rows, or,
-    when ``big_remainder``, one masked program of ``BLOCK`` rows.
+    programs (``uvic_kernels.tiles.remainder``): ``cdiv(N % BLOCK, TAIL)`` programs of
+    ``TAIL`` rows, or, when ``big_remainder``, one masked program of ``BLOCK`` rows.
     """
     num_full = N // BLOCK
     n_tail = tl.cdiv(N - num_full * BLOCK, TAIL_C)
@@ -503,9 +325,9 @@ def _attn_fwd_block(
 
 
 @triton.autotune(
-    configs=_configs(INTERPRET_FWD, "fwd"),
-    key=_AUTOTUNE_KEY,
-    prune_configs_by={"early_config_prune": functools.partial(_prune, kind="fwd")},
+    configs=configs(INTERPRET_FWD, "fwd"),
+    key=AUTOTUNE_KEY,
+    prune_configs_by={"early_config_prune": functools.partial(prune, kind="fwd")},
 )
 @triton.jit
 def _attn_fwd(
@@ -694,9 +516,9 @@ def _attn_bwd_dkdv_block(
 
 
 @triton.autotune(
-    configs=_configs(INTERPRET_BWD_DKDV, "dkdv"),
-    key=_AUTOTUNE_KEY,
-    prune_configs_by={"early_config_prune": functools.partial(_prune, kind="dkdv")},
+    configs=configs(INTERPRET_BWD_DKDV, "dkdv"),
+    key=AUTOTUNE_KEY,
+    prune_configs_by={"early_config_prune": functools.partial(prune, kind="dkdv")},
 )
 @triton.jit
 def _attn_bwd_dkdv(
@@ -862,9 +684,9 @@ def _attn_bwd_dq_block(
 
 
 @triton.autotune(
-    configs=_configs(INTERPRET_BWD_DQ, "dq"),
-    key=_AUTOTUNE_KEY,
-    prune_configs_by={"early_config_prune": functools.partial(_prune, kind="dq")},
+    configs=configs(INTERPRET_BWD_DQ, "dq"),
+    key=AUTOTUNE_KEY,
+    prune_configs_by={"early_config_prune": functools.partial(prune, kind="dq")},
 )
 @triton.jit
 def _attn_bwd_dq(
@@ -916,182 +738,6 @@ def _attn_bwd_dq(
             stride_om, stride_od, stride_dom, stride_dod, stride_dqm, stride_dqd,
             sm_scale, qk_scale, MODE, HEAD_DIM, BLOCK_D, DOT_PRECISION, TAIL_C, BLOCK_N, True,
         )
-
-
-# --------------------------------------------------------------------------------------
-# Host wrappers
-# --------------------------------------------------------------------------------------
-
-
-def _block_d(head_dim: int) -> int:
-    return max(MIN_BLOCK, triton.next_power_of_2(head_dim))
-
-
-MAX_STRIDE_ALIGN = 16  # elements; 16 fp16 = 32 bytes, more buys no wider loads
-
-
-def _stride_align(*tensors: torch.Tensor) -> int:
-    """Largest power of two (<= 16) dividing every batch, head and row stride.
-
-    The kernels receive those strides divided by it and multiply back by the
-    ``STRIDE_ALIGN`` constexpr, so the compiler knows that every row starts on an
-    aligned element.  Triton only specialises integers divisible by 16; without the
-    hint a head dim such as 72 (rows 144 bytes apart) gets scalar, unpipelined loads
-    of padded 128-wide tiles and spills registers.
-    """
-    g = 0
-    for t in tensors:
-        for st in t.stride()[:3]:
-            g = math.gcd(g, st)
-    if g == 0:  # every stride 0 (broadcast tensors): any factor divides them
-        return MAX_STRIDE_ALIGN
-    return min(g & -g, MAX_STRIDE_ALIGN)
-
-
-def _strides(t: torch.Tensor, align: int) -> tuple[int, int, int, int]:
-    """(batch, head, row) strides divided by ``align``, then the head-dim stride."""
-    sz, sh, sm, sd = t.stride()
-    return sz // align, sh // align, sm // align, sd
-
-
-def _dot_precision(dtype: torch.dtype) -> str | None:
-    """fp32 products in full precision (TF32 would lose ~3 of the digits the tests
-    check); fp16 / bf16 operands use Triton's default tensor-core path."""
-    return "ieee" if dtype == torch.float32 else None
-
-
-def _device_guard(t: torch.Tensor) -> contextlib.AbstractContextManager:
-    """Launch on the tensors' GPU, not on the current one."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
-
-
-def _mode_id(mode: str | bool) -> int:
-    """The MODE constexpr of ``mode`` ("softmax", "cog", "expressive"); a bool is read as
-    the ``cog`` flag of the two-mode interface (True: cog, False: softmax)."""
-    if isinstance(mode, bool):
-        return MODE_IDS["cog" if mode else "softmax"]
-    return MODE_IDS[mode]
-
-
-def _kernel_scales(q: torch.Tensor, mode: int, scale: float):
-    """``(q', qk_scale, grad_scale, dq_sign)`` for the kernels (module docstring).
-
-    softmax / cog: the folded scale needs ``scale > 0``: a negative scale runs as
-    ``(-q) k^T * |scale|`` (dQ changes sign), a zero scale in Cog mode as ``q = 0`` (every
-    score an exact zero, weight ``sign(0) = 0``); ``qk_scale = scale * log2(e)`` and the
-    gradients are multiplied by ``scale``.  expressive: ``e = s^2 / (1 + s^2)`` depends on
-    ``s^2 = scale^2 x^2`` only, so ``qk_scale = scale^2`` and ``de/dx = 2 scale^2 x r^2``
-    puts ``2 scale^2`` on the gradients.
-    """
-    if mode == MODE_IDS["expressive"]:
-        return q, scale * scale, 2.0 * scale * scale, 1.0
-    dq_sign = 1.0
-    if scale < 0:
-        q, scale, dq_sign = -q, -scale, -1.0
-    elif scale == 0 and mode == MODE_IDS["cog"]:
-        q = torch.zeros_like(q)
-    return q, scale * LOG2E, scale, dq_sign
-
-
-def forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str | bool, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(O, row statistic)``: O (B, H, Nq, D) in the input dtype, and per query row
-    in fp32 the natural log-sum-exp of ``|S|`` (cog) or ``S`` (softmax), or the row sum
-    ``N`` of ``s^2 / (1 + s^2)`` (expressive).  The backward reads it to recompute the
-    weights.  Inputs are assumed validated (see ``uvic_kernels.attention``).
-    """
-    B, H, n_q, head_dim = q.shape
-    n_kv = k.shape[2]
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
-    if o.numel() == 0:
-        return o, lse
-    mode = _mode_id(mode)
-    q, qk_scale, _, _ = _kernel_scales(q, mode, scale)
-
-    def grid(meta):
-        return (num_programs(n_q, meta["BLOCK_M"]) * B * H,)
-
-    a = _stride_align(q, k, v, o)
-    with _device_guard(q):
-        _attn_fwd[grid](
-            q, k, v, o, lse,
-            *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(o, a),
-            H, B * H, n_q, n_kv, qk_scale,
-            MODE=mode, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), STRIDE_ALIGN=a,
-            DOT_PRECISION=_dot_precision(q.dtype),
-        )
-    return o, lse
-
-
-def backward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    o: torch.Tensor,
-    lse: torch.Tensor,
-    do: torch.Tensor,
-    mode: str | bool,
-    scale: float,
-    need_dq: bool = True,
-    need_dkdv: bool = True,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """Return ``(dQ, dK, dV)`` (None where not needed), in the input dtype.
-
-    Launch order: dQ (which also writes Delta), then dK/dV; without dQ, a small
-    kernel computes Delta first.  No atomics: results are bit-identical run to run.
-    """
-    B, H, n_q, head_dim = q.shape
-    n_kv = k.shape[2]
-    block_d = _block_d(head_dim)
-    precision = _dot_precision(q.dtype)
-    # every element of dq / dk / dv is written by the kernels (nothing is accumulated,
-    # no atomics), so autotuning needs no reset_to_zero / restore_value
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if need_dq else None
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if need_dkdv else None
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if need_dkdv else None
-    if q.numel() == 0 or k.numel() == 0:
-        return tuple(None if g is None else g.zero_() for g in (dq, dk, dv))
-    if not (need_dq or need_dkdv):
-        return dq, dk, dv
-    mode = _mode_id(mode)
-    q, qk_scale, grad_scale, dq_sign = _kernel_scales(q, mode, scale)
-
-    delta = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
-
-    def grid_kv(meta):
-        return (num_programs(n_kv, meta["BLOCK_N"]) * B * H,)
-
-    def grid_q(meta):
-        return (num_programs(n_q, meta["BLOCK_M"]) * B * H,)
-
-    a = _stride_align(*(t for t in (q, k, v, o, do, dq, dk, dv) if t is not None))
-    with _device_guard(q):
-        if need_dq:
-            _attn_bwd_dq[grid_q](
-                q, k, v, o, do, dq, lse, delta,
-                *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(o, a),
-                *_strides(do, a), *_strides(dq, a),
-                H, B * H, n_q, n_kv, grad_scale * dq_sign, qk_scale,
-                MODE=mode, HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a,
-                DOT_PRECISION=precision,
-            )
-        else:
-            _attn_bwd_preprocess[(triton.cdiv(n_q, PREPROCESS_BLOCK_M) * B * H,)](
-                o, do, delta, *_strides(o, a), *_strides(do, a), H, n_q,
-                HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a, BLOCK_M=PREPROCESS_BLOCK_M,
-            )
-        if need_dkdv:
-            _attn_bwd_dkdv[grid_kv](
-                q, k, v, do, dk, dv, lse, delta,
-                *_strides(q, a), *_strides(k, a), *_strides(v, a), *_strides(do, a),
-                *_strides(dk, a), *_strides(dv, a),
-                H, B * H, n_q, n_kv, grad_scale, qk_scale,
-                MODE=mode, HEAD_DIM=head_dim, BLOCK_D=block_d, STRIDE_ALIGN=a,
-                DOT_PRECISION=precision,
-            )
-    return dq, dk, dv
 
 
 # fmt: on

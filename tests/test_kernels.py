@@ -131,10 +131,10 @@ def test_torch_backend_equals_kernel(mode):
 def test_row_statistic(mode):
     """The forward's row statistic: log-sum-exp of S (softmax) or |S| (cog), or the row
     sum N of S^2 / (1 + S^2) (expressive), which the backward recomputes weights from."""
-    from uvic_kernels import triton_attention
+    from uvic_kernels import launch
 
     q, k, v = (randn(1, 2, 77, 32, seed=i) for i in range(3))
-    _, stat = triton_attention.forward(q, k, v, mode, 0.25)
+    _, stat = launch.forward(q, k, v, mode, 0.25)
     s = 0.25 * q.double() @ k.double().transpose(-2, -1)
     if mode == "expressive":
         ref = (s * s / (1 + s * s)).sum(dim=-1)
@@ -201,8 +201,10 @@ def _force_tiles(monkeypatch, fwd, dkdv, dq):
     """Run the kernels with the given (BLOCK_M, BLOCK_N) tiles instead of their own."""
     import triton
 
+    from uvic_kernels import launch
     from uvic_kernels import triton_attention as ta
 
+    monkeypatch.setattr(launch, "_PLANS", {})  # launches cached with other tiles do not apply
     for kernel, (bm, bn) in ((ta._attn_fwd, fwd), (ta._attn_bwd_dkdv, dkdv), (ta._attn_bwd_dq, dq)):
         config = triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=4, num_stages=2)
         monkeypatch.setattr(kernel, "configs", [config])
@@ -247,19 +249,21 @@ def test_bitwise_deterministic(mode):
 def test_computed_fraction_of_scores():
     """At U-ViT's sequence lengths at least 80% (N = 257) / 85% (N = 334) of the score
     elements every kernel computes are real, for every tile the kernels may use."""
-    from uvic_kernels import triton_attention as ta
+    from uvic_kernels import tiles
 
-    kinds = {"fwd": ta.GPU_FWD_TILES, "dkdv": ta.GPU_BWD_DKDV_TILES, "dq": ta.GPU_BWD_DQ_TILES}
+    kinds = {
+        "fwd": tiles.GPU_FWD_TILES, "dkdv": tiles.GPU_BWD_DKDV_TILES, "dq": tiles.GPU_BWD_DQ_TILES
+    }
     for n, floor in ((257, 0.80), (334, 0.85)):
-        for kind, tiles in kinds.items():
-            for bm, bn, _, _ in tiles:
-                assert ta.computed_fraction(n, n, bm, bn, kind) >= floor, (n, kind, bm, bn)
+        for kind, tile_list in kinds.items():
+            for bm, bn, _, _ in tile_list:
+                assert tiles.computed_fraction(n, n, bm, bn, kind) >= floor, (n, kind, bm, bn)
     # whole blocks for the remainder would waste nearly half at N = 257
-    assert ta.computed_fraction(257, 257, 128, 64, "fwd") == pytest.approx(257**2 / 272**2)
+    assert tiles.computed_fraction(257, 257, 128, 64, "fwd") == pytest.approx(257**2 / 272**2)
     # remainders: 16-row programs, or one masked full-size program when those cost more
-    assert ta.num_programs(257, 128) == 2 + 1 and ta.num_programs(280, 128) == 2 + 2
-    assert ta.num_programs(334, 128) == 2 + 1 and ta.num_programs(334, 64) == 5 + 1
-    assert ta.num_programs(15, 64) == 1 and ta.num_programs(256, 64) == 4
+    assert tiles.num_programs(257, 128) == 2 + 1 and tiles.num_programs(280, 128) == 2 + 2
+    assert tiles.num_programs(334, 128) == 2 + 1 and tiles.num_programs(334, 64) == 5 + 1
+    assert tiles.num_programs(15, 64) == 1 and tiles.num_programs(256, 64) == 4
 
 
 # ---------------------------------------------------------------------------------------
@@ -466,27 +470,239 @@ def test_torch_compile_fullgraph(backend):
         assert torch.equal(g, e)
 
 
+@pytest.mark.parametrize("backend", ["torch", None])
+def test_torch_compile_inductor(backend):
+    """torch.compile with its default backend (inductor; C++ on a CPU) captures a function
+    calling attention in one graph, forward and backward, and matches eager.  ``None`` is
+    the default backend: Triton on CUDA; on a CPU the PyTorch path, or the interpreter
+    when TRITON_INTERPRET=1 (as in these tests)."""
+    torch._dynamo.reset()
+    q, k, v, do = (randn(2, 2, 20, 16, seed=i) for i in range(4))
+    w = randn(16, 16, seed=5)
+
+    def loss(q, k, v):
+        out = attention(torch.tanh(q @ w), k, v, "cog", backend=backend)
+        return (out * do).sum()
+
+    explanation = torch._dynamo.explain(loss)(q, k, v)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    compiled = torch.compile(loss, fullgraph=True)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    value = compiled(q, k, v)
+    grads = torch.autograd.grad(value, (q, k, v))
+    eager = loss(q, k, v)
+    eager_grads = torch.autograd.grad(eager, (q, k, v))
+    assert rel_err(value, eager) < 1e-5
+    for g, e in zip(grads, eager_grads):
+        assert rel_err(g, e) < 1e-5
+
+
+# ---------------------------------------------------------------------------------------
+# Host path: launch cache, direct eager calls, input checks once per signature
+# ---------------------------------------------------------------------------------------
+
+
+class _Calls:
+    """Counts the calls of a function it wraps (monkeypatched over the original)."""
+
+    def __init__(self, fn):
+        self.fn, self.n = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.n += 1
+        return self.fn(*args, **kwargs)
+
+
+def _count_triton_paths(monkeypatch) -> dict[str, _Calls]:
+    """Count the calls of Triton's autotuner and of its binder / launcher path."""
+    import triton
+
+    counters = {}
+    for name, cls in (("autotuner", triton.runtime.Autotuner), ("jit", triton.runtime.JITFunction)):
+        counters[name] = _Calls(cls.run)
+        counter = counters[name]
+        monkeypatch.setattr(cls, "run", lambda self, *a, _c=counter, **kw: _c(self, *a, **kw))
+    return counters
+
+
+def _fwd_bwd(q, k, v, do, mode, scale, wrt):
+    """attention's output and the gradients of the inputs named in ``wrt`` ("qkv", "k")."""
+    leaves = {n: x.detach().clone().requires_grad_(n in wrt) for n, x in zip("qkv", (q, k, v))}
+    out = attention(leaves["q"], leaves["k"], leaves["v"], mode, scale, backend="triton")
+    return (out, *torch.autograd.grad(out, [leaves[name] for name in wrt], do))
+
+
+# all gradients (dQ kernel, then dK/dV), or dK alone with a negative scale (Delta kernel,
+# then dK/dV, on the negated q)
+HOST_CASES = [("qkv", None), ("k", -0.3)]
+
+
+@pytest.mark.parametrize(("wrt", "scale"), HOST_CASES, ids=["all-grads", "dk-negative-scale"])
+@pytest.mark.parametrize("mode", MODES)
+def test_cached_launch_path(monkeypatch, mode, wrt, scale):
+    """After the first call of a signature, launches skip the autotuner and Triton's binder
+    (on a GPU the compiled kernel is called directly), and give the bits of the uncached
+    path, forward and backward."""
+    from uvic_kernels import launch
+
+    monkeypatch.setattr(launch, "_PLANS", {})
+    q, k, v, do = (randn(1, 2, 70, 32, seed=i) for i in range(4))
+    counters = _count_triton_paths(monkeypatch)
+    info = launch.cache_info()
+    first = _fwd_bwd(q, k, v, do, mode, scale, wrt)
+    after_first = launch.cache_info()
+    launches = after_first["misses"] - info["misses"]
+    assert launches == 3 and after_first["hits"] == info["hits"] and after_first["plans"] == 2
+    tuned = 3 if wrt == "qkv" else 2  # the Delta kernel (dK/dV only) is not autotuned
+    assert counters["autotuner"].n == tuned
+    counters["autotuner"].n = counters["jit"].n = 0
+
+    cached = _fwd_bwd(q, k, v, do, mode, scale, wrt)
+    after_cached = launch.cache_info()
+    assert after_cached["hits"] - after_first["hits"] == launches
+    assert after_cached["misses"] == after_first["misses"]
+    assert counters["autotuner"].n == 0 and counters["jit"].n == 0
+
+    monkeypatch.setattr(launch, "CACHE", False)
+    uncached = _fwd_bwd(q, k, v, do, mode, scale, wrt)
+    assert launch.cache_info()["misses"] - after_cached["misses"] == launches
+    assert counters["autotuner"].n == tuned
+    for a, b, c in zip(first, cached, uncached):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_launch_cache_keys_on_layout(monkeypatch):
+    """Another layout (strides) or pointer alignment is another signature: a launch is never
+    reused for arguments Triton would have specialised differently."""
+    from uvic_kernels import launch
+
+    monkeypatch.setattr(launch, "_PLANS", {})
+    q, k, v = (randn(1, 2, 40, 32, seed=i) for i in range(3))
+    out = launch.forward(q, k, v, "cog", 0.2)[0]
+    assert launch.cache_info()["plans"] == 1
+    launch.forward(q.clone(), k.clone(), v.clone(), "cog", 0.2)  # same signature
+    assert launch.cache_info()["plans"] == 1
+    shifted = torch.empty(q.numel() + 1, device=DEVICE)[1:].view(q.shape)  # 4 bytes off
+    shifted.copy_(q)
+    assert shifted.data_ptr() % 16 != 0
+    assert rel_err(launch.forward(shifted, k, v, "cog", 0.2)[0], out) < 1e-6
+    assert launch.cache_info()["plans"] == 2
+    q_t = q.transpose(-2, -1).contiguous().transpose(-2, -1)  # same values, other strides
+    assert rel_err(launch.forward(q_t, k, v, "cog", 0.2)[0], out) < 1e-6
+    assert launch.cache_info()["plans"] == 3
+
+
+class _PassThroughMode(torch.utils._python_dispatch.TorchDispatchMode):
+    """A dispatch mode that only forwards: as FakeTensorMode or make_fx would, it makes
+    attention run through the custom ops."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_eager_calls_skip_custom_ops(monkeypatch, backend):
+    """A plain eager call runs the implementation directly; under a dispatch mode it goes
+    through the custom ops.  Both give the same bits."""
+    ops = {}
+    for name in ("_forward_op", "_backward_op"):
+        ops[name] = _Calls(getattr(fused_attention, name))
+        monkeypatch.setattr(fused_attention, name, ops[name])
+    q, k, v, do = (randn(1, 2, 33, 16, seed=i) for i in range(4))
+    direct = run(q, k, v, do, "cog", backend=backend)
+    with torch.no_grad():
+        direct_no_grad = attention(q, k, v, "cog", backend=backend)
+    assert ops["_forward_op"].n == 0 and ops["_backward_op"].n == 0
+    with _PassThroughMode():
+        via_ops = run(q, k, v, do, "cog", backend=backend)
+        with torch.no_grad():
+            via_ops_no_grad = attention(q, k, v, "cog", backend=backend)
+    assert ops["_forward_op"].n == 2 and ops["_backward_op"].n == 1
+    direct = (direct[0], *direct[1], direct_no_grad)
+    for a, b in zip(direct, (via_ops[0], *via_ops[1], via_ops_no_grad)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch", None])
+def test_meta_and_fake_tensors(backend):
+    """Meta tensors and fake tensors (shape inference, FLOP counting) take the custom ops'
+    fake implementation: outputs and gradients of the right shapes, no kernel run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q = torch.randn(2, 3, 9, 16, device="meta", requires_grad=True)
+    k = torch.randn(2, 3, 5, 16, device="meta", requires_grad=True)
+    out = attention(q, k, k, "cog", backend=backend)
+    out.sum().backward()
+    assert out.shape == q.shape and q.grad.shape == q.shape and k.grad.shape == k.shape
+    with torch.no_grad():
+        assert attention(q, k, k, "cog", backend=backend).device.type == "meta"
+    with FakeTensorMode():
+        x = torch.randn(2, 3, 9, 16, requires_grad=True)
+        out = attention(x, x, x, "expressive", backend=backend)
+        out.sum().backward()
+        assert out.shape == x.shape and x.grad.shape == x.shape
+
+
+def test_input_checks_once_per_signature(monkeypatch):
+    """The input checks run once per argument signature; anything that changes what they
+    read (here the scale's type and value, a shape) is checked again."""
+    checks = _Calls(fused_attention._check_inputs)
+    monkeypatch.setattr(fused_attention, "_check_inputs", checks)
+    monkeypatch.setattr(fused_attention, "_CHECKED", set())
+    q = randn(1, 2, 8, 16)
+    attention(q, q, q, "softmax", 1, backend="torch")
+    attention(q, q, q, "softmax", 1, backend="torch")
+    assert checks.n == 1
+    with pytest.raises(ValueError, match="scale"):
+        attention(q, q, q, "softmax", True, backend="torch")  # True == 1, but not a scale
+    with pytest.raises(ValueError, match="scale"):
+        attention(q, q, q, "softmax", float("inf"), backend="torch")
+    with pytest.raises(ValueError, match="shapes mismatch"):
+        attention(q, q, randn(1, 2, 9, 16), "softmax", 1, backend="torch")
+    with pytest.raises(ValueError, match="mode"):
+        attention(q, q, q, ["softmax"], 1, backend="torch")  # unhashable: checked, not cached
+    assert checks.n == 5
+
+
+def test_gpu_launch_path_without_gpu():
+    """The cached launch path of a GPU, checked on any machine: the kernels compile for
+    sm_90 against a stand-in driver that records launches, and the cached launches must hand
+    the launcher the same grid, function and arguments as Triton's own path.  (Runs in a
+    subprocess: kernels are compiled, not interpreted; the first run compiles for ~20 s.)"""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "uvic_kernels.bench_host", "--check", "--shape", "1,2,70,64",
+         "--dtype", "fp16", "--mode", "cog"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "same arguments as Triton's own path" in result.stdout
+
+
 def test_gpu_config_pruning():
     """Tile selection on a GPU (pure Python, so it is checked here as well)."""
     import triton
 
-    from uvic_kernels import triton_attention as ta
+    from uvic_kernels import tiles
 
     configs = [
         triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_stages=s, num_warps=w)
-        for m, n, s, w in ta.GPU_FWD_TILES
+        for m, n, s, w in tiles.GPU_FWD_TILES
     ]
 
-    def tiles(n_q, n_kv, dtype):
+    def pruned(n_q, n_kv, dtype):
         args = {"Q": torch.empty(0, dtype=dtype), "N_Q": n_q, "N_KV": n_kv}
-        return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in ta._prune(configs, args)]
+        return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in tiles.prune(configs, args)]
 
-    assert len(tiles(4096, 4096, torch.bfloat16)) == (len(configs) if ta.AUTOTUNE else 1)
-    assert all(m <= 64 and n <= 64 for m, n in tiles(40, 50, torch.float16))
-    assert tiles(5, 5, torch.float16) == [(64, 32)]  # nothing fits: the smallest tile
-    assert all(m * n <= ta.FP32_MAX_TILE for m, n in tiles(4096, 4096, torch.float32))
+    assert len(pruned(4096, 4096, torch.bfloat16)) == (len(configs) if tiles.AUTOTUNE else 1)
+    assert all(m <= 64 and n <= 64 for m, n in pruned(40, 50, torch.float16))
+    assert pruned(5, 5, torch.float16) == [(64, 32)]  # nothing fits: the smallest tile
+    assert all(m * n <= tiles.FP32_MAX_TILE for m, n in pruned(4096, 4096, torch.float32))
     # without a GPU (no multiprocessor count) list order decides
-    assert tiles(334, 334, torch.bfloat16)[0] == ta.GPU_FWD_TILES[0][:2]
+    assert pruned(334, 334, torch.bfloat16)[0] == tiles.GPU_FWD_TILES[0][:2]
 
 
 def test_default_backend(monkeypatch):
