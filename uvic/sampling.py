@@ -32,8 +32,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from uvic.autoencoder import decode_latents, load_vae
-from uvic.checkpoint import load_weights
-from uvic.config import Config
+from uvic.checkpoint import load_weights, same_file_content
+from uvic.config import Config, ConfigError
 from uvic.data import load_empty_context, load_sample_prompts
 from uvic.diffusion import Diffusion
 from uvic.samplers import run_sampler
@@ -215,6 +215,12 @@ def load_guide(cfg: Config, ckpt: str | Path,
         raise FileNotFoundError(
             f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r}: weights not found at {path} "
             "(keep an early checkpoint with train.keep_steps, or set "
+            "sample.autoguidance_scale=0)")
+    if Path(ckpt).is_file() and same_file_content(path, Path(ckpt)):  # e.g. the last step's
+        raise ConfigError(
+            f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r}: {path} holds the same weights "
+            f"as the sampled {ckpt}, and a model guided by itself samples as unguided, at "
+            "twice the cost (guide with an earlier checkpoint, or set "
             "sample.autoguidance_scale=0)")
     return load_model(cfg, path, device)
 
