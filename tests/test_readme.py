@@ -336,8 +336,7 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
     "python scripts/sample.py --config configs/quickstart.py --ckpt "
     "runs/quickstart/uvit/ema.safetensors --ckpt runs/quickstart/uvic/ema.safetensors "
     "--label U-ViT --label U-ViC --out samples/compare":
-        Run(sets("model.attention_backend=torch", f"sample.autoguidance_ckpt={GUIDE}")
-            + SAMPLE, ("quickstart runs",),
+        Run((*sets(f"sample.autoguidance_ckpt={GUIDE}"), *SAMPLE), ("quickstart runs",),
             check=writes("samples/compare/comparison.png",
                          "samples/compare/sample_config.json")),
     "accelerate launch scripts/train.py --config configs/cifar10_uvic.py "
