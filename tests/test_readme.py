@@ -509,8 +509,9 @@ PLACES: dict[str, list[tuple[str, str]]] = {
     "quickstart runs": [("runs/quickstart", "runs/quickstart")],
     "prompts": [("prompts.txt", "prompts.txt")],
     "release checkpoint": [("cifar10_uvit_small.pth", "cifar10_uvit_small.pth")],
+    # one result JSON of the evaluator, in both folders the README tabulates
     "fid results": [("fid/cifar10_uvic.json", "runs/fid/cifar10_uvic.json"),
-                    ("fid/cifar10_uvic.json", "runs/fid/release/cifar10_uvit.json")],
+                    ("fid/cifar10_uvic.json", "runs/fid/release/cifar10_uvic.json")],
 }
 
 
