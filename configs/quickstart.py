@@ -13,9 +13,9 @@ warm-up, EMA, diffusers samplers, clean-fid), scaled down; switch to U-ViC with
   12 instead of 152 (the per-image colour was blown out to saturation before).
 * Cosine learning-rate decay to 0 and a short EMA: a 0.998 EMA of weights still moving
   at a constant 1e-3 predicted noise 2x worse than the final weights.
-* DDPM's ancestral sampler (100 steps, see below): fresh noise at each step lets the
-  model correct its own errors, where the deterministic DPM-Solver++ ODE kept them as
-  per-pixel noise.
+* DDPM's ancestral sampler (50 steps with autoguidance, see below): fresh noise at each
+  step lets the model correct its own errors, where the deterministic DPM-Solver++ ODE
+  kept them as per-pixel noise.
 * A 2D sine-cosine initial position embedding (`model.pos_embed_init="sincos"`, still
   learned) instead of the release's trunc-normal(0.02): in 1500 steps the learned one
   barely moved (mean norm 0.13, the init's 0.16) and stayed unstructured (cosine 0.08

@@ -44,11 +44,12 @@ import torch
 import torch.nn.functional as F
 
 from uvic.analysis import analyze, save_figures, write_json
-from uvic.checkpoint import RUN_EMA, checkpoint_name
+from uvic.checkpoint import RUN_EMA, checkpoint_name, checkpoint_step
 from uvic.config import (
     Config,
     ConfigError,
     DiffusionConfig,
+    SampleConfig,
     apply_overrides,
     load_config,
     save_config,
@@ -115,18 +116,27 @@ def build_config(args: argparse.Namespace) -> Config:
 
 def check_guide(cfg: Config) -> None:
     """The quickstart samples right after training, so an autoguidance model must be a
-    checkpoint the run itself keeps: say so before minutes of training, not after."""
+    checkpoint the run itself keeps, and an earlier one than the final model (guided by
+    itself, a model's eps does not change: twice the sampling time for nothing). Say so
+    before minutes of training, not after."""
     s, t = cfg.sample, cfg.train
     if s.autoguidance_scale == 0:
         return
-    kept = [f"checkpoints/{checkpoint_name(step)}/{RUN_EMA}"
-            for step in t.keep_steps if step <= t.max_steps]
-    if s.autoguidance_ckpt not in kept:
+    kept = {f"checkpoints/{checkpoint_name(step)}/{RUN_EMA}": step for step in t.keep_steps}
+    step = kept.get(s.autoguidance_ckpt)
+    fix = ("point it at checkpoints/step_N/ema.safetensors for a step N in train.keep_steps "
+           "below train.max_steps, or set sample.autoguidance_scale=0")
+    if step is None:
         raise ConfigError(
             f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r} is not a checkpoint this run "
             f"keeps (train.keep_steps={list(t.keep_steps)}, train.max_steps={t.max_steps}); "
-            "point it at checkpoints/step_N/ema.safetensors for a kept step N, or set "
-            "sample.autoguidance_scale=0")
+            + fix)
+    if step >= t.max_steps:
+        final = "is the final model" if step == t.max_steps else "would never be written"
+        raise ConfigError(
+            f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r} (step {step}) {final} with "
+            f"train.max_steps={t.max_steps}: a model guided by itself samples as unguided, "
+            "at twice the cost; " + fix)
 
 
 def make_deterministic(threads: int) -> None:
@@ -260,8 +270,15 @@ def read_log(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_losses(logs: dict[str, list[dict]], path: Path) -> None:
-    """Both training-loss curves in one PNG."""
+def objective_name(diffusion: DiffusionConfig) -> str:
+    """What the training loss is: the noise MSE, Min-SNR weighted when the config says so."""
+    gamma = diffusion.min_snr_gamma
+    return f"Min-SNR-{gamma:g} weighted noise MSE" if gamma > 0 else "noise MSE"
+
+
+def plot_losses(logs: dict[str, list[dict]], path: Path, objective: str):
+    """Both training-loss curves in one PNG, the y axis named by the `objective` they are
+    (`objective_name`). Returns the (closed) matplotlib figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -271,7 +288,7 @@ def plot_losses(logs: dict[str, list[dict]], path: Path) -> None:
     for name, rows in logs.items():
         ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label=name)
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss (noise MSE)")
+    ax.set_ylabel(f"training loss ({objective})")
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -279,6 +296,7 @@ def plot_losses(logs: dict[str, list[dict]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+    return fig
 
 
 def try_fid(cfg: Config, ckpt: Path, out_dir: Path) -> tuple[float | None, str]:
@@ -291,6 +309,32 @@ def try_fid(cfg: Config, ckpt: Path, out_dir: Path) -> tuple[float | None, str]:
     except fid.InceptionWeightsMissing as err:
         return None, str(err)
     return float(result["fid"]), ""
+
+
+def guide_record(cfg: Config, run: str) -> dict | None:
+    """What guided the samples of the run in folder `run` (of the output folder): the
+    weights file, its training step (read from the checkpoint) and the scale s of
+    eps = g + s (g - b); None without autoguidance."""
+    s = cfg.sample
+    if s.autoguidance_scale == 0:
+        return None
+    return {"ckpt": f"{run}/{s.autoguidance_ckpt}",
+            "step": checkpoint_step(Path(cfg.train.output_dir) / s.autoguidance_ckpt),
+            "scale": s.autoguidance_scale}
+
+
+def sampler_note(sample: SampleConfig, rows: list[dict]) -> str:
+    """The notes' line on how the samples were drawn, naming what guided them."""
+    steps = sorted({r["final_step"] for r in rows})
+    note = (f"Samples: {sample.scheduler}, {sample.steps} steps, from the EMA weights at step "
+            f"{', '.join(map(str, steps))}")
+    guides = [r["guide"] for r in rows if r["guide"]]
+    if not guides:
+        return note + ", unguided (sample.autoguidance_scale=0)."
+    at = sorted({g["step"] for g in guides}, key=str)
+    return (note + f", autoguided by the same run's EMA weights at step "
+            f"{', '.join(map(str, at))} ({', '.join(g['ckpt'] for g in guides)}): "
+            f"eps = g + {sample.autoguidance_scale:g} (g - b).")
 
 
 def results_table(rows: list[dict], timing: dict[str, dict]) -> str:
@@ -397,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
             "fid": fid_value,
             "fid_features": cfg.eval.features,
             "run_dir": MODELS[name],  # relative to the output folder
+            "final_step": summary["steps"],
+            "guide": guide_record(cfg, MODELS[name]),  # None: unguided
         })
         timing[name] = {"ms_per_step": 1000.0 * summary["mean_step_time_s"],
                         "images_per_s": summary["images_per_s"],
@@ -408,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     enlarged = {k: F.interpolate(v, scale_factor=zoom, mode="nearest")
                 for k, v in samples.items()}
     save_comparison_grid(enlarged, out / "grid.png", nrow=int(args.n_grid**0.5))
-    plot_losses(logs, out / "loss.png")
+    objective = objective_name(base.diffusion)
+    plot_losses(logs, out / "loss.png", objective)
 
     # How the two models attend: negative mass, entropy, sink and collapse per block and
     # noise level, on held-out images (uvic.analysis); one overview figure beside the grid.
@@ -420,16 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     timing["total_s"] = time.time() - start
     timing["threads"] = args.threads
     timing["jobs"] = jobs
-    gamma = base.diffusion.min_snr_gamma
-    objective = f"Min-SNR-{gamma:g} weighted noise MSE" if gamma > 0 else "noise MSE"
-    sample = base.sample
-    sampler = f"Samples: {sample.scheduler}, {sample.steps} steps, from the EMA weights"
-    if sample.autoguidance_scale:
-        sampler += (f", autoguided (eps = g + {sample.autoguidance_scale:g} (g - b)) by "
-                    f"each run's {sample.autoguidance_ckpt}")
     notes = [
         "S = softmax block, C = Cog block (in-blocks, mid-block, out-blocks).",
-        sampler + ".",
+        sampler_note(base.sample, rows),
         f"Final train loss: the training objective ({objective}, mean over the last "
         f"{base.train.log_every} steps). Held-out noise MSE: plain, EMA weights, "
         f"{args.heldout} held-out images at fixed noise levels and noise.",

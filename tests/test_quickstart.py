@@ -1,26 +1,46 @@
-"""The README's main job (`make quickstart` -> scripts/quickstart.py) at a reduced size."""
+"""The README's main job (`make quickstart` -> scripts/quickstart.py) at a reduced size.
+
+The commands are the README's (`readme_commands.argv`), with settings that shrink them.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import os
+import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from readme_commands import README, argv
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_quickstart(tmp_path: Path, out: Path, *extra: str,
-                   check: bool = True) -> subprocess.CompletedProcess:
-    """The quickstart at a reduced size, in a clean environment, writing to `out`."""
+def readme_outputs() -> list[str]:
+    """The names the README's quickstart section lists as written to runs/quickstart/."""
+    listing = README.split("and writes to `runs/quickstart/`:\n\n")[1].split("\n\n")[0]
+    return [name for item in re.findall(r"^- (.+?):", listing, flags=re.M)
+            for name in re.findall(r"`([^`]+)`", item)]
+
+
+def load_quickstart():
+    spec = importlib.util.spec_from_file_location("quickstart", ROOT / "scripts" / "quickstart.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_quickstart(tmp_path: Path, out: Path, *extra: str, check: bool = True,
+                   command: str = "make quickstart") -> subprocess.CompletedProcess:
+    """README `command` at a reduced size, in a clean environment, writing to `out`."""
     cmd = [
-        sys.executable, str(ROOT / "scripts" / "quickstart.py"), "--preset", "cpu",
-        "--out", str(out), "--n-grid", "4", "--n-quality", "8", "--heldout", "32",
+        *argv(command), "--preset", "cpu", "--out", str(out),
+        "--n-grid", "4", "--n-quality", "8", "--heldout", "32",
         "--set", "train.max_steps=20", "--set", "train.batch_size=8",
         "--set", "train.log_every=4", "--set", "train.sample_every=0",
         "--set", "train.ckpt_every=6", "--set", "data.num_images=64",
@@ -56,8 +76,10 @@ def first_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_quickstart_end_to_end(first_run: Path) -> None:
     out = first_run
 
-    for name in ("grid.png", "loss.png", "results.md", "results.json", "config.json"):
-        assert (out / name).is_file(), name
+    names = readme_outputs()
+    assert {"grid.png", "loss.png", "results.md", "uvit/", "uvic/"} <= set(names)
+    for name in [*names, "config.json"]:
+        assert (out / name).is_dir() if name.endswith("/") else (out / name).is_file(), name
     results = json.loads((out / "results.json").read_text())
     rows = {r["model"]: r for r in results["rows"]}
     assert set(rows) == {"U-ViT", "U-ViC"}
@@ -76,9 +98,16 @@ def test_quickstart_end_to_end(first_run: Path) -> None:
     assert any("inception" in note.lower() for note in results["notes"])
     # the training objective is the config's weighted loss, the held-out figure plain MSE
     assert any("Min-SNR-5 weighted" in note for note in results["notes"])
-    assert ("Samples: DDPMScheduler, 4 steps, from the EMA weights, autoguided "
-            "(eps = g + 1 (g - b)) by each run's checkpoints/step_000008/ema.safetensors."
+    # what guided the samples: the guide's file, its step and the scale
+    assert ("Samples: DDPMScheduler, 4 steps, from the EMA weights at step 20, autoguided by "
+            "the same run's EMA weights at step 8 (uvit/checkpoints/step_000008/ema.safetensors"
+            ", uvic/checkpoints/step_000008/ema.safetensors): eps = g + 1 (g - b)."
             in results["notes"])
+    assert "autoguided by the same run's EMA weights at step 8" in (out / "results.md").read_text()
+    for r in rows.values():
+        assert r["final_step"] == 20
+        assert r["guide"] == {"ckpt": f"{r['run_dir']}/checkpoints/step_000008/ema.safetensors",
+                              "step": 8, "scale": 1.0}
     assert "skipped" in (out / "results.md").read_text()
     # the attention analysis of both models: Cog blocks carry negative mass, softmax none
     attention = results["attention"]
@@ -135,10 +164,11 @@ def test_quickstart_numbers_are_identical_on_a_second_run(first_run: Path) -> No
 def test_training_both_models_at_once_changes_nothing_but_the_time(
         first_run: Path, tmp_path: Path) -> None:
     """The default trains U-ViT and U-ViC in two one-thread processes (--jobs 2 --threads
-    2); one after the other on one thread gives the same weights and losses, bit for bit."""
+    2); the README's one thread (the models one after the other) gives the same weights and
+    losses, bit for bit."""
     first = json.loads((first_run / "results.json").read_text())
     assert first["timing"]["jobs"] == 2 and first["timing"]["threads"] == 2
-    run_quickstart(tmp_path, tmp_path / "seq", "--jobs", "1", "--threads", "1")
+    run_quickstart(tmp_path, tmp_path / "seq", command='make quickstart ARGS="--threads 1"')
     second = json.loads((tmp_path / "seq" / "results.json").read_text())
     assert second["timing"]["jobs"] == 1
     for preset in ("uvit", "uvic"):
@@ -175,3 +205,29 @@ def test_an_autoguidance_model_the_run_does_not_keep_is_refused_before_training(
     assert proc.stderr.startswith("error: sample.autoguidance_ckpt=")
     assert proc.stderr.count("\n") == 1 and "train.keep_steps=[]" in proc.stderr
     assert not (tmp_path / "qs").exists()  # nothing trained, nothing written
+
+
+def test_a_guide_at_the_last_step_is_refused_before_training(tmp_path: Path) -> None:
+    """Step 8 of an 8-step run is the final model: guided by itself it samples as unguided,
+    at twice the cost. Refused in one line before any training; nothing written."""
+    proc = run_quickstart(tmp_path, tmp_path / "qs", "--set", "train.max_steps=8",
+                          check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: sample.autoguidance_ckpt=")
+    assert proc.stderr.count("\n") == 1
+    assert "(step 8) is the final model with train.max_steps=8" in proc.stderr
+    assert "sample.autoguidance_scale=0" in proc.stderr
+    assert not (tmp_path / "qs").exists()
+
+
+def test_loss_plot_names_the_training_objective(tmp_path: Path) -> None:
+    """loss.png's axis says what the curves are: Min-SNR weighted when the config is."""
+    quickstart = load_quickstart()
+    cfg = quickstart.build_config(quickstart.parse_args([]))
+    logs = {"U-ViT": [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.25}]}
+    figure = quickstart.plot_losses(logs, tmp_path / "loss.png",
+                                    quickstart.objective_name(cfg.diffusion))
+    assert figure.axes[0].get_ylabel() == "training loss (Min-SNR-5 weighted noise MSE)"
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    plain = dataclasses.replace(cfg.diffusion, min_snr_gamma=0.0)
+    assert quickstart.objective_name(plain) == "noise MSE"

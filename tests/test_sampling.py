@@ -6,6 +6,7 @@ import importlib.util
 import io
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -258,6 +259,38 @@ def test_load_guide_resolves_from_the_run_folder(tmp_path: Path) -> None:
     needle = r"sample\.autoguidance_ckpt=.*step_000099.*keep_steps"
     with pytest.raises(FileNotFoundError, match=needle):
         load_guide(missing, run / "ema.safetensors")
+
+
+def test_a_guide_with_the_sampled_weights_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A guide that is the sampled model (the same file, or the last checkpoint's copy of
+    a run's ema.safetensors) would change nothing at twice the cost: refused, one line."""
+    cfg = tiny_config()
+    run = tmp_path / "run"
+    last = run / "checkpoints" / "step_000020" / "ema.safetensors"
+    last.parent.mkdir(parents=True)
+    save_safetensors(tiny_model(cfg, seed=1), last)
+    shutil.copyfile(last, run / "ema.safetensors")
+    save_safetensors(tiny_model(cfg, seed=2),
+                     run / "checkpoints" / "step_000010" / "ema.safetensors")
+    guided = ["sample.autoguidance_scale=1.0",
+              "sample.autoguidance_ckpt=checkpoints/step_000020/ema.safetensors"]
+    for ckpt in (run / "ema.safetensors", last):
+        with pytest.raises(ConfigError, match=r"step_000020/ema\.safetensors holds the same "
+                                              r"weights as the sampled"):
+            load_guide(apply_overrides(cfg, guided), ckpt)
+    earlier = apply_overrides(cfg, [guided[0], guided[1].replace("20", "10")])
+    assert load_guide(earlier, run / "ema.safetensors") is not None
+
+    config = write_tiny_config(tmp_path / "tiny.py")
+    main = load_script("scripts/sample.py").main
+    status = main(["--config", str(config), "--ckpt", str(run / "ema.safetensors"),
+                   "--n", "2", "--quiet", "--out", str(tmp_path / "out"),
+                   *[w for o in guided for w in ("--set", o)]])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("error: sample.autoguidance_ckpt=")
+    assert err.count("\n") == 1 and "same weights" in err
+    assert not (tmp_path / "out" / "grid.png").exists()
 
 
 def test_autoguidance_settings_are_validated() -> None:

@@ -581,14 +581,15 @@ def sync_run_ema(run_dir: Path) -> bool:
     if not checkpoints:
         return False
     source, target = checkpoints[-1] / RUN_EMA, run_dir / RUN_EMA
-    if target.is_file() and _same_file_content(source, target):
+    if target.is_file() and same_file_content(source, target):
         return False
     with atomic_write(target) as tmp:
         shutil.copyfile(source, tmp)
     return True
 
 
-def _same_file_content(a: Path, b: Path) -> bool:
+def same_file_content(a: Path, b: Path) -> bool:
+    """Whether two files hold the same bytes (sizes first, then SHA-256)."""
     return a.stat().st_size == b.stat().st_size and file_sha256(a) == file_sha256(b)
 
 

@@ -43,8 +43,9 @@ from uvic.checkpoint import (
     check_same_inputs,
     load_weights,
     resolve_model,
+    same_file_content,
 )
-from uvic.config import Config, ModelConfig
+from uvic.config import Config, ConfigError, ModelConfig
 from uvic.data import load_empty_context, load_sample_prompts
 from uvic.diffusion import Diffusion
 from uvic.samplers import model_calls, run_sampler
@@ -250,6 +251,12 @@ def load_guide(cfg: Config, ckpt: str | Path, device: torch.device | str = "cpu"
         raise FileNotFoundError(
             f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r}: weights not found at {path} "
             "(keep an early checkpoint with train.keep_steps, or set "
+            "sample.autoguidance_scale=0)")
+    if Path(ckpt).is_file() and same_file_content(path, Path(ckpt)):  # e.g. the last step's
+        raise ConfigError(
+            f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r}: {path} holds the same weights "
+            f"as the sampled {ckpt}, and a model guided by itself samples as unguided, at "
+            "twice the cost (guide with an earlier checkpoint, or set "
             "sample.autoguidance_scale=0)")
     choice = dataclasses.replace(choice or ModelChoice(), config_name="the sampled model")
     resolved = resolve_model(cfg, path, choice)
