@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import itertools
 import json
 import math
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import readme_commands
 import torch
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import set_seed
@@ -368,14 +367,8 @@ def test_resume_after_kill_reaches_the_same_weights(tmp_path):
     assert (state["epoch"], state["batch_in_epoch"]) == divmod(target, 4)
 
 
-def readme_command(start: str) -> tuple[dict[str, str], list[str]]:
-    """The README's command line that begins with `start` (continuation lines joined):
-    its leading VAR=value assignments and its words, split as a shell splits them."""
-    text = (REPO / "README.md").read_text().replace("\\\n", " ")
-    line = next(line for line in text.splitlines() if line.strip().startswith(start))
-    words = shlex.split(line)
-    assignments = list(itertools.takewhile(lambda w: re.fullmatch(r"[A-Z_]+=.*", w), words))
-    return dict(w.split("=", 1) for w in assignments), words[len(assignments):]
+README_CPU_COMMAND = ("ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 "
+                      "scripts/train.py --config configs/quickstart.py --output-dir runs/cpu2")
 
 
 def free_port() -> int:
@@ -389,7 +382,8 @@ def test_two_processes_see_different_data(tmp_path):
     start and each get their own half of the data."""
     out, debug = tmp_path / "run", tmp_path / "debug"
     debug.mkdir()
-    env_vars, words = readme_command("ACCELERATE_USE_CPU=1 accelerate launch")
+    assert README_CPU_COMMAND in readme_commands.readme_commands()
+    env_vars, words = readme_commands.split_env(shlex.split(README_CPU_COMMAND))
     assert env_vars == {"ACCELERATE_USE_CPU": "1"} and words[:2] == ["accelerate", "launch"]
     # the README's command at test size; a free port, as other tests may launch at once
     cmd = [ACCELERATE, "launch", "--main_process_port", str(free_port()), *words[2:],
