@@ -8,7 +8,7 @@ under the table and the release's is marked; columns of stand-in features
 (eval.features=projection) are marked as not comparable with Inception FID. Missing cells
 show "—". A folder with no result JSON, or a JSON that is not one, stops it with one line
 and exit status 2: the paper's numbers alone would read like a result. Built by
-`uvic.protocols.protocol_table`.
+`uvic.evaluation.protocols.protocol_table`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from uvic.protocols import load_results, protocol_table
+from uvic.evaluation.protocols import load_results, protocol_table
 
 
 def main(argv: list[str] | None = None) -> int:

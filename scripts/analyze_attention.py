@@ -27,9 +27,10 @@ import sys
 from pathlib import Path
 
 from uvic.analysis import analyze, load_inputs, load_models, save_figures, write_json
-from uvic.checkpoint import CheckpointError, ModelChoice
 from uvic.cli import positive_int, unit_float
 from uvic.config import ConfigError, load_config
+from uvic.run.folder import ModelChoice
+from uvic.run.weights import CheckpointError
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:

@@ -3,7 +3,7 @@
     python scripts/bench_sampling.py [--precision fp16] [--out runs/bench/sampling.json]
 
 For CIFAR-10 (batch 500) and MS-COCO (batch 50, guidance on: every step runs a batch of
-100) it times 50-step DPM-Solver++ sampling (`uvic.sampling.sample_images`) of the real
+100) it times 50-step DPM-Solver++ sampling (`uvic.sampling.generate.sample_images`) of the real
 U-ViT-S/2 and U-ViC-S/2 (configs/*_uvit.py, *_uvic.py; random weights: the speed does
 not depend on them) and, for MS-COCO, the decoding of the latents by a randomly
 initialised Stable Diffusion KL-f8 VAE (same architecture as sd-vae-ft-ema). The
@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from uvic.config import Config, apply_overrides, load_config
-from uvic.diffusion import Diffusion
-from uvic.fid import PROTOCOL_N, versions
-from uvic.sampling import PRECISIONS, autocast, effective_cfg_scale, sample_images
-from uvic.uvit import build_model
+from uvic.diffusion.schedule import Diffusion
+from uvic.evaluation.fid import PROTOCOL_N, versions
+from uvic.models.uvit import build_model
+from uvic.sampling.generate import PRECISIONS, autocast, effective_cfg_scale, sample_images
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=8",

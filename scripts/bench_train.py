@@ -10,7 +10,7 @@ weights: speed does not depend on them):
   and 77 CLIP tokens -> N = 334;
 
 it times one training step (forward, backward and AdamW step under bf16 autocast, as
-`uvic.train` runs it) and the sampling forward (no grad, batch 500), for each
+`uvic.training.trainer` runs it) and the sampling forward (no grad, batch 500), for each
 attention backend of `model.attention_backend`:
 
 * ``triton``: our fused kernels (Cog and softmax);
@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 
 from uvic.config import Config, load_config
-from uvic.diffusion import Diffusion, diffusion_loss
-from uvic.uvit import build_model
+from uvic.diffusion.schedule import Diffusion, diffusion_loss
+from uvic.models.uvit import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1 << 20

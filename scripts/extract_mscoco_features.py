@@ -4,8 +4,8 @@ For every image of a split (sorted by COCO id): center square crop, LANCZOS resi
 (the release's ``center_crop``), Stable Diffusion KL-f8 VAE posterior moments (8 x 32 x 32,
 mean and logvar; latents are sampled at load time). For every caption (~5 per image): the
 77 CLIP ViT-L/14 token states after ``ln_final``, with the release's end-of-text padding
-(see uvic/text_encoder.py). Also the empty-prompt context and a few fixed prompts for
-sample grids. The layout is documented in uvic/data.py.
+(see uvic/models/text_encoder.py). Also the empty-prompt context and a few fixed prompts for
+sample grids. The layout is documented in uvic/data/datasets.py.
 
 Work is done in chunks of images. A chunk is committed by flushing the preallocated
 memory-mapped arrays and then atomically rewriting ``progress.json``; a rerun with the same
@@ -40,15 +40,21 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from uvic import data as layout
-from uvic.autoencoder import DEFAULT_VAE, SCALE_FACTOR, VAELoadError, encode_moments, load_vae
-from uvic.data import DatasetError, center_crop_resize
-from uvic.files import atomic_write, write_json
-from uvic.text_encoder import (
+from uvic.data.datasets import DatasetError, center_crop_resize
+from uvic.models.autoencoder import (
+    DEFAULT_VAE,
+    SCALE_FACTOR,
+    VAELoadError,
+    encode_moments,
+    load_vae,
+)
+from uvic.models.text_encoder import (
     DEFAULT_MODEL,
     DEFAULT_PRETRAINED,
     ClipLoadError,
     ClipTextEncoder,
 )
+from uvic.run.files import atomic_write, write_json
 
 # Prompts for the periodic sample grids during training (COCO-style captions).
 SAMPLE_PROMPTS = [

@@ -4,14 +4,14 @@
     python scripts/quickstart.py --preset gpu    # larger run (default when CUDA is present)
 
 Both models see the same data in the same order from the same seed, through the real
-training loop (`uvic.train`, Accelerate), the real sampler (the config's diffusers
+training loop (`uvic.training.trainer`, Accelerate), the real sampler (the config's diffusers
 scheduler, autoguided by each run's own EMA at an early step, `train.keep_steps`) and the
 real clean-fid evaluator. Data: the built-in coloured-shapes images
 (no download). Outputs in `runs/quickstart/`: `grid.png` (U-ViT | U-ViC from the same
 noise), `loss.png`, `results.md` / `results.json`, and each model's run folder (`uvit/`,
 `uvic/`).
 
-Sample quality is measured without any download (`uvic.quality`): high-frequency energy
+Sample quality is measured without any download (`uvic.evaluation.quality`): high-frequency energy
 relative to training images (1 is ideal; leftover sampler noise gives tens) and the
 share of pixels on an image's three dominant colours, for both models' samples and for
 held-out real images. FID needs clean-fid's Inception weights; when they are absent the
@@ -44,7 +44,6 @@ import torch
 import torch.nn.functional as F
 
 from uvic.analysis import analyze, save_figures, write_json
-from uvic.checkpoint import RUN_EMA, checkpoint_name, checkpoint_step
 from uvic.config import (
     Config,
     ConfigError,
@@ -54,12 +53,13 @@ from uvic.config import (
     load_config,
     save_config,
 )
-from uvic.data import build_dataset
-from uvic.diffusion import Diffusion
-from uvic.images import save_comparison_grid
-from uvic.quality import quality_figures
-from uvic.sampling import generate, load_guide, load_model, to_pixels
-from uvic.train import diffusion_loss, train
+from uvic.data.datasets import build_dataset
+from uvic.diffusion.schedule import Diffusion
+from uvic.evaluation.quality import quality_figures
+from uvic.run.folder import RUN_EMA, checkpoint_name, checkpoint_step
+from uvic.sampling.generate import generate, load_guide, load_model, to_pixels
+from uvic.sampling.images import save_comparison_grid
+from uvic.training.trainer import diffusion_loss, train
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "quickstart.py"
 MODELS = {"U-ViT": "uvit", "U-ViC": "uvic"}  # display name -> attention preset

@@ -6,7 +6,7 @@
 
 Pairs: CIFAR-10 and MS-COCO, each with U-ViT and U-ViC (configs/<dataset>_<model>.py),
 trained to the paper's length and scored under the release's FID protocol (the configs'
-defaults, `uvic.protocols`). Every stage resumes: training continues from the run's
+defaults, `uvic.evaluation.protocols`). Every stage resumes: training continues from the run's
 newest checkpoint and is skipped once it reached train.max_steps; FID reuses the samples
 on disk and is skipped when a result for the same checkpoint and protocol exists; the
 table is rebuilt from all results in <out>/fid. Run it again after an interruption.
@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from uvic.checkpoint import CheckpointError, file_sha256
 from uvic.config import Config, ConfigError, load_config
-from uvic.fid import evaluate
-from uvic.protocols import load_results, protocol_of, protocol_table
-from uvic.train import TrainError, train
+from uvic.evaluation.fid import evaluate
+from uvic.evaluation.protocols import load_results, protocol_of, protocol_table
+from uvic.run.weights import CheckpointError, file_sha256
+from uvic.training.trainer import TrainError, train
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [("cifar10", "uvit"), ("cifar10", "uvic"), ("mscoco", "uvit"), ("mscoco", "uvic")]

@@ -1,4 +1,4 @@
-"""Train a U-ViT / U-ViC (see uvic/train.py for what a run writes).
+"""Train a U-ViT / U-ViC (see uvic/training/trainer.py for what a run writes).
 
 This file runs `uvic.cli.train` (installed as `uvic-train`); see there for the options.
 """

@@ -243,7 +243,7 @@ def make_mscoco_features(root: str | Path, n_images: dict[str, int] | None = Non
                          resolution: int = 64, seed: int = 0, **kwargs: Any) -> Path:
     """Tiny COCO + tiny VAE/CLIP -> a complete feature folder at ``<root>/features``
     (latents 4 x res/8 x res/8, contexts 77 x 32). Extra kwargs go to `extract_features`."""
-    from uvic.text_encoder import ClipTextEncoder
+    from uvic.models.text_encoder import ClipTextEncoder
 
     root = Path(root)
     make_coco(root / "coco", n_images, seed=seed)

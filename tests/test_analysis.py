@@ -26,7 +26,7 @@ from uvic.analysis import (
 from uvic.analysis import metrics as M
 from uvic.analysis.capture import TokenLayout, row_metrics, token_layout
 from uvic.config import load_config, save_config
-from uvic.uvit import Attention, build_model
+from uvic.models.uvit import Attention, build_model
 from uvic_kernels import reference
 
 ROOT = Path(__file__).resolve().parents[1]

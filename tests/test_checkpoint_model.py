@@ -16,12 +16,12 @@ import pytest
 import torch
 from PIL import Image
 
-from uvic.checkpoint import load_weights, save_safetensors
 from uvic.config import Config, ConfigError, DataConfig, ModelConfig, SampleConfig, save_config
-from uvic.diffusion import Diffusion
-from uvic.images import to_uint8
-from uvic.sampling import generate, load_guide
-from uvic.uvit import build_model
+from uvic.diffusion.schedule import Diffusion
+from uvic.models.uvit import build_model
+from uvic.run.weights import load_weights, save_safetensors
+from uvic.sampling.generate import generate, load_guide
+from uvic.sampling.images import to_uint8
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"img_size": 8, "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2,
@@ -56,7 +56,7 @@ def fake_run(folder: Path, cfg: Config, seed: int, metadata: bool = False) -> Pa
     torch.manual_seed(seed)
     meta = None
     if metadata:
-        from uvic.checkpoint import model_metadata
+        from uvic.run.folder import model_metadata
 
         meta = model_metadata(cfg.model)
     save_safetensors(build_model(cfg.model), folder / "ema.safetensors", metadata=meta)

@@ -21,7 +21,7 @@ from uvic.config import (
     save_config,
     to_dict,
 )
-from uvic.uvit import build_model, resolve_attention
+from uvic.models.uvit import build_model, resolve_attention
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 NAMES = ["cifar10_uvit", "cifar10_uvic", "mscoco_uvit", "mscoco_uvic", "quickstart"]

@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 
 from uvic import autoencoder
 from uvic.config import Config, ConfigError, apply_overrides
-from uvic.data import (
+from uvic.data.datasets import (
     DatasetError,
     MSCOCOFeatures,
     ShapesDataset,
@@ -44,7 +44,7 @@ from uvic.data import (
     load_sample_prompts,
     save_shapes_folder,
 )
-from uvic.text_encoder import ClipLoadError, ClipTextEncoder
+from uvic.models.text_encoder import ClipLoadError, ClipTextEncoder
 
 EOT, SOT = 49407, 49406
 SCALE = 0.23010

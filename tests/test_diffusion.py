@@ -8,8 +8,8 @@ import torch
 from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
 
 from uvic.config import DiffusionConfig
-from uvic.diffusion import Diffusion
-from uvic.samplers import make_scheduler
+from uvic.diffusion.samplers import make_scheduler
+from uvic.diffusion.schedule import Diffusion
 
 # diffusers' own time-uniform DPM-Solver grid (our default is logSNR-uniform): the
 # grid these tests write out by hand

@@ -18,9 +18,8 @@ from PIL import Image
 from scipy import linalg
 from torch import nn
 
-import uvic.fid as fid
-import uvic.fid_stats as fid_stats
-from uvic.checkpoint import ModelChoice, checkpoint_step, load_weights, save_safetensors
+import uvic.evaluation.fid as fid
+import uvic.evaluation.statistics as fid_stats
 from uvic.config import (
     Config,
     ConfigError,
@@ -32,11 +31,13 @@ from uvic.config import (
     load_config,
     save_config,
 )
-from uvic.diffusion import Diffusion
-from uvic.images import to_uint8
-from uvic.protocols import NOT_FID, RELEASE
-from uvic.sampling import generate
-from uvic.uvit import build_model
+from uvic.diffusion.schedule import Diffusion
+from uvic.evaluation.protocols import NOT_FID, RELEASE
+from uvic.models.uvit import build_model
+from uvic.run.folder import ModelChoice, checkpoint_step
+from uvic.run.weights import load_weights, save_safetensors
+from uvic.sampling.generate import generate
+from uvic.sampling.images import to_uint8
 
 REPO = Path(__file__).resolve().parents[1]
 

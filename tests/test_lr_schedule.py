@@ -10,7 +10,7 @@ import pytest
 from accelerate.state import AcceleratorState, GradientState
 
 from uvic.config import ConfigError, load_config
-from uvic.train import train
+from uvic.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2",

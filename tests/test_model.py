@@ -17,15 +17,15 @@ from safetensors import safe_open
 from torch import Tensor
 
 import uvic_kernels
-from uvic.checkpoint import (
+from uvic.config import load_config
+from uvic.models.uvit import UViT, build_model, resolve_attention, timestep_embedding, uvit_size
+from uvic.run.weights import (
     CheckpointError,
     LoadResult,
     load_weights,
     read_state_dict,
     save_safetensors,
 )
-from uvic.config import load_config
-from uvic.uvit import UViT, build_model, resolve_attention, timestep_embedding, uvit_size
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from uvic.config import apply_overrides, load_config
-from uvic.protocols import (
+from uvic.evaluation.protocols import (
     NOT_FID,
     RELEASE,
     Protocol,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from uvic.data import ShapesDataset
-from uvic.quality import (
+from uvic.data.datasets import ShapesDataset
+from uvic.evaluation.quality import (
     dominant_colours,
     hf_energy,
     palette_share,

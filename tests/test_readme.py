@@ -61,10 +61,10 @@ from readme_commands import (
     split_env,
 )
 
-from uvic.checkpoint import RUN_EMA, checkpoint_name
 from uvic.config import Config, apply_overrides, from_dict, load_config, validate
-from uvic.data import save_shapes_folder
-from uvic.uvit import build_model
+from uvic.data.datasets import save_shapes_folder
+from uvic.models.uvit import build_model
+from uvic.run.folder import RUN_EMA, checkpoint_name
 
 TEXT = " ".join(README.split())  # the README with line breaks as spaces, for its sentences
 SHIMS = Path(__file__).with_name("shims")  # sitecustomize.py: generated CIFAR-10 passes
@@ -450,7 +450,7 @@ class Assets:
             *overrides, f"train.output_dir={self.root / 'runs' / name}",
             f"train.keep_steps=[{GUIDE_STEP}]"])
         try:
-            from uvic.train import train
+            from uvic.training.trainer import train
 
             train(cfg)
         finally:  # Accelerate's process-wide singletons, for the next run

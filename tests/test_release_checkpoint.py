@@ -13,11 +13,11 @@ from torch import nn
 
 from uvic import fid
 from uvic.config import load_config
-from uvic.data import save_shapes_folder
-from uvic.diffusion import Diffusion
-from uvic.images import to_uint8
-from uvic.sampling import generate
-from uvic.uvit import build_model
+from uvic.data.datasets import save_shapes_folder
+from uvic.diffusion.schedule import Diffusion
+from uvic.models.uvit import build_model
+from uvic.sampling.generate import generate
+from uvic.sampling.images import to_uint8
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ import torch
 from accelerate.utils import set_seed
 from PIL import Image
 
-from uvic.uvit import build_model
+from uvic.models.uvit import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 

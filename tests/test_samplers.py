@@ -1,4 +1,4 @@
-"""The sampling protocols (`uvic.samplers`) against independent float64 formulas.
+"""The sampling protocols (`uvic.diffusion.samplers`) against independent float64 formulas.
 
 The model is the exact noise predictor of Gaussian data x0 ~ N(mu, s^2 I), whose answers
 are known in closed form. Each protocol's update rule is rewritten here in float64 from
@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from uvic.config import Config, ConfigError, DiffusionConfig, apply_overrides
-from uvic.diffusion import Diffusion
-from uvic.samplers import fast_orders, make_scheduler, run_sampler
-from uvic.seeding import SampleGenerator, make_noise, sample_generators
+from uvic.diffusion.samplers import fast_orders, make_scheduler, run_sampler
+from uvic.diffusion.schedule import Diffusion
+from uvic.sampling.noise import SampleGenerator, make_noise, sample_generators
 
 MU, S = 0.3, 0.5  # the Gaussian data
 VP = Diffusion(DiffusionConfig(schedule="vp_continuous"))
@@ -372,7 +372,7 @@ def random_model_grids(noise: torch.Tensor) -> None:
     function without a closed-form answer; a bare random network's x0 prediction diverges)
     against 500-step solutions (both grids at 500 steps agree to the 'reference gap')."""
     from uvic.config import ModelConfig
-    from uvic.uvit import build_model
+    from uvic.models.uvit import build_model
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(img_size=8, patch_size=2, embed_dim=32, depth=2,

@@ -18,7 +18,6 @@ from datagen import make_mscoco_features, tiny_clip_folder, tiny_vae, tiny_vae_f
 from PIL import Image
 from torch import nn
 
-from uvic.checkpoint import save_safetensors
 from uvic.config import (
     Config,
     ConfigError,
@@ -29,12 +28,13 @@ from uvic.config import (
     apply_overrides,
     validate,
 )
-from uvic.diffusion import Diffusion
-from uvic.images import MIN_GRID_WIDTH, grid_upscale, save_comparison_grid, save_grid
-from uvic.samplers import make_scheduler
-from uvic.sampling import generate, guided_eps, load_guide, sample_images, to_pixels
-from uvic.seeding import make_noise, sample_generators
-from uvic.uvit import build_model
+from uvic.diffusion.samplers import make_scheduler
+from uvic.diffusion.schedule import Diffusion
+from uvic.models.uvit import build_model
+from uvic.run.weights import save_safetensors
+from uvic.sampling.generate import generate, guided_eps, load_guide, sample_images, to_pixels
+from uvic.sampling.images import MIN_GRID_WIDTH, grid_upscale, save_comparison_grid, save_grid
+from uvic.sampling.noise import make_noise, sample_generators
 
 REPO = Path(__file__).resolve().parents[1]
 VP = DiffusionConfig(schedule="vp_continuous")
@@ -430,7 +430,7 @@ def test_progress_bar_counts_solver_steps(monkeypatch: pytest.MonkeyPatch, sched
                                           per_batch: int) -> None:
     """One bar over steps x batches, moving at every network evaluation, with the images
     done beside it (not one tick per batch)."""
-    import uvic.sampling as sampling
+    import uvic.sampling.generate as sampling
 
     bars = []
     real_tqdm = sampling.tqdm

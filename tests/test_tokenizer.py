@@ -11,7 +11,7 @@ import open_clip
 import pytest
 import torch
 
-from uvic.text_encoder import ReleaseTokenizer
+from uvic.models.text_encoder import ReleaseTokenizer
 
 TOKENIZER = ReleaseTokenizer()
 BPE = open_clip.SimpleTokenizer()

@@ -26,23 +26,20 @@ from accelerate.utils import set_seed
 from datagen import make_cifar10, make_mscoco_features, patch_cifar10_checksums, tiny_vae_folder
 from safetensors.torch import load_file
 
-import uvic.train as train_module
-from uvic.checkpoint import (
-    checkpoint_problem,
-    list_checkpoints,
-    load_weights,
-    stored_model_config,
-)
+import uvic.training.trainer as train_module
 from uvic.config import Config, ConfigError, load_config
-from uvic.data import SHAPES_SEEDS, ShapesDataset, build_dataset, to_signed
-from uvic.diffusion import Diffusion, diffusion_loss
-from uvic.ema import EMA
-from uvic.optim import warmup_constant
-from uvic.run_folder import config_history
-from uvic.runlock import LOCK_FILE
-from uvic.seeding import DEBUG_ENV, EpochSampler, SeededItems, derive_seed
-from uvic.train import Trainer, TrainError, make_accelerator, train
-from uvic.uvit import build_model
+from uvic.data.datasets import SHAPES_SEEDS, ShapesDataset, build_dataset, to_signed
+from uvic.data.order import DEBUG_ENV, EpochSampler, SeededItems
+from uvic.diffusion.schedule import Diffusion, diffusion_loss
+from uvic.models.uvit import build_model
+from uvic.run.folder import checkpoint_problem, list_checkpoints, stored_model_config
+from uvic.run.lock import LOCK_FILE
+from uvic.run.prepare import config_history
+from uvic.run.weights import load_weights
+from uvic.seeds import derive_seed
+from uvic.training.ema import EMA
+from uvic.training.optim import warmup_constant
+from uvic.training.trainer import Trainer, TrainError, make_accelerator, train
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -929,7 +926,7 @@ def test_disk_full_or_read_only_run_folder_is_one_line(tmp_path, capsys, monkeyp
     def no_space(cfg, path, resumes):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    import uvic.run_folder as run_folder  # where the run folder is prepared
+    import uvic.run.prepare as run_folder  # where the run folder is prepared
 
     monkeypatch.setattr(run_folder, "save_run_config", no_space)
     err = cli_error(capsys, out, "train.max_steps=6", resume="latest")
@@ -939,7 +936,7 @@ def test_disk_full_or_read_only_run_folder_is_one_line(tmp_path, capsys, monkeyp
     monkeypatch.undo()
 
     # Read-only folder (simulated: tests may run as root, which chmod does not stop).
-    import uvic.runlock as runlock
+    import uvic.run.lock as runlock
     real_open = os.open
 
     def read_only(path, *args, **kwargs):

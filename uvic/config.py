@@ -6,7 +6,7 @@ Any field can be overridden from the command line with `--set section.field=valu
 with the field's declared type; an unknown key or a value of the wrong type raises a
 `ConfigError` naming the key. The resolved config is saved as JSON next to every run's
 outputs and can be loaded back with `load_config("run/config.json")` (a run's config.json
-also lists what each resume changed, under `resumes`: see `uvic.run_folder`).
+also lists what each resume changed, under `resumes`: see `uvic.run.prepare`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from uvic.files import write_json
+from uvic.run.files import write_json
 
 
 class ConfigError(ValueError):
@@ -34,11 +34,12 @@ SCHEDULES = ("vp_continuous", "scaled_linear")
 MIXED_PRECISIONS = ("", "no", "fp16", "bf16")  # "": the launcher's
 FID_MODES = ("clean", "legacy_pytorch", "legacy_tensorflow")
 # eval.features: Inception (real FID) or the download-free random projection (a stand-in
-# whose numbers are not comparable with Inception FID; `uvic.fid_stats.ProjectionFeatures`)
+# whose numbers are not comparable with Inception FID;
+# `uvic.evaluation.statistics.ProjectionFeatures`)
 FID_FEATURES = ("inception", "projection")
 DPM_SOLVER_NAMES = ("dpm_solver++", "dpm_solver")  # else a diffusers scheduler class name
 # A run's config.json: the current config plus, under this key, the changes each resume
-# made (uvic.run_folder); loading the file as a config skips it.
+# made (uvic.run.prepare); loading the file as a config skips it.
 RESUMES_KEY = "resumes"
 
 
@@ -156,7 +157,7 @@ class SampleConfig:
     """DPM-Solver (or another diffusers scheduler) sampling."""
 
     # dpm_solver++ | dpm_solver | dpm_solver_fast | euler_maruyama | a diffusers class name
-    # (see uvic.samplers)
+    # (see uvic.diffusion.samplers)
     scheduler: str = "dpm_solver++"
     steps: int = 50
     order: int = 2
@@ -169,7 +170,7 @@ class SampleConfig:
     # architecture, e.g. an early EMA of the same run (train.keep_steps). 0: off.
     autoguidance_scale: float = 0.0
     # The weaker model's weights; a relative path is taken from the sampled checkpoint's
-    # run folder (see uvic.sampling.load_guide).
+    # run folder (see uvic.sampling.generate.load_guide).
     autoguidance_ckpt: str = ""
     batch_size: int = 500
     decode_batch_size: int = 50

@@ -52,7 +52,7 @@ class TokenLayout:
 
 
 def token_layout(model: nn.Module) -> TokenLayout:
-    """Token layout of a `uvic.uvit.UViT`: [label,] time[, text...], patches."""
+    """Token layout of a `uvic.models.uvit.UViT`: [label,] time[, text...], patches."""
     side = model.img_size // model.patch_size
     time_index = 1 if model.num_classes > 0 else 0
     text = (time_index + 1, time_index + 1 + model.num_clip_token) if model.clip_dim > 0 else None

@@ -36,10 +36,11 @@ from torch import Tensor, nn
 
 from uvic.analysis.capture import HEAD_METRICS, BlockRecorder, TokenLayout, token_layout
 from uvic.analysis.metrics import sink_share
-from uvic.checkpoint import ModelChoice, load_weights, resolve_model
 from uvic.config import Config
-from uvic.diffusion import Diffusion
-from uvic.uvit import build_model
+from uvic.diffusion.schedule import Diffusion
+from uvic.models.uvit import build_model
+from uvic.run.folder import ModelChoice, resolve_model
+from uvic.run.weights import load_weights
 
 SCHEMA_VERSION = 1
 
@@ -249,7 +250,7 @@ def load_models(cfg: Config, checkpoints: dict[str, str | Path],
     """Build and load one model per checkpoint (strict), in eval mode.
 
     Each model is the architecture its checkpoint was trained with
-    (`uvic.checkpoint.resolve_model`: the model config stored in the file or its run's
+    (`uvic.run.folder.resolve_model`: the model config stored in the file or its run's
     `config.json`; `cfg.model` for a file that records none, such as a released
     `nnet_ema.pth`, or with `choice.from_config`); `attention[label]` then runs it under
     another attention pattern, as asked. `say` gets one note per checkpoint.
@@ -274,7 +275,7 @@ def load_inputs(cfg: Config, num_images: int, split: str = "test",
     """The first `num_images` items of the config's dataset: images (B, C, H, W) and,
     for text-to-image data, contexts (B, 77, clip_dim). MS-COCO items draw a latent and
     a caption at random; the torch RNG is seeded with `seed` so the draw is fixed."""
-    from uvic.data import build_dataset  # here: it imports torchvision, only needed here
+    from uvic.data.datasets import build_dataset  # here: it imports torchvision, only needed here
 
     if num_images < 1:
         raise ValueError(f"num_images must be >= 1, got {num_images}")

@@ -5,7 +5,7 @@
         --config configs/mscoco_uvic.py --ckpt runs/mscoco_uvic/ema.safetensors \
         --out runs/fid/mscoco_uvic.json --precision fp16
 
-The protocol comes from the config (`uvic.protocols`): with configs/cifar10_*.py,
+The protocol comes from the config (`uvic.evaluation.protocols`): with configs/cifar10_*.py,
 Euler-Maruyama 1000 steps, 50,000 samples, clean-fid `legacy_pytorch` against CIFAR-10
 train; with configs/mscoco_*.py, the release's DPM-Solver "fast" 50 steps with guidance
 scale 1, 30,000 samples with captions of the val split, `legacy_pytorch` against val2014 at
@@ -25,7 +25,7 @@ fixed random projection instead of Inception, the reference statistics built wit
 from the dataset's local files (data.root's CIFAR-10 copy, Shapes, or eval.ref_images).
 It checks the pipeline on one's own checkpoint; the number is NOT comparable with
 Inception FID, and the printed line, the result's protocol and the table all say so.
-The work is done by `uvic.fid.evaluate`; `python eval/fid_table.py runs/fid` builds the
+The work is done by `uvic.evaluation.fid.evaluate`; `python eval/fid_table.py runs/fid` builds the
 table.
 
 The checkpoint is built as the architecture it was trained with (its stored model config,
@@ -39,13 +39,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from uvic.checkpoint import CheckpointError, ModelChoice
 from uvic.cli.sample import sampler_overrides
 from uvic.config import FID_FEATURES, ConfigError, load_config
-from uvic.fid import evaluate
-from uvic.fid_stats import MODES
-from uvic.protocols import NOT_FID, protocol_from_result
-from uvic.sampling import PRECISIONS
+from uvic.evaluation.fid import evaluate
+from uvic.evaluation.protocols import NOT_FID, protocol_from_result
+from uvic.evaluation.statistics import MODES
+from uvic.run.folder import ModelChoice
+from uvic.run.weights import CheckpointError
+from uvic.sampling.generate import PRECISIONS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    f"check the pipeline, {NOT_FID} (default: eval.features)")
     p.add_argument("--steps", type=int, help="sampling steps (default: sample.steps)")
     p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, dpm_solver_fast, "
-                   "euler_maruyama or a diffusers class name (uvic.samplers)")
+                   "euler_maruyama or a diffusers class name (uvic.diffusion.samplers)")
     p.add_argument("--order", type=int, help="DPM-Solver order (default: sample.order)")
     p.add_argument("--cfg-scale", type=float, help="guidance s in eps = c + s (c - u)")
     p.add_argument("--batch-size", type=int, help="samples per forward pass per process")

@@ -16,7 +16,7 @@ The config may also be a run's saved config.json. Checkpoints are our EMA .safet
 released U-ViT nnet_ema.pth. The same --seed gives the same images on any device, batch
 size or number of processes. Installed as `uvic-sample`; `scripts/sample.py` runs the same.
 
-Each checkpoint is built as the architecture it was trained with (`uvic.checkpoint.
+Each checkpoint is built as the architecture it was trained with (`uvic.run.folder.
 resolve_model`): the model config stored in its safetensors metadata, else its run's
 config.json; `--config` gives the sampler settings (and the model of a file that records
 none, such as a released nnet_ema.pth). One note per checkpoint states the architecture
@@ -47,12 +47,13 @@ from pathlib import Path
 import torch
 from accelerate.utils import gather_object
 
-from uvic.checkpoint import CheckpointError, ModelChoice, check_same_inputs, resolve_model
 from uvic.cli import positive_int
 from uvic.config import Config, ConfigError, load_config, to_dict, validate
-from uvic.diffusion import Diffusion
-from uvic.images import save_comparison_grid, save_grid, save_images, to_uint8
-from uvic.sampling import (
+from uvic.diffusion.schedule import Diffusion
+from uvic.models.text_encoder import ClipLoadError
+from uvic.run.folder import ModelChoice, check_same_inputs, resolve_model
+from uvic.run.weights import CheckpointError
+from uvic.sampling.generate import (
     PRECISIONS,
     SamplingAssets,
     build_loaded,
@@ -64,7 +65,7 @@ from uvic.sampling import (
     read_prompts,
     text_encoder,
 )
-from uvic.text_encoder import ClipLoadError
+from uvic.sampling.images import save_comparison_grid, save_grid, save_images, to_uint8
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nrow", type=positive_int, help="images per grid row")
     p.add_argument("--steps", type=int, help="sampling steps (default: sample.steps)")
     p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, dpm_solver_fast, "
-                   "euler_maruyama or a diffusers class name (uvic.samplers)")
+                   "euler_maruyama or a diffusers class name (uvic.diffusion.samplers)")
     p.add_argument("--order", type=int, help="DPM-Solver order (default: sample.order)")
     p.add_argument("--cfg-scale", type=float,
                    help="guidance s in eps = c + s (c - u) (diffusers' guidance_scale = s + 1)")
@@ -186,7 +187,7 @@ def sample_to_folder(
     `<label>/{i:06d}.png` (native size) with `save_individual` (label "samples" for one
     checkpoint); and `sample_config.json` (the given config, the model built for each
     checkpoint and its source, prompts and `record`). Grids are enlarged `upscale` times
-    (nearest neighbour; None: each grid at least 512 px wide, `uvic.images.grid_upscale`).
+    (nearest neighbour; None: each grid at least 512 px wide, `uvic.sampling.images.grid_upscale`).
     Each checkpoint is built as `resolve_model(cfg, ckpt, choice)` says (its own stored
     model config, see the module docstring); `say` gets one note per checkpoint.
     Text-to-image: prompts from `prompts_file` (else the feature folder's sample prompts);

@@ -1,4 +1,4 @@
-"""Train a U-ViT / U-ViC (see uvic/train.py for what a run writes).
+"""Train a U-ViT / U-ViC (see uvic/training/trainer.py for what a run writes).
 
     accelerate launch scripts/train.py --config configs/cifar10_uvic.py
     accelerate launch --multi_gpu --num_processes 8 scripts/train.py \\
@@ -34,9 +34,9 @@ import sys
 import time
 from pathlib import Path
 
-from uvic.checkpoint import CheckpointError
 from uvic.config import ConfigError, load_config
-from uvic.train import TrainError, train
+from uvic.run.weights import CheckpointError
+from uvic.training.trainer import TrainError, train
 
 # Errors whose message says what is wrong and how to fix it: no traceback needed.
 # (Missing data, VAE or prompt files raise FileNotFoundError subclasses that name the path.)

@@ -3,7 +3,7 @@ and the one-line account of a checkpoint write that failed.
 
 A run folder (`train.output_dir`) holds `config.json`, `log.jsonl`, `checkpoints/step_N/`,
 `ema.safetensors` (the latest checkpoint's EMA weights) and `summary.json`; `.run.lock`
-(`uvic.runlock`) keeps a second run out while one uses it. Each function returns a
+(`uvic.run.lock`) keeps a second run out while one uses it. Each function returns a
 message or raises OSError; the trainer turns them into its one-line errors.
 
 `config.json` (the run's, and each checkpoint's copy) is the config the run is at now,
@@ -27,7 +27,9 @@ from typing import Any
 
 from torch import nn
 
-from uvic.checkpoint import (
+from uvic.config import RESUMES_KEY, Config, ConfigError, from_dict, load_config, to_dict
+from uvic.run.files import truncate_log, write_json
+from uvic.run.folder import (
     RUN_EMA,
     clear_run_outputs,
     list_checkpoints,
@@ -35,8 +37,6 @@ from uvic.checkpoint import (
     remove_leftovers,
     sync_run_ema,
 )
-from uvic.config import RESUMES_KEY, Config, ConfigError, from_dict, load_config, to_dict
-from uvic.files import truncate_log, write_json
 
 try:  # safetensors reports a full disk as its own error
     from safetensors import SafetensorError

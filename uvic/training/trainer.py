@@ -4,7 +4,7 @@
     accelerate launch scripts/train.py --config configs/cifar10_uvic.py --resume latest
 
 Objective (docs/conventions.md): draw a noise level and noise with the run's schedule
-(`uvic.diffusion.Diffusion.training_inputs`, the same object the sampler is built from),
+(`uvic.diffusion.schedule.Diffusion.training_inputs`, the same object the sampler is built from),
 predict the noise, mean squared error. Text-to-image runs replace each caption's context
 by the empty-prompt context with probability `diffusion.p_uncond` (classifier-free
 guidance). Optimiser and EMA follow the U-ViT release: AdamW on all parameters (its
@@ -12,7 +12,7 @@ optimizer ignores the model's `no_weight_decay()`), LR warm-up `min(step / warmu
 from step 0, EMA started as an exact copy and updated after every optimizer step.
 
 Exact resumption: everything random in a step is a pure function of the seed and the
-position in the run (`uvic.seeding`: data order, item augmentations, noise), so a killed
+position in the run (`uvic.data.order`: data order, item augmentations, noise), so a killed
 run continued from its last checkpoint reaches the same weights as an uninterrupted one.
 Checkpoints hold the model, EMA, optimizer, LR schedule, grad scaler (Accelerate's
 `save_state`) and the data position (`trainer_state.json`). They are written to
@@ -27,7 +27,7 @@ in summary.json and every checkpoint's trainer state), and refuses a launch that
 several processes but got one (`make_accelerator`).
 
 Run folder (`train.output_dir`):
-    config.json            resolved config, and what each resume changed (uvic.run_folder)
+    config.json            resolved config, and what each resume changed (uvic.run.prepare)
     log.jsonl              one line per log step: step, loss, lr, grad_norm, images/s, time
     tensorboard/           the same scalars for TensorBoard (the tracker's logging folder)
     samples/step_*.png     sample grids of the EMA model with fixed noise (and prompts)
@@ -36,7 +36,7 @@ Run folder (`train.output_dir`):
                            model config in its metadata, as in each checkpoint's)
     summary.json           written at the end: steps, final loss, time per step, images/s,
                            processes, devices, precision
-    .run.lock              held while a run uses the folder (`uvic.runlock`)
+    .run.lock              held while a run uses the folder (`uvic.run.lock`)
 
 Safety of the run folder: one run at a time (the lock); a fresh start over a previous run
 is refused unless `overwrite`; "latest" without a checkpoint is refused ("latest-or-new"
@@ -73,7 +73,13 @@ from accelerate.utils import (
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from uvic.checkpoint import (
+from uvic.config import Config, ConfigError, flat_dict, validate
+from uvic.data.datasets import build_dataset, load_empty_context
+from uvic.data.order import record_batches, seeded_loader
+from uvic.diffusion.schedule import Diffusion, diffusion_loss
+from uvic.models.uvit import build_model
+from uvic.run.files import write_json
+from uvic.run.folder import (
     RUN_EMA,
     TRAINER_STATE,
     check_resume_config,
@@ -84,16 +90,9 @@ from uvic.checkpoint import (
     remove_tree,
     resolve_resume,
     resume_config_path,
-    save_safetensors,
 )
-from uvic.config import Config, ConfigError, flat_dict, validate
-from uvic.data import build_dataset, load_empty_context
-from uvic.diffusion import Diffusion, diffusion_loss
-from uvic.ema import EMA
-from uvic.files import write_json
-from uvic.images import save_grid
-from uvic.optim import apply_optim_config, make_optimizer, schedule_change
-from uvic.run_folder import (
+from uvic.run.lock import RunLock, RunLockError
+from uvic.run.prepare import (
     checkpoint_bytes,
     fresh_start_problem,
     prepare_run_dir,
@@ -102,10 +101,12 @@ from uvic.run_folder import (
     save_run_config,
     write_failure,
 )
-from uvic.runlock import RunLock, RunLockError
-from uvic.sampling import SampleGrid
-from uvic.seeding import noise_seed, record_batches, seeded_loader
-from uvic.uvit import build_model
+from uvic.run.weights import save_safetensors
+from uvic.sampling.generate import SampleGrid
+from uvic.sampling.images import save_grid
+from uvic.seeds import noise_seed
+from uvic.training.ema import EMA
+from uvic.training.optim import apply_optim_config, make_optimizer, schedule_change
 
 
 class TrainError(RuntimeError):

@@ -31,7 +31,7 @@ Euler-Maruyama detail: diffusers' step uses dt = -1/steps, the release's grid sp
 same for every step count, and at the release's 1000 steps eps is its 1e-3.
 
 Stochastic samplers draw their per-step noise from the per-sample generators
-(`uvic.sampling.sample_generators`): sample i is the same image in any batch.
+(`uvic.sampling.generate.sample_generators`): sample i is the same image in any batch.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from diffusers import DPMSolverMultistepScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from tqdm.auto import tqdm
 
-from uvic.diffusion import Diffusion
+from uvic.diffusion.schedule import Diffusion
 
 # The names `sample.scheduler` understands besides diffusers class names.
 NAMED = ("dpm_solver++", "dpm_solver", "dpm_solver_fast", "euler_maruyama")

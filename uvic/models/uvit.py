@@ -302,7 +302,7 @@ class UViT(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names one may exempt from weight decay. The release defines this too but
-        its optimizer decays every parameter, and so does `uvic.train` (to match it)."""
+        its optimizer decays every parameter, and so does `uvic.training.trainer` (to match it)."""
         return {"pos_embed"}
 
     # ------------------------------------------------------------------ forward

@@ -17,7 +17,7 @@ What we take from clean-fid and what we do ourselves:
   (a fixed random projection) and builds the reference statistics with it from local
   images, so the whole pipeline runs offline; its numbers are not comparable with FID.
 
-The distances themselves (Frechet, KID) and the protocol are in `uvic.fid`.
+The distances themselves (Frechet, KID) and the protocol are in `uvic.evaluation.fid`.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from cleanfid.utils import EXTENSIONS
 from PIL import Image
 
 from uvic.config import FID_MODES, Config
-from uvic.data import SHAPES_SEEDS, CIFAR10Images, center_crop_resize, save_shapes_folder
-from uvic.files import atomic_write
+from uvic.data.datasets import SHAPES_SEEDS, CIFAR10Images, center_crop_resize, save_shapes_folder
+from uvic.run.files import atomic_write
 
 MODES = FID_MODES
 INCEPTION_FILE = "inception-2015-12-05.pt"  # clean-fid's TorchScript Inception (clean mode)
@@ -80,7 +80,7 @@ class ProjectionFeatures(torch.nn.Module):
 
 def stand_in_features(cfg: Config) -> ProjectionFeatures | None:
     """The feature extractor eval.features asks for when it is not Inception, else None
-    (None means Inception throughout this module and `uvic.fid`)."""
+    (None means Inception throughout this module and `uvic.evaluation.fid`)."""
     return ProjectionFeatures("projection") if cfg.eval.features == "projection" else None
 
 
@@ -216,7 +216,7 @@ def extractor_tag(feat_extractor: Callable | None) -> str:
 
 
 def crop_resize_array(image: np.ndarray, size: int) -> np.ndarray:
-    """`uvic.data.center_crop_resize` on a uint8 (H, W, 3) array, as clean-fid's custom
+    """`uvic.data.datasets.center_crop_resize` on a uint8 (H, W, 3) array, as clean-fid's custom
     transform of the reference images: (size, size, 3); already size x size: unchanged."""
     if image.shape[:2] == (size, size):
         return image

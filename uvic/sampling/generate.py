@@ -6,20 +6,20 @@ grids, the quickstart and the FID evaluator:
 * `sample_images`: the reverse process for a batch of initial noises x_T, with
   classifier-free guidance `eps = c + s (c - u)` (the U-ViT release's convention) and
   optional autoguidance by a weaker model (`load_guide`).
-* `sample_generators` / `make_noise` (from `uvic.seeding`): per-sample seeding from
+* `sample_generators` / `make_noise` (from `uvic.data.order`): per-sample seeding from
   (seed, index), so sample `i` of a run is the same image whatever the batch size, the
   number of processes or the device.
 * `generate`: batches of (global indices, images in [0, 1]) for a list of sample indices,
   including text contexts, mixed precision and VAE decoding; its progress bar counts
   solver steps (network evaluations x batches) and the images done.
 * `load_model` / `load_guide`: a checkpoint built as the architecture it was trained with
-  (`uvic.checkpoint.resolve_model`: the model config stored with the weights; the given
+  (`uvic.run.folder.resolve_model`: the model config stored with the weights; the given
   config's only for files that record none, such as a released `nnet_ema.pth`, or when
   asked for with `ModelChoice(from_config=True)`).
 * `SamplingAssets`: the VAE and empty-prompt context a config needs, loaded once;
-  `to_pixels` turns model outputs into images in [0, 1] (`uvic.images` writes them).
+  `to_pixels` turns model outputs into images in [0, 1] (`uvic.sampling.images` writes them).
 
-Time conventions (see `uvic.diffusion`): a diffusers timestep k is fed to the network as
+Time conventions (see `uvic.diffusion.schedule`): a diffusers timestep k is fed to the network as
 `diffusion.net_time(k)`: 999 (k + 1) / 1000 for the continuous VP schedule (CIFAR-10),
 k + 1 for the discrete scaled-linear one (MS-COCO).
 """
@@ -37,20 +37,15 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from uvic.autoencoder import decode_latents, load_vae
-from uvic.checkpoint import (
-    ModelChoice,
-    check_same_inputs,
-    load_weights,
-    resolve_model,
-    same_file_content,
-)
 from uvic.config import Config, ConfigError, ModelConfig
-from uvic.data import load_empty_context, load_sample_prompts
-from uvic.diffusion import Diffusion
-from uvic.samplers import model_calls, run_sampler
-from uvic.seeding import make_noise, sample_generators
-from uvic.uvit import build_model
+from uvic.data.datasets import load_empty_context, load_sample_prompts
+from uvic.diffusion.samplers import model_calls, run_sampler
+from uvic.diffusion.schedule import Diffusion
+from uvic.models.autoencoder import decode_latents, load_vae
+from uvic.models.uvit import build_model
+from uvic.run.folder import ModelChoice, check_same_inputs, resolve_model, same_file_content
+from uvic.run.weights import load_weights
+from uvic.sampling.noise import make_noise, sample_generators
 
 LATENT_DATASETS = ("mscoco",)  # data whose model space is VAE latents, not pixels
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -120,7 +115,7 @@ def sample_images(
     caller owns seeding (it draws `noise`) and the model's mode (`model.eval()`); wrap the
     call in `torch.autocast` for mixed precision (the solver itself stays in float32).
     `generator` (one per sample, see `sample_generators`) only matters for stochastic
-    schedulers. The samplers (`scheduler`, `scheduler_kwargs`) are `uvic.samplers`'.
+    schedulers. The samplers (`scheduler`, `scheduler_kwargs`) are `uvic.diffusion.samplers`'.
 
     Autoguidance: with `autoguidance_scale` s != 0, `eps = g + s (g - b)`, where g and b
     are the (classifier-free guided) predictions of `model` and of the weaker `guide`:
@@ -190,7 +185,7 @@ def to_pixels(cfg: Config, x0: torch.Tensor, vae: nn.Module | None = None) -> to
         if vae is None:
             raise ValueError(
                 f"data.name={cfg.data.name!r} samples are VAE latents: pass the VAE "
-                f"(uvic.autoencoder.load_vae({cfg.data.vae!r}, device))"
+                f"(uvic.models.autoencoder.load_vae({cfg.data.vae!r}, device))"
             )
         x0 = decode_latents(vae, x0, cfg.data.scale_factor, cfg.sample.decode_batch_size)
     return ((x0.float() + 1.0) / 2.0).clamp(0.0, 1.0)
@@ -280,7 +275,7 @@ def read_prompts(path: str | Path) -> list[str]:
 
 def text_encoder(cfg: Config, device: torch.device | str):
     """The CLIP text encoder of the config (open_clip, the release's padding)."""
-    from uvic.text_encoder import ClipTextEncoder
+    from uvic.models.text_encoder import ClipTextEncoder
 
     return ClipTextEncoder(cfg.data.clip_model, cfg.data.clip_pretrained, device)
 
@@ -298,7 +293,7 @@ def prompt_contexts(cfg: Config, prompts_file: str | Path | None,
                     encoder=None) -> tuple[list[str], torch.Tensor]:
     """Prompts and their contexts (n, L, D) on the CPU for a text-to-image config: from a
     prompts file (encoded with `encoder`, by default `text_encoder(cfg)`) or, without one,
-    the feature folder's sample prompts (`uvic.data.load_sample_prompts`)."""
+    the feature folder's sample prompts (`uvic.data.datasets.load_sample_prompts`)."""
     if prompts_file is None:
         prompts, contexts = load_sample_prompts(cfg)
         return list(prompts), contexts.cpu()

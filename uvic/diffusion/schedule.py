@@ -31,7 +31,7 @@ from uvic.config import DiffusionConfig, check_diffusion
 
 class Diffusion:
     """Forward process, training inputs and the diffusers schedule table of one schedule
-    (samplers are built from it by `uvic.samplers.make_scheduler`)."""
+    (samplers are built from it by `uvic.diffusion.samplers.make_scheduler`)."""
 
     def __init__(self, cfg: DiffusionConfig) -> None:
         check_diffusion(cfg)

@@ -1,7 +1,7 @@
 """Seeds and data order: everything random in training and sampling is a pure function of
 the run's seed and a position, so runs resume exactly and samples do not depend on batching.
 
-Training (see `uvic.train`):
+Training (see `uvic.training.trainer`):
 * the order of the data is a permutation drawn from (seed, epoch) (`EpochSampler`), and a
   resumed run skips the batches of the current epoch that were already used;
 * the global random generators are seeded from (seed, epoch, index) around each item
@@ -16,54 +16,16 @@ is the same image whatever the batch size, the number of processes or the device
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-# Tags that keep the seed streams of different purposes apart.
-_DATA_STREAM, _NOISE_STREAM = 1, 2
-
-
-def derive_seed(*keys: int) -> int:
-    """A 63-bit seed that is a pure function of the integers `keys` (numpy SeedSequence)."""
-    state = np.random.SeedSequence([int(k) for k in keys]).generate_state(1, dtype=np.uint64)
-    return int(state[0]) >> 1
-
-
-def noise_seed(seed: int, rank: int, step: int, micro: int) -> int:
-    """Seed of the training noise of optimizer step `step`, micro-batch `micro`, process `rank`."""
-    return derive_seed(seed, _NOISE_STREAM, rank, step, micro)
-
-
-@contextlib.contextmanager
-def seeded_global_rngs(seed: int) -> Iterator[None]:
-    """Seed Python's, NumPy's and torch's global CPU generators, restore them on exit.
-
-    (`torch.default_generator` rather than `torch.manual_seed`, which also seeds every
-    CUDA device and costs ~100x more per item.)
-    """
-    py_state, np_state = random.getstate(), np.random.get_state()
-    torch_state = torch.get_rng_state()
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.default_generator.manual_seed(seed)
-    try:
-        yield
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        torch.set_rng_state(torch_state)
-
-
-# --------------------------------------------------------------------------- data order
+from uvic.seeds import _DATA_STREAM, derive_seed, seeded_global_rngs
 
 
 class EpochSampler(Sampler[tuple[int, int]]):
@@ -118,64 +80,6 @@ def seeded_loader(dataset: Dataset, seed: int, batch_size: int, num_workers: int
                       num_workers=num_workers, persistent_workers=num_workers > 0,
                       pin_memory=pin_memory)
 
-
-# --------------------------------------------------------------------------- samples
-
-
-class SampleGenerator(torch.Generator):
-    """The random source of sample `index` of a run seeded with `seed`.
-
-    Why not `torch.Generator().manual_seed(f(seed, index))`: torch's CPU generator
-    (mt19937) keeps only the low 32 bits of a seed, so packing (seed, index) into 64 bits
-    makes every seed give the same images, and hashing into 32 bits makes some of 50,000
-    samples share their noise. So the initial noise comes from NumPy's PCG64 seeded with
-    SeedSequence([seed, index]) (128-bit state, see `make_noise`); this torch generator,
-    seeded from the same sequence, only feeds the step noise of stochastic schedulers.
-    """
-
-    def __new__(cls, seed: int, index: int) -> SampleGenerator:
-        return super().__new__(cls)  # torch.Generator's constructor only takes a device
-
-    def __init__(self, seed: int, index: int) -> None:
-        # one 32-bit word each, so SeedSequence([seed, index]) is unambiguous
-        if not 0 <= seed < 2**32:
-            raise ValueError(f"seed must be in [0, 2**32), got {seed}")
-        if not 0 <= index < 2**32:
-            raise ValueError(f"sample index must be in [0, 2**32), got {index}")
-        super().__init__()
-        self.sample_seed, self.sample_index = int(seed), int(index)
-        sequence = np.random.SeedSequence([self.sample_seed, self.sample_index])
-        self.manual_seed(int(sequence.generate_state(1, np.uint64)[0]))
-
-    def initial_noise(self, shape: Sequence[int]) -> torch.Tensor:
-        """x_T of this sample, float32 standard normal of `shape`, on the CPU."""
-        rng = np.random.Generator(
-            np.random.PCG64(np.random.SeedSequence([self.sample_seed, self.sample_index]))
-        )
-        return torch.from_numpy(rng.standard_normal(tuple(shape), dtype=np.float32))
-
-
-def sample_generators(seed: int, indices: Sequence[int]) -> list[torch.Generator]:
-    """One `SampleGenerator` per sample index: sample i of a run is the same image
-    whatever the batch size, the number of processes, the device or a resumed run."""
-    return [SampleGenerator(seed, int(i)) for i in indices]
-
-
-def make_noise(
-    shape: Sequence[int], generators: Sequence[torch.Generator], device: torch.device | str = "cpu"
-) -> torch.Tensor:
-    """Initial noise x_T of shape (len(generators), *shape): drawn on the CPU, then moved,
-    so the same seed gives the same images on every device. Plain torch generators are
-    accepted too (their first draw)."""
-    noise = [
-        g.initial_noise(shape) if isinstance(g, SampleGenerator)
-        else torch.randn(tuple(shape), generator=g)
-        for g in generators
-    ]
-    return torch.stack(noise).to(device)
-
-
-# --------------------------------------------------------------------------- test hook
 
 # If set, every training process appends the per-sample sums of its batches to
 # $UVIC_TRAIN_DEBUG_DIR/data_rank{r}.jsonl (the tests check the data sharding with it).

@@ -34,21 +34,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import re
 import shutil
 import zipfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
-from torch import Tensor, nn
 
 from uvic.config import (
     Config,
@@ -59,176 +55,33 @@ from uvic.config import (
     from_dict,
     load_config,
 )
-from uvic.files import atomic_write, fsync, fsync_tree
+from uvic.run.files import atomic_write, fsync, fsync_tree
+from uvic.run.weights import CheckpointError, file_sha256
 
-# Keys under which training scripts commonly nest a state dict.
-WRAPPER_KEYS = ("state_dict", "model", "ema", "model_ema", "nnet_ema", "nnet", "module")
-WRAPPER_PREFIXES = ("_orig_mod.", "module.")
-_MAX_LISTED = 20
 CHECKPOINT_PREFIX = "step_"  # checkpoints/step_000123/
 TRAINER_STATE = "trainer_state.json"  # in every complete checkpoint folder
 RUN_EMA = "ema.safetensors"  # a run's EMA weights, at its root and in every checkpoint
+
+
 # What a run writes into its folder (besides the lock): a fresh start refuses to overwrite it.
 RUN_OUTPUTS = ("checkpoints", RUN_EMA, "log.jsonl", "summary.json", "samples", "tensorboard",
                "config.json")
+
+
 # besides a checkpoint or run folder path; "latest-or-new" starts the run if it has no
 # checkpoint yet, the others refuse
 RESUME_CHOICES = ("latest", "latest-intact", "latest-or-new")
+
+
 MODEL_METADATA_KEY = "uvic.model"  # safetensors metadata: the model config, as JSON
+
+
 # model.* fields that choose how the same function is computed: taken from the given config
 RUNTIME_MODEL_FIELDS = ("attention_backend", "grad_checkpointing")
+
+
 # model.* fields that fix what a model takes and returns (same noise, same contexts)
 INPUT_MODEL_FIELDS = ("img_size", "in_chans", "num_classes", "clip_dim", "num_clip_token")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file is missing, unreadable, or does not fit the model."""
-
-
-@dataclass
-class LoadResult:
-    """Keys that did not match (empty lists after a strict load)."""
-
-    missing: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The plain module inside torch.compile / DistributedDataParallel wrappers."""
-    while True:
-        if hasattr(model, "_orig_mod"):  # torch.compile's OptimizedModule
-            model = model._orig_mod
-        elif isinstance(model, nn.parallel.DistributedDataParallel | nn.DataParallel):
-            model = model.module
-        else:
-            return model
-
-
-def strip_prefixes(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Remove leading `_orig_mod.` / `module.` (in any combination) from every key."""
-    out = {}
-    for key, value in state_dict.items():
-        name = key
-        while name.startswith(WRAPPER_PREFIXES):
-            name = name.split(".", 1)[1]
-        if name in out:
-            raise CheckpointError(f"key {key!r} collides with another key after stripping "
-                                  f"wrapper prefixes {WRAPPER_PREFIXES}")
-        out[name] = value
-    return out
-
-
-def read_state_dict(path: str | Path, key: str | None = None) -> dict[str, Tensor]:
-    """Tensors stored in `path` (.pth/.pt via torch.load(weights_only=True), or .safetensors).
-
-    A `.pth` holding a dict that nests the state dict under one of WRAPPER_KEYS is
-    unwrapped when that is unambiguous; pass `key` to pick one explicitly.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
-    suffix = path.suffix.lower()
-    if suffix == ".safetensors":
-        try:
-            obj: object = load_file(str(path), device="cpu")
-        except (SafetensorError, OSError) as err:
-            raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from err
-    elif suffix in (".pth", ".pt", ".bin", ".ckpt"):
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # pickle/zip errors have many types
-            msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise CheckpointError(f"{path}: torch.load failed ({msg})") from err
-    else:
-        raise CheckpointError(f"{path}: unknown checkpoint format {suffix!r} "
-                              "(expected .pth, .pt or .safetensors)")
-    return strip_prefixes(_select_state_dict(obj, path, key))
-
-
-def _select_state_dict(obj: object, path: Path, key: str | None) -> Mapping[str, Tensor]:
-    if not isinstance(obj, Mapping):
-        raise CheckpointError(f"{path}: holds a {type(obj).__name__}, not a state dict")
-    if key is not None:
-        if key not in obj:
-            raise CheckpointError(f"{path}: no key {key!r}; top-level keys: {sorted(obj)[:20]}")
-        obj = obj[key]
-        if not isinstance(obj, Mapping):
-            raise CheckpointError(f"{path}: {key!r} holds a {type(obj).__name__}, "
-                                  "not a state dict")
-    elif not all(isinstance(v, Tensor) for v in obj.values()):
-        nested = [k for k in WRAPPER_KEYS if isinstance(obj.get(k), Mapping)]
-        if len(nested) > 1:
-            raise CheckpointError(f"{path}: holds several state dicts {nested}; "
-                                  "choose one with key=...")
-        if not nested:
-            raise CheckpointError(f"{path}: not a plain state dict and none of "
-                                  f"{list(WRAPPER_KEYS)} holds one; top-level keys: "
-                                  f"{sorted(map(str, obj))[:20]}")
-        obj = obj[nested[0]]
-    bad = [k for k, v in obj.items() if not isinstance(v, Tensor)]
-    if bad:
-        raise CheckpointError(f"{path}: entry {bad[0]!r} is a {type(obj[bad[0]]).__name__}, "
-                              "not a tensor")
-    return obj
-
-
-def load_weights(
-    model: nn.Module, path: str | Path, strict: bool = True, key: str | None = None,
-) -> LoadResult:
-    """Load `path` into `model` (in place); strict: every key and shape must match.
-
-    Raises CheckpointError naming missing/unexpected keys and shape mismatches. With
-    strict=False, matching tensors are loaded and the unmatched keys are returned.
-    """
-    target = unwrap_model(model)
-    loaded = read_state_dict(path, key)
-    expected = target.state_dict()
-    missing = [k for k in expected if k not in loaded]
-    unexpected = [k for k in loaded if k not in expected]
-    shapes = [
-        f"{k}: file {tuple(loaded[k].shape)} vs model {tuple(v.shape)}"
-        for k, v in expected.items() if k in loaded and loaded[k].shape != v.shape
-    ]
-    problems = []
-    if shapes:
-        problems.append("shape mismatch " + _listing(shapes))
-    if strict and missing:
-        problems.append("missing keys " + _listing(missing))
-    if strict and unexpected:
-        problems.append("unexpected keys " + _listing(unexpected))
-    if problems:
-        raise CheckpointError(f"{path} does not fit {type(target).__name__}: "
-                              + "; ".join(problems))
-    target.load_state_dict({k: v for k, v in loaded.items() if k in expected}, strict=False)
-    return LoadResult(missing=missing, unexpected=unexpected)
-
-
-def save_safetensors(
-    model_or_state_dict: nn.Module | Mapping[str, Tensor], path: str | Path,
-    metadata: Mapping[str, str] | None = None,
-) -> None:
-    """Write weights to `path` as safetensors, atomically (`uvic.files.atomic_write`).
-
-    Keys are saved without wrapper prefixes so the file loads into the plain model.
-    """
-    path = Path(path)
-    if isinstance(model_or_state_dict, nn.Module):
-        state = unwrap_model(model_or_state_dict).state_dict()
-    else:
-        state = model_or_state_dict
-    state = strip_prefixes(state)
-    bad = [k for k, v in state.items() if not isinstance(v, Tensor)]
-    if bad:
-        raise CheckpointError(f"cannot save {path}: entry {bad[0]!r} is not a tensor")
-    meta = None
-    if metadata is not None:
-        bad = [k for k, v in metadata.items() if not isinstance(k, str) or not isinstance(v, str)]
-        if bad:
-            raise CheckpointError(f"cannot save {path}: metadata {bad[0]!r} must map str to str")
-        meta = dict(metadata)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    with atomic_write(path) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
 
 
 def model_metadata(model: ModelConfig) -> dict[str, str]:
@@ -236,15 +89,6 @@ def model_metadata(model: ModelConfig) -> dict[str, str]:
     (`save_safetensors(..., metadata=model_metadata(cfg.model))`), read back by
     `stored_model_config`."""
     return {MODEL_METADATA_KEY: json.dumps(dataclasses.asdict(model), sort_keys=True)}
-
-
-def _listing(names: list[str]) -> str:
-    shown = ", ".join(names[:_MAX_LISTED])
-    more = f", ... and {len(names) - _MAX_LISTED} more" if len(names) > _MAX_LISTED else ""
-    return f"({len(names)}): {shown}{more}"
-
-
-# --------------------------------------------------------------------------- architectures
 
 
 @dataclass(frozen=True)
@@ -341,7 +185,7 @@ def model_differences(a: ModelConfig, b: ModelConfig) -> list[str]:
 
 def _field_value(model: ModelConfig, name: str) -> object:
     if name == "attention":
-        from uvic.uvit import resolve_attention  # here: uvit imports the kernels
+        from uvic.models.uvit import resolve_attention  # here: uvit imports the kernels
 
         with contextlib.suppress(ValueError):
             return resolve_attention(model.attention, model.depth)
@@ -398,9 +242,6 @@ def check_same_inputs(models: Mapping[str, ModelConfig]) -> None:
         if diffs:
             raise ConfigError(f"{first} and {other} take different inputs ({_values(a, diffs)} "
                               f"vs {_values(b, diffs)}); they cannot share the same noise")
-
-
-# --------------------------------------------------------------------------- run checkpoints
 
 
 def checkpoint_name(step: int) -> str:
@@ -565,7 +406,7 @@ def remove_tree(path: Path) -> None:
 
 def remove_leftovers(run_dir: Path) -> None:
     """Delete checkpoint folders whose write or deletion a kill cut short, and the
-    temporary files of an EMA export a kill cut short (`uvic.files.atomic_write` names)."""
+    temporary files of an EMA export a kill cut short (`uvic.run.files.atomic_write` names)."""
     for pattern in (f"{CHECKPOINT_PREFIX}*.tmp", f"{CHECKPOINT_PREFIX}*.deleting"):
         for leftover in (run_dir / "checkpoints").glob(pattern):
             shutil.rmtree(leftover)
@@ -606,15 +447,6 @@ def clear_run_outputs(run_dir: Path) -> None:
             remove_tree(path)
         else:
             path.unlink()
-
-
-def file_sha256(path: str | Path) -> str:
-    """Hex SHA-256 of a file (identifies a checkpoint in results and sample folders)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def checkpoint_step(ckpt: str | Path) -> int | None:

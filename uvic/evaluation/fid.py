@@ -1,14 +1,14 @@
 """FID / KID of a checkpoint with clean-fid: generate N samples, extract features, compare.
 
-Protocol (the U-ViT release's, see `uvic.protocols` and docs/conventions.md): CIFAR-10,
+Protocol (the U-ViT release's, see `uvic.evaluation.protocols` and docs/conventions.md): CIFAR-10,
 50,000 unconditional samples (Euler-Maruyama, 1000 steps) against the CIFAR-10 train set
 (clean-fid's named statistics `cifar10`/train/32, or statistics built from a local CIFAR-10
 copy); MS-COCO 256, 30,000 samples whose captions are drawn from the val split, the
 release's DPM-Solver "fast" 50 steps with guidance `eps = c + 1.0 (c - u)`, against val2014
 at 256x256 (center crop, resize). `evaluate` does all of it and writes a result JSON; every
-result names its protocol (`uvic.protocols.protocol_of`), and `eval/fid_table.py` turns a
+result names its protocol (`uvic.evaluation.protocols.protocol_of`), and `eval/fid_table.py` turns a
 folder of results into the paper's Table 3. Inception features and reference statistics
-come from `uvic.fid_stats`. eval.features=projection swaps Inception for a download-free
+come from `uvic.evaluation.statistics`. eval.features=projection swaps Inception for a download-free
 stand-in (reference statistics built with it from local images): the pipeline runs end to
 end offline, and every result and table says its number is not comparable with FID.
 
@@ -16,13 +16,13 @@ Frechet distance: our own float64 implementation. clean-fid 0.1.35 computes it w
 `scipy.linalg.sqrtm(..., disp=False)`, and SciPy 1.18 removed `disp`, so
 `cleanfid.fid.compute_fid` / `frechet_distance` fail there. We never call them.
 
-The model is the architecture the checkpoint was trained with (`uvic.checkpoint.
+The model is the architecture the checkpoint was trained with (`uvic.run.folder.
 resolve_model`: its stored model config; the config's for a released nnet_ema.pth, or with
 `ModelChoice(from_config=True)`); the result (its `model`, `attention` and `config`) and
 the sample folder's settings describe that model, not the given config's `model.*`.
 
 Samples are PNG files `{index:06d}.png`. Sample i is seeded by (seed, i) (see
-`uvic.seeding.SampleGenerator`), so a run can be interrupted and resumed (samples on disk
+`uvic.sampling.noise.SampleGenerator`), so a run can be interrupted and resumed (samples on disk
 are kept) and split over any number of processes (Accelerate) with identical results.
 """
 
@@ -46,13 +46,13 @@ import torch
 from cleanfid.fid import kernel_distance as cleanfid_kid
 from scipy import linalg
 
-from uvic.checkpoint import ModelChoice, checkpoint_step, file_sha256, resolve_model
 from uvic.config import Config, to_dict, validate
-from uvic.data import MSCOCOFeatures, build_dataset
-from uvic.diffusion import Diffusion
-from uvic.fid_stats import InceptionWeightsMissing as InceptionWeightsMissing
-from uvic.fid_stats import ReferenceStatsMissing as ReferenceStatsMissing
-from uvic.fid_stats import (
+from uvic.data.datasets import MSCOCOFeatures, build_dataset
+from uvic.diffusion.schedule import Diffusion
+from uvic.evaluation.protocols import SAMPLES_META, protocol_of
+from uvic.evaluation.statistics import InceptionWeightsMissing as InceptionWeightsMissing
+from uvic.evaluation.statistics import ReferenceStatsMissing as ReferenceStatsMissing
+from uvic.evaluation.statistics import (
     build_inception,
     check_inception,
     default_stats_dir,
@@ -63,10 +63,10 @@ from uvic.fid_stats import (
     stand_in_features,
     stats_plan,
 )
-from uvic.files import write_json
-from uvic.images import save_images
-from uvic.protocols import SAMPLES_META, protocol_of
-from uvic.sampling import (
+from uvic.run.files import write_json
+from uvic.run.folder import ModelChoice, checkpoint_step, resolve_model
+from uvic.run.weights import file_sha256
+from uvic.sampling.generate import (
     SamplingAssets,
     build_loaded,
     distributed_state,
@@ -75,6 +75,7 @@ from uvic.sampling import (
     is_latent,
     load_guide,
 )
+from uvic.sampling.images import save_images
 
 SAMPLE_NAME = re.compile(r"^(\d+)\.png$")
 VAE_FACTOR = 8  # the Stable Diffusion KL-f8 autoencoder: 32x32 latents -> 256x256 pixels
@@ -232,7 +233,7 @@ def evaluate(
     in [0, 255] to features (B, F); without it, cfg.eval.features picks Inception or the
     download-free `ProjectionFeatures` stand-in (results labelled not comparable with FID).
     Raises InceptionWeightsMissing / InceptionWeightsCorrupt / ReferenceStatsMissing (from
-    `uvic.fid_stats`) before sampling anything: the Inception network is loaded first.
+    `uvic.evaluation.statistics`) before sampling anything: the Inception network is loaded first.
     The model is built as `resolve_model(cfg, ckpt_path, choice)` says (the checkpoint's
     own architecture); `say` (main process) gets a one-line note stating it.
     """

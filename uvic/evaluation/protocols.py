@@ -26,7 +26,7 @@ PAPER_FID = {("U-ViT", "cifar10"): 3.39, ("U-ViT", "mscoco"): 5.99,
 RELEASE_FID = {("U-ViT", "cifar10"): 3.11, ("U-ViT", "mscoco"): 5.95}
 DATASET_TITLES = {"cifar10": "CIFAR-10", "mscoco": "MS-COCO 256", "shapes": "Shapes"}
 NOT_FID = "NOT comparable with Inception FID"  # what every stand-in result says
-SAMPLES_META = "samples.json"  # `uvic.fid`'s record of a samples folder: not a result
+SAMPLES_META = "samples.json"  # `uvic.evaluation.fid`'s record of a samples folder: not a result
 
 
 @dataclass(frozen=True)

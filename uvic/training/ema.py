@@ -8,7 +8,7 @@ The U-ViT release starts the average as an exact copy of the freshly initialised
 Here the average lives in its own float32 copy of the module (whatever precision the
 training uses), so it can be called like the model itself. `state_dict()` is the plain
 weight dict of that copy: it is what `Accelerator.register_for_checkpointing` saves with
-every checkpoint and what `uvic.checkpoint.save_safetensors` exports.
+every checkpoint and what `uvic.run.weights.save_safetensors` exports.
 
 The update is `torch._foreach_lerp_`, which has no drift. The release's
 `p.mul_(0.9999).add_(0.0001 * src)` in float32 weights the two terms by a sum of
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from uvic.checkpoint import unwrap_model
+from uvic.run.weights import unwrap_model
 
 
 class EMA:

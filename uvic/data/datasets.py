@@ -31,8 +31,8 @@ from PIL import Image, ImageDraw
 from torch.utils.data import Dataset
 from torchvision import datasets, transforms
 
-from uvic.autoencoder import sample_from_moments
 from uvic.config import Config, ConfigError, check_data
+from uvic.models.autoencoder import sample_from_moments
 
 SPLITS = ("train", "val", "test")
 

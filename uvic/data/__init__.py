@@ -1,0 +1,1 @@
+"""uvic.data.datasets."""

@@ -1,0 +1,1 @@
+"""uvic.diffusion.schedule."""
