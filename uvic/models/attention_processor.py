@@ -160,7 +160,7 @@ def transformer_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
         ):
             continue
         entries = [
-            (f"{name}.{i}", entry) for i, entry in enumerate(module)
+            (f"{name}.{i}" if name else str(i), entry) for i, entry in enumerate(module)
             if any(isinstance(m, Attention) for m in entry.modules())
         ]
         if entries:
@@ -230,7 +230,8 @@ def set_cog_attention(
     targets = {
         name: module for name, module in model.named_modules()
         if isinstance(module, Attention)
-        and (chosen is None or any(name.startswith(f"{block}.") for block in chosen))
+        and (chosen is None or any(name == block or name.startswith(f"{block}.")
+                                   for block in chosen))
     }
     if not targets:
         raise ValueError(
