@@ -348,3 +348,12 @@ def test_processor_bad_inputs():
                    "dtype torch.float64; supported: float16, bfloat16, float32")
     one_line_error(lambda: KernelAttnProcessor("signed"),
                    "KernelAttnProcessor: mode must be one of")
+
+
+def test_blocks_that_are_attention_modules():
+    """Blocks are named by their path even when the model is itself the block list."""
+    model = torch.nn.ModuleList([Attention(8, heads=2, dim_head=4) for _ in range(3)])
+    assert [name for name, _ in transformer_blocks(model)] == ["0", "1", "2"]
+    assert list(set_cog_attention(model, keep_softmax="first_last")) == ["1"]
+    assert type(model[1].processor) is CogAttnProcessor
+    assert type(model[0].processor) is type(model[2].processor) is AttnProcessor2_0
