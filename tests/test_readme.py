@@ -61,10 +61,11 @@ from readme_commands import (
     split_env,
 )
 
-from uvic.config import Config, apply_overrides, from_dict, load_config, validate
+from uvic.config import Config, apply_overrides, from_dict, load_config
 from uvic.data.datasets import save_shapes_folder
 from uvic.models.uvit import build_model
 from uvic.run.folder import RUN_EMA, checkpoint_name
+from uvic.validation import validate
 
 TEXT = " ".join(README.split())  # the README with line breaks as spaces, for its sentences
 SHIMS = Path(__file__).with_name("shims")  # sitecustomize.py: generated CIFAR-10 passes
@@ -493,7 +494,8 @@ class Assets:
     def make_fid_results(self) -> None:
         """A result JSON of the real evaluator, with its stand-in features (no Inception)."""
         if self.once("fid results"):
-            from uvic import fid, fid_stats
+            from uvic.evaluation import fid
+            from uvic.evaluation import statistics as fid_stats
 
             self.make_cifar10_runs()
             ref = save_shapes_folder(self.root / "ref", 8, size=32)

@@ -26,7 +26,6 @@ from uvic.config import (
     ModelConfig,
     SampleConfig,
     apply_overrides,
-    validate,
 )
 from uvic.diffusion.samplers import make_scheduler
 from uvic.diffusion.schedule import Diffusion
@@ -35,6 +34,7 @@ from uvic.run.weights import save_safetensors
 from uvic.sampling.generate import generate, guided_eps, load_guide, sample_images, to_pixels
 from uvic.sampling.images import MIN_GRID_WIDTH, grid_upscale, save_comparison_grid, save_grid
 from uvic.sampling.noise import make_noise, sample_generators
+from uvic.validation import validate
 
 REPO = Path(__file__).resolve().parents[1]
 VP = DiffusionConfig(schedule="vp_continuous")

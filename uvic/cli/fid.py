@@ -40,13 +40,13 @@ import argparse
 import sys
 
 from uvic.cli.sample import sampler_overrides
-from uvic.config import FID_FEATURES, ConfigError, load_config
+from uvic.config import ConfigError, load_config
+from uvic.evaluation.checks import FID_FEATURES, FID_MODES
 from uvic.evaluation.fid import evaluate
 from uvic.evaluation.protocols import NOT_FID, protocol_from_result
-from uvic.evaluation.statistics import MODES
 from uvic.run.folder import ModelChoice
 from uvic.run.weights import CheckpointError
-from uvic.sampling.generate import PRECISIONS
+from uvic.sampling.checks import PRECISIONS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="number of samples (default: eval.n_samples)")
     p.add_argument("--out", help="result JSON (default runs/fid/<name>_<run>_<ckpt>.json)")
     p.add_argument("--samples-dir", help="sample PNG folder (default: next to --out)")
-    p.add_argument("--mode", choices=MODES, help="clean-fid mode (default: eval.mode)")
+    p.add_argument("--mode", choices=FID_MODES, help="clean-fid mode (default: eval.mode)")
     p.add_argument("--features", choices=FID_FEATURES,
                    help="inception: FID; projection: download-free stand-in features to "
                    f"check the pipeline, {NOT_FID} (default: eval.features)")

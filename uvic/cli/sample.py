@@ -48,13 +48,13 @@ import torch
 from accelerate.utils import gather_object
 
 from uvic.cli import positive_int
-from uvic.config import Config, ConfigError, load_config, to_dict, validate
+from uvic.config import Config, ConfigError, load_config, to_dict
 from uvic.diffusion.schedule import Diffusion
 from uvic.models.text_encoder import ClipLoadError
 from uvic.run.folder import ModelChoice, check_same_inputs, resolve_model
 from uvic.run.weights import CheckpointError
+from uvic.sampling.checks import PRECISIONS
 from uvic.sampling.generate import (
-    PRECISIONS,
     SamplingAssets,
     build_loaded,
     distributed_state,
@@ -66,6 +66,7 @@ from uvic.sampling.generate import (
     text_encoder,
 )
 from uvic.sampling.images import save_comparison_grid, save_grid, save_images, to_uint8
+from uvic.validation import validate
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

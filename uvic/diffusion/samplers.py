@@ -36,45 +36,20 @@ Stochastic samplers draw their per-step noise from the per-sample generators
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import diffusers
 import torch
 from diffusers import DPMSolverMultistepScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from tqdm.auto import tqdm
 
+from uvic.diffusion.checks import diffusers_class
 from uvic.diffusion.schedule import Diffusion
 
-# The names `sample.scheduler` understands besides diffusers class names.
-NAMED = ("dpm_solver++", "dpm_solver", "dpm_solver_fast", "euler_maruyama")
-# diffusers moves retired schedulers here; their classes still work (ScoreSdeVpScheduler).
-DEPRECATED_MODULES = (
-    "diffusers.schedulers.deprecated.scheduling_sde_vp",
-    "diffusers.schedulers.deprecated.scheduling_karras_ve",
-)
-
 EpsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def diffusers_class(name: str) -> type[SchedulerMixin]:
-    """A diffusers scheduler class by name, from diffusers or its deprecated schedulers."""
-    cls = getattr(diffusers, name, None)
-    for module in DEPRECATED_MODULES:
-        if cls is not None:
-            break
-        try:
-            cls = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            continue
-    if not (isinstance(cls, type) and issubclass(cls, SchedulerMixin)):
-        raise ValueError(f"sample.scheduler={name!r} is neither one of {list(NAMED)} "
-                         "nor a diffusers scheduler class name")
-    return cls
 
 
 def _check_kwargs(cls: type, kwargs: dict[str, Any]) -> None:

@@ -46,7 +46,7 @@ import torch
 from cleanfid.fid import kernel_distance as cleanfid_kid
 from scipy import linalg
 
-from uvic.config import Config, to_dict, validate
+from uvic.config import Config, to_dict
 from uvic.data.datasets import MSCOCOFeatures, build_dataset
 from uvic.diffusion.schedule import Diffusion
 from uvic.evaluation.protocols import SAMPLES_META, protocol_of
@@ -76,6 +76,7 @@ from uvic.sampling.generate import (
     load_guide,
 )
 from uvic.sampling.images import save_images
+from uvic.validation import validate
 
 SAMPLE_NAME = re.compile(r"^(\d+)\.png$")
 VAE_FACTOR = 8  # the Stable Diffusion KL-f8 autoencoder: 32x32 latents -> 256x256 pixels

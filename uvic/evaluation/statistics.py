@@ -42,11 +42,11 @@ from cleanfid.inception_torchscript import InceptionV3W
 from cleanfid.utils import EXTENSIONS
 from PIL import Image
 
-from uvic.config import FID_MODES, Config
+from uvic.config import Config
 from uvic.data.datasets import SHAPES_SEEDS, CIFAR10Images, center_crop_resize, save_shapes_folder
+from uvic.evaluation.checks import check_mode
 from uvic.run.files import atomic_write
 
-MODES = FID_MODES
 INCEPTION_FILE = "inception-2015-12-05.pt"  # clean-fid's TorchScript Inception (clean mode)
 STATS_URL = "https://www.cs.cmu.edu/~clean-fid/stats"  # clean-fid's get_reference_statistics
 
@@ -196,12 +196,6 @@ def _linked_as(path: Path, name: str):
     with tempfile.TemporaryDirectory(prefix="uvic_inception_") as tmp:
         (Path(tmp) / name).symlink_to(path.resolve())
         yield Path(tmp)
-
-
-def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"eval.mode must be one of {MODES}, got {mode!r}")
-    return mode
 
 
 def extractor_tag(feat_extractor: Callable | None) -> str:

@@ -36,11 +36,13 @@ from torch import Tensor, nn
 
 import uvic_kernels
 from uvic.config import Config, ModelConfig
-
-ATTENTION_MODES = ("softmax", "cog", "expressive")
-ATTENTION_PRESETS = ("uvit", "uvic", "uvie")
-ATTENTION_BACKENDS = {"auto": None, "triton": "triton", "torch": "torch", "sdpa": "sdpa"}
-POS_EMBED_INITS = ("normal", "sincos")
+from uvic.models.checks import (
+    ATTENTION_MODES,
+    check_arch,
+    check_backend_fits,
+    kernel_backend,
+    resolve_attention,
+)
 
 # Model sizes of the U-ViT paper (Table 1), as in the release configs:
 # small  = configs/cifar10_uvit.py, configs/mscoco_uvit.py        (13 blocks)
@@ -63,43 +65,6 @@ def uvit_size(name: str) -> dict[str, int]:
     if key not in UVIT_SIZES:
         raise ValueError(f"unknown U-ViT size {name!r}; choose one of {sorted(UVIT_SIZES)}")
     return dict(UVIT_SIZES[key])
-
-
-def resolve_attention(spec: str | Sequence[str], depth: int) -> list[str]:
-    """Per-block attention modes, in order in_blocks..., mid_block, out_blocks....
-
-    `spec` is a preset ("uvit": all softmax; "uvic": cog except the first in-block and
-    the last out-block; "uvie": expressive attention, likewise keeping softmax first and
-    last) or an explicit comma-separated string / list of depth + 1 modes.
-    """
-    num_blocks = depth + 1
-    if isinstance(spec, str):
-        name = spec.strip().lower()
-        if name == "uvit":
-            return ["softmax"] * num_blocks
-        if name in ("uvic", "uvie"):
-            inner = "cog" if name == "uvic" else "expressive"
-            return ["softmax"] + [inner] * (num_blocks - 2) + ["softmax"]
-        if "," not in name and name not in ATTENTION_MODES:
-            raise ValueError(
-                f"model.attention={spec!r}: expected a preset {ATTENTION_PRESETS} or a "
-                f"comma-separated list of {num_blocks} entries from {ATTENTION_MODES}"
-            )
-        modes = [m.strip().lower() for m in name.split(",")]
-    else:
-        modes = [str(m).strip().lower() for m in spec]
-    bad = [m for m in modes if m not in ATTENTION_MODES]
-    if bad:
-        raise ValueError(
-            f"model.attention={spec!r}: unknown mode {bad[0]!r}; each entry must be one of "
-            f"{ATTENTION_MODES}"
-        )
-    if len(modes) != num_blocks:
-        raise ValueError(
-            f"model.attention={spec!r}: has {len(modes)} entries but depth {depth} gives "
-            f"{num_blocks} blocks (in_blocks, mid_block, out_blocks)"
-        )
-    return modes
 
 
 def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
@@ -130,14 +95,6 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(x).flatten(2).transpose(1, 2)
-
-
-def _check_backend_fits(backend: str | None, modes: Sequence[str]) -> None:
-    """``sdpa`` (PyTorch's softmax attention) cannot run a Cog block: refuse it by name."""
-    cog = [i for i, mode in enumerate(modes) if mode != "softmax"]
-    if backend == "sdpa" and cog:
-        raise ValueError(f"model.attention_backend='sdpa' runs softmax attention only, but blocks "
-                         f"{cog} use {modes[cog[0]]!r}; use 'auto', 'triton' or 'torch'")
 
 
 class Attention(nn.Module):
@@ -227,14 +184,11 @@ class UViT(nn.Module):
         pos_embed_init: str = "normal",
     ) -> None:
         super().__init__()
-        _check_arch(img_size, patch_size, embed_dim, depth, num_heads, num_classes, clip_dim,
-                    num_clip_token, pos_embed_init)
-        if attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"model.attention_backend={attention_backend!r}: choose one of "
-                             f"{sorted(ATTENTION_BACKENDS)}")
+        check_arch(img_size, patch_size, embed_dim, depth, num_heads, num_classes, clip_dim,
+                   num_clip_token, pos_embed_init)
+        backend = kernel_backend(attention_backend)
         modes = resolve_attention(attention, depth)
-        _check_backend_fits(attention_backend, modes)
-        backend = ATTENTION_BACKENDS[attention_backend]
+        check_backend_fits(backend, modes)
 
         self.img_size, self.patch_size, self.in_chans = img_size, patch_size, in_chans
         self.embed_dim, self.depth = embed_dim, depth
@@ -290,15 +244,13 @@ class UViT(nn.Module):
         `backend`, if given, is "auto", "triton" or "torch" and is set on every block.
         """
         modes = resolve_attention(spec, self.depth)
-        if backend is not None and backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention backend {backend!r}: choose one of "
-                             f"{sorted(ATTENTION_BACKENDS)}")
-        current = next(iter(self.blocks())).attn.backend
-        _check_backend_fits(backend if backend is not None else current, modes)
+        kernel = (self.blocks()[0].attn.backend if backend is None
+                  else kernel_backend(backend, label="attention backend "))
+        check_backend_fits(kernel, modes)
         for blk, mode in zip(self.blocks(), modes):
             blk.attn.mode = mode
             if backend is not None:
-                blk.attn.backend = ATTENTION_BACKENDS[backend]
+                blk.attn.backend = kernel
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names one may exempt from weight decay. The release defines this too but
@@ -379,32 +331,6 @@ class UViT(nn.Module):
             raise ValueError("y given but the model is not class-conditional "
                              "(model.num_classes=-1)")
         return B
-
-
-def _check_arch(
-    img_size: int, patch_size: int, embed_dim: int, depth: int, num_heads: int,
-    num_classes: int, clip_dim: int, num_clip_token: int, pos_embed_init: str,
-) -> None:
-    if img_size % patch_size:
-        raise ValueError(f"model.img_size={img_size} is not divisible by "
-                         f"model.patch_size={patch_size}")
-    if embed_dim % num_heads:
-        raise ValueError(f"model.embed_dim={embed_dim} is not divisible by "
-                         f"model.num_heads={num_heads}")
-    if depth < 2 or depth % 2:
-        raise ValueError(f"model.depth={depth} must be even and >= 2 "
-                         "(depth/2 in-blocks + mid-block + depth/2 out-blocks)")
-    if num_classes > 0 and clip_dim > 0:
-        raise ValueError("model.num_classes and model.clip_dim are both set; U-ViT is either "
-                         "class- or text-conditional")
-    if clip_dim > 0 and num_clip_token < 1:
-        raise ValueError(f"model.num_clip_token={num_clip_token} must be >= 1")
-    if pos_embed_init not in POS_EMBED_INITS:
-        raise ValueError(f"model.pos_embed_init={pos_embed_init!r}: choose one of "
-                         f"{list(POS_EMBED_INITS)}")
-    if pos_embed_init == "sincos" and embed_dim % 4:
-        raise ValueError(f"model.pos_embed_init='sincos' needs model.embed_dim divisible "
-                         f"by 4, got {embed_dim}")
 
 
 def sincos_pos_embed_2d(grid: int, dim: int) -> Tensor:

@@ -73,7 +73,7 @@ from accelerate.utils import (
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from uvic.config import Config, ConfigError, flat_dict, validate
+from uvic.config import Config, ConfigError, flat_dict
 from uvic.data.datasets import build_dataset, load_empty_context
 from uvic.data.order import record_batches, seeded_loader
 from uvic.diffusion.schedule import Diffusion, diffusion_loss
@@ -107,6 +107,7 @@ from uvic.sampling.images import save_grid
 from uvic.seeds import noise_seed
 from uvic.training.ema import EMA
 from uvic.training.optim import apply_optim_config, make_optimizer, schedule_change
+from uvic.validation import validate
 
 
 class TrainError(RuntimeError):
