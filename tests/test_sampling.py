@@ -332,7 +332,8 @@ class Tamed(nn.Module):
         return exact + 0.02 * self.net(x, t)
 
 
-@pytest.mark.parametrize("scheduler", ["dpm_solver++", "dpm_solver_fast", "euler_maruyama"])
+@pytest.mark.parametrize("scheduler", ["dpm_solver++", "dpm_solver++_fast_time_uniform",
+                                       "dpm_solver_fast_logsnr", "euler_maruyama"])
 def test_same_seed_same_images_and_batch_independence(scheduler: str) -> None:
     """Also for Euler-Maruyama, whose step noise comes from the per-sample generators."""
     cfg = tiny_config()
@@ -424,8 +425,9 @@ def test_grid_upscale_is_the_smallest_factor_reaching_512(tmp_path: Path, n, wid
         save_grid(images, tmp_path / "bad.png", upscale=0)
 
 
-@pytest.mark.parametrize(("scheduler", "per_batch"), [("dpm_solver++", 3), ("dpm_solver_fast", 3),
-                                                      ("HeunDiscreteScheduler", 5)])
+@pytest.mark.parametrize(("scheduler", "per_batch"), [
+    ("dpm_solver++", 3), ("dpm_solver++_fast_time_uniform", 3), ("dpm_solver_fast_logsnr", 3),
+    ("HeunDiscreteScheduler", 5)])
 def test_progress_bar_counts_solver_steps(monkeypatch: pytest.MonkeyPatch, scheduler: str,
                                           per_batch: int) -> None:
     """One bar over steps x batches, moving at every network evaluation, with the images

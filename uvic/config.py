@@ -159,7 +159,8 @@ class TrainConfig:
 class SampleConfig:
     """DPM-Solver (or another diffusers scheduler) sampling."""
 
-    # dpm_solver++ | dpm_solver | dpm_solver_fast | euler_maruyama | a diffusers class name
+    # dpm_solver++ | dpm_solver | dpm_solver++_fast_time_uniform | dpm_solver_fast_logsnr |
+    # euler_maruyama | a diffusers class name
     # (see uvic.diffusion.samplers)
     scheduler: str = "dpm_solver++"
     steps: int = 50

@@ -80,8 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="number of images (default 64)")
     p.add_argument("--nrow", type=positive_int, help="images per grid row")
     p.add_argument("--steps", type=int, help="sampling steps (default: sample.steps)")
-    p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, dpm_solver_fast, "
-                   "euler_maruyama or a diffusers class name (uvic.diffusion.samplers)")
+    p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, "
+                   "dpm_solver++_fast_time_uniform, dpm_solver_fast_logsnr, euler_maruyama "
+                   "or a diffusers class name (uvic.diffusion.samplers)")
     p.add_argument("--order", type=int, help="DPM-Solver order (default: sample.order)")
     p.add_argument("--cfg-scale", type=float,
                    help="guidance s in eps = c + s (c - u) (diffusers' guidance_scale = s + 1)")

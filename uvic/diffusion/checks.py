@@ -16,9 +16,23 @@ if TYPE_CHECKING:
     from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 SCHEDULES = ("vp_continuous", "scaled_linear")
+# The U-ViT release's two DPM-Solver "fast" protocols, named after what they run
+# (`uvic.diffusion.samplers`): dpm_solver_pp.py's and dpm_solver_pytorch.py's.
+FAST_TIME_UNIFORM = "dpm_solver++_fast_time_uniform"
+FAST_LOGSNR = "dpm_solver_fast_logsnr"
+RELEASE_FAST = (FAST_LOGSNR, FAST_TIME_UNIFORM)
 # The names `sample.scheduler` understands besides diffusers class names
 # (`uvic.diffusion.samplers` says what each runs).
-NAMED = ("dpm_solver++", "dpm_solver", "dpm_solver_fast", "euler_maruyama")
+NAMED = ("dpm_solver++", "dpm_solver", FAST_TIME_UNIFORM, FAST_LOGSNR, "euler_maruyama")
+# Names no longer run, and why; results recorded under them keep their own protocol label
+# (`uvic.evaluation.protocols.OLD_SAMPLERS`).
+RETIRED = {
+    "dpm_solver_fast": (
+        "sample.scheduler='dpm_solver_fast' is retired: it was not the release's MS-COCO "
+        f"protocol (issue 25); use {FAST_TIME_UNIFORM!r} (the release's dpm_solver_pp.py: "
+        f"MS-COCO, ImageNet H/2 and H/4) or {FAST_LOGSNR!r} (its dpm_solver_pytorch.py: "
+        "ImageNet 64, ImageNet L/2 and L/4)"),
+}
 DPM_SOLVER_NAMES = ("dpm_solver++", "dpm_solver")  # multistep DPM-Solver: sample.order 1-3
 # diffusers moves retired schedulers here; their classes still work (ScoreSdeVpScheduler).
 DEPRECATED_MODULES = (
@@ -50,7 +64,10 @@ def check_scheduler(name: str, order: int) -> None:
 
 
 def diffusers_class(name: str) -> type[SchedulerMixin]:
-    """A diffusers scheduler class by name, from diffusers or its deprecated schedulers."""
+    """A diffusers scheduler class by name, from diffusers or its deprecated schedulers
+    (a retired name of ours: why, and its replacements)."""
+    if name in RETIRED:
+        raise ConfigError(RETIRED[name])
     import diffusers  # here: only a scheduler named by its class needs diffusers
     from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
