@@ -276,7 +276,7 @@ def check_sample(sample: SampleConfig) -> None:
         _require([(sample.order in (1, 2, 3),
                    f"sample.order={sample.order} must be 1, 2 or 3 (DPM-Solver orders)")])
         return
-    from uvic import samplers  # lazy: it imports diffusers (heavy) and this module
+    from uvic.diffusion import samplers  # lazy: it imports diffusers (heavy) and this module
 
     if sample.scheduler not in samplers.NAMED:
         try:
