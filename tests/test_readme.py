@@ -186,6 +186,19 @@ def writes(*paths: str) -> Callable[[Path, subprocess.CompletedProcess], None]:
     return check
 
 
+def exported(folder: str, size: int, **inputs: object
+             ) -> Callable[[Path, subprocess.CompletedProcess], None]:
+    """The command wrote a pipeline folder that `UViTPipeline.from_pretrained` loads and
+    samples from (2 steps)."""
+    def check(ws: Path, proc: subprocess.CompletedProcess) -> None:
+        from uvic.pipelines import UViTPipeline
+
+        pipe = UViTPipeline.from_pretrained(ws / folder)
+        pipe.set_progress_bar_config(disable=True)
+        assert pipe(num_inference_steps=2, **inputs).images[0].size == (size, size)
+    return check
+
+
 def plan_states_the_readme_compute(ws: Path, proc: subprocess.CompletedProcess) -> None:
     """The README's compute figures are the plan's: images x network calls per image."""
     claim = re.search(r"CIFAR-10: ([\d,]+) x (\d+) = ([\de.]+) image forwards per model; "
@@ -397,6 +410,14 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
                 "tests/test_quickstart.py runs it at a reduced size)",
                 check=quickstart_config_is_valid(
                     'make quickstart ARGS="--set train.max_steps=5400"')),
+    "python scripts/export.py runs/cifar10_uvic --out exported/cifar10_uvic":
+        Run(needs=("cifar10 runs",), check=exported("exported/cifar10_uvic", 32)),
+    "python scripts/export.py runs/mscoco_uvic --out exported/mscoco_uvic":
+        Run(needs=("mscoco run",), check=exported("exported/mscoco_uvic", 64, prompt="a bus")),
+    "python scripts/export.py cifar10_uvit_small.pth --config configs/cifar10_uvit.py "
+    "--out exported/cifar10_uvit_release":
+        Run(CIFAR10_MODEL, ("release checkpoint",),
+            check=exported("exported/cifar10_uvit_release", 32)),
     "python tests/test_samplers.py": Run(check=samplers_print_the_readme_figures),
     "make bench": Run(("--smoke",), check=writes("runs/bench/kernels.json")),
     "python -m uvic_kernels.bench": Same("make bench"),

@@ -115,7 +115,7 @@ def net_time_of(diffusion: Diffusion, sched: SchedulerMixin, k: torch.Tensor) ->
 
 def model_calls(
     diffusion: Diffusion,
-    scheduler: str = "dpm_solver++",
+    scheduler: str | SchedulerMixin = "dpm_solver++",
     steps: int = 50,
     order: int = 2,
     scheduler_kwargs: dict[str, Any] | None = None,
@@ -123,11 +123,28 @@ def model_calls(
     """How many times `run_sampler` calls `eps_fn` for one batch (its solver steps):
     `steps` for the release's "fast" protocols (their steps are model calls), else the
     length of the scheduler's timestep list (e.g. 2 steps - 1 for diffusers' Heun)."""
-    if scheduler in RELEASE_FAST:
+    if isinstance(scheduler, str) and scheduler in RELEASE_FAST:
         return steps
-    sched = make_scheduler(diffusion, scheduler, order, steps, scheduler_kwargs)
+    sched = scheduler_for(diffusion, scheduler, order, steps, scheduler_kwargs)
     sched.set_timesteps(steps)
     return len(sched.timesteps)
+
+
+def scheduler_for(
+    diffusion: Diffusion,
+    scheduler: str | SchedulerMixin,
+    order: int = 2,
+    steps: int = 50,
+    scheduler_kwargs: dict[str, Any] | None = None,
+) -> SchedulerMixin:
+    """The scheduler `run_sampler` steps with: a name's (`make_scheduler`), or the given
+    diffusers scheduler object itself (a pipeline's `pipe.scheduler`, already configured)."""
+    if isinstance(scheduler, str):
+        return make_scheduler(diffusion, scheduler, order, steps, scheduler_kwargs)
+    if scheduler_kwargs:
+        raise ValueError(f"scheduler_kwargs={scheduler_kwargs!r} are for a scheduler given by "
+                         f"name, not for the {type(scheduler).__name__} object given")
+    return scheduler
 
 
 @torch.inference_mode()
@@ -136,7 +153,7 @@ def run_sampler(
     diffusion: Diffusion,
     noise: torch.Tensor,
     *,
-    scheduler: str = "dpm_solver++",
+    scheduler: str | SchedulerMixin = "dpm_solver++",
     steps: int = 50,
     order: int = 2,
     scheduler_kwargs: dict[str, Any] | None = None,
@@ -145,6 +162,8 @@ def run_sampler(
 ) -> torch.Tensor:
     """Solve from x_T = `noise` (B, ...) to x_0 with `eps_fn(x, net_time) -> eps`, float32.
 
+    `scheduler` is a name (module docstring) or a diffusers scheduler object, which is
+    stepped as it is configured (`uvic.pipelines`: any scheduler swapped into a pipeline).
     `net_time` is the network's time input, shape (B,). `generator` (one per sample) feeds
     the step noise of stochastic samplers; without one they draw from a private generator
     seeded 0, never from torch's global RNG (training draws its data and noise from that,
@@ -152,12 +171,12 @@ def run_sampler(
     """
     if steps < 1:
         raise ValueError(f"sample.steps must be >= 1, got {steps}")
-    if scheduler in RELEASE_FAST:
+    if isinstance(scheduler, str) and scheduler in RELEASE_FAST:
         if scheduler_kwargs:
             raise ValueError(f"sample.scheduler_kwargs={scheduler_kwargs!r}: {scheduler} "
                              "takes none")
         return release_fast(eps_fn, diffusion, noise, scheduler, steps, progress=progress)
-    sched = make_scheduler(diffusion, scheduler, order, steps, scheduler_kwargs)
+    sched = scheduler_for(diffusion, scheduler, order, steps, scheduler_kwargs)
     sched.set_timesteps(steps, device=noise.device)
     gens = list(generator) if isinstance(generator, Sequence) else generator
     if gens is None:

@@ -31,6 +31,8 @@ import einops
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.modeling_utils import ModelMixin
 from timm.layers import Mlp
 from torch import Tensor, nn
 
@@ -154,14 +156,22 @@ class Block(nn.Module):
         return x
 
 
-class UViT(nn.Module):
+class UViT(ModelMixin, ConfigMixin):
     """U-ViT / U-ViC noise predictor: forward(x, t, context=None, y=None) -> eps like x.
 
     Token layout: unconditional [time, patches]; class-conditional [label, time, patches];
     text-conditional [time, 77 context tokens, patches]. `attention` is a preset
     ("uvit", "uvic") or a list of depth + 1 modes (see `resolve_attention`).
+
+    A diffusers model (`ModelMixin`, `ConfigMixin`): the constructor's arguments, which are
+    `uvic.config.ModelConfig`'s fields, are its config, so `save_pretrained(folder)` writes
+    config.json (the per-block attention included) and safetensors weights, and
+    `UViT.from_pretrained(folder)` rebuilds it (`uvic.pipelines` has the pipeline).
     """
 
+    _supports_gradient_checkpointing = True  # diffusers' enable_gradient_checkpointing()
+
+    @register_to_config
     def __init__(
         self,
         img_size: int = 32,
@@ -251,6 +261,19 @@ class UViT(nn.Module):
             blk.attn.mode = mode
             if backend is not None:
                 blk.attn.backend = kernel
+        # the diffusers config (save_pretrained) records the pattern the model now runs
+        self.register_to_config(attention=spec if isinstance(spec, str) else modes)
+        if backend is not None:
+            self.register_to_config(attention_backend=backend)
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """diffusers' name for `grad_checkpointing` (its enable_gradient_checkpointing())."""
+        return self.grad_checkpointing
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, enable: bool) -> None:
+        self.grad_checkpointing = enable
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names one may exempt from weight decay. The release defines this too but

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -61,6 +62,9 @@ def guided_eps(
     context: torch.Tensor | None = None,
     uncond_context: torch.Tensor | None = None,
     cfg_scale: float = 0.0,
+    *,
+    y: torch.Tensor | None = None,
+    uncond_y: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Noise prediction with classifier-free guidance.
 
@@ -70,20 +74,28 @@ def guided_eps(
     alone (no unconditional pass). With guidance on, both passes run as one batch of 2B.
 
     x: (B, C, H, W); t: (B,) network time; context: (B, L, D); uncond_context: (L, D) or
-    (B, L, D), the empty-prompt context.
+    (B, L, D), the empty-prompt context. A class-conditional model is guided the same way
+    with class ids y (B,) against the null class `uncond_y` (an id or (B,) ids; the
+    release's ImageNet models use the last id).
     """
-    if context is None:
+    if context is None and y is None:
         if cfg_scale != 0.0:
             raise ValueError(f"cfg_scale={cfg_scale} needs a context (the model is unconditional)")
         return model(x, t)
+    key, cond = ("context", context) if context is not None else ("y", y)
     if cfg_scale == 0.0:
-        return model(x, t, context=context)
-    if uncond_context is None:
-        raise ValueError(f"cfg_scale={cfg_scale} needs uncond_context (the empty-prompt context)")
-    b = x.shape[0]
-    uncond = uncond_context.to(device=context.device, dtype=context.dtype)
-    uncond = uncond.expand(b, *context.shape[1:]) if uncond.dim() == 2 else uncond
-    out = model(torch.cat([x, x]), torch.cat([t, t]), context=torch.cat([context, uncond]))
+        return model(x, t, **{key: cond})
+    if key == "context":
+        if uncond_context is None:
+            raise ValueError(f"cfg_scale={cfg_scale} needs uncond_context (the empty-prompt "
+                             "context)")
+        uncond = uncond_context.to(device=context.device, dtype=context.dtype)
+        uncond = uncond.expand(x.shape[0], *context.shape[1:]) if uncond.dim() == 2 else uncond
+    else:
+        if uncond_y is None:
+            raise ValueError(f"cfg_scale={cfg_scale} needs uncond_y (the null class)")
+        uncond = torch.as_tensor(uncond_y, device=y.device, dtype=y.dtype).expand(x.shape[0])
+    out = model(torch.cat([x, x]), torch.cat([t, t]), **{key: torch.cat([cond, uncond])})
     cond, unc = out.chunk(2)
     return cond + cfg_scale * (cond - unc)
 
@@ -100,7 +112,9 @@ def sample_images(
     context: torch.Tensor | None = None,
     uncond_context: torch.Tensor | None = None,
     cfg_scale: float = 0.0,
-    scheduler: str = "dpm_solver++",
+    y: torch.Tensor | None = None,
+    uncond_y: int | torch.Tensor | None = None,
+    scheduler: str | SchedulerMixin = "dpm_solver++",
     steps: int = 50,
     order: int = 2,
     progress: bool = False,
@@ -117,6 +131,8 @@ def sample_images(
     call in `torch.autocast` for mixed precision (the solver itself stays in float32).
     `generator` (one per sample, see `sample_generators`) only matters for stochastic
     schedulers. The samplers (`scheduler`, `scheduler_kwargs`) are `uvic.diffusion.samplers`'.
+    Class-conditional models take class ids `y` (B,) (guided against `uncond_y`, see
+    `guided_eps`), text-conditional ones `context`.
 
     Autoguidance: with `autoguidance_scale` s != 0, `eps = g + s (g - b)`, where g and b
     are the (classifier-free guided) predictions of `model` and of the weaker `guide`:
@@ -129,11 +145,14 @@ def sample_images(
         raise ValueError(f"context batch {context.shape[0]} != noise batch {noise.shape[0]}")
     if context is not None:
         context = context.to(noise.device)
+    if y is not None:
+        y = y.to(noise.device)
+    cond = {"y": y, "uncond_y": uncond_y}
 
     def eps_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        eps = guided_eps(model, x, t, context, uncond_context, cfg_scale)
+        eps = guided_eps(model, x, t, context, uncond_context, cfg_scale, **cond)
         if autoguidance_scale != 0.0:
-            weak = guided_eps(guide, x, t, context, uncond_context, cfg_scale)
+            weak = guided_eps(guide, x, t, context, uncond_context, cfg_scale, **cond)
             eps = eps + autoguidance_scale * (eps - weak)
         if on_step is not None:
             on_step()
@@ -188,7 +207,17 @@ def to_pixels(cfg: Config, x0: torch.Tensor, vae: nn.Module | None = None) -> to
                 f"data.name={cfg.data.name!r} samples are VAE latents: pass the VAE "
                 f"(uvic.models.autoencoder.load_vae({cfg.data.vae!r}, device))"
             )
-        x0 = decode_latents(vae, x0, cfg.data.scale_factor, cfg.sample.decode_batch_size)
+        return model_to_pixels(x0, vae, cfg.data.scale_factor, cfg.sample.decode_batch_size)
+    return model_to_pixels(x0)
+
+
+def model_to_pixels(x0: torch.Tensor, vae: nn.Module | None = None, scale_factor: float = 1.0,
+                    decode_batch_size: int = 50) -> torch.Tensor:
+    """Model-space samples -> images in [0, 1], float32: pixels in [-1, 1] as they are,
+    latents (with their `vae`) decoded `decode_batch_size` at a time (`to_pixels`, and the
+    pipelines of `uvic.pipelines`, which have no Config)."""
+    if vae is not None:
+        x0 = decode_latents(vae, x0, scale_factor, decode_batch_size)
     return ((x0.float() + 1.0) / 2.0).clamp(0.0, 1.0)
 
 

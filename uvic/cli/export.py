@@ -1,0 +1,59 @@
+"""Export a uvic run, checkpoint or released U-ViT as a diffusers pipeline folder.
+
+    python scripts/export.py runs/cifar10_uvic --out exported/cifar10_uvic
+    python scripts/export.py runs/cifar10_uvic/checkpoints/step_050000 --out exported/step50k
+    python scripts/export.py cifar10_uvit_small.pth --config configs/cifar10_uvit.py \\
+        --out exported/cifar10_uvit_release
+
+The source is a run folder or checkpoint folder (its ema.safetensors and config.json), an
+EMA .safetensors file (its architecture is in the file; the schedule, VAE and text encoder
+come from the config.json beside it or of its run, or from --config), or a released
+nnet_ema.pth with --config. The folder written holds model_index.json, transformer/,
+scheduler/ and, for latent models, vae/ (uvic.pipelines.export); load it with
+`UViTPipeline.from_pretrained(folder)` (uvic.pipelines). Installed as `uvic-export`;
+`scripts/export.py` runs the same. A source that is none of these, or an output folder
+that is not empty, ends with a one-line `error: ...` and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("source", help="run folder, checkpoint folder, .safetensors checkpoint or "
+                   "released .pth (with --config)")
+    p.add_argument("--out", required=True, help="the pipeline folder to write (new or empty)")
+    p.add_argument("--config", help="configs/*.py or a run's config.json (default: the "
+                   "source's run config; required for a released .pth)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override, e.g. --set sample.scheduler=UniPCMultistepScheduler")
+    p.add_argument("--model-from-config", action="store_true",
+                   help="build the model as --config and --set say, not as the model config "
+                   "stored with the checkpoint")
+    p.add_argument("--null-class", type=int, metavar="ID",
+                   help="class-conditional models: the class id of 'no class' for guidance "
+                   "(the release's ImageNet models: num_classes - 1)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # torch, diffusers and the model only now: --help stays fast
+    from uvic.config import ConfigError
+    from uvic.models.autoencoder import VAELoadError
+    from uvic.pipelines.export import ExportError, export
+    from uvic.run.weights import CheckpointError
+
+    try:
+        out = export(args.source, args.out, config=args.config, overrides=args.set,
+                     from_config=args.model_from_config, null_class=args.null_class,
+                     say=print)
+    except (ExportError, ConfigError, CheckpointError, VAELoadError, FileNotFoundError,
+            ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"pipeline: {out} (UViTPipeline.from_pretrained({str(out)!r}))")
+    return 0

@@ -1,0 +1,157 @@
+"""A uvic run, checkpoint or released U-ViT as a diffusers pipeline folder (`uvic-export`).
+
+Sources:
+* a run folder (`train.output_dir`) or a checkpoint folder (`checkpoints/step_N/`): its
+  `ema.safetensors` with the run's `config.json`;
+* a weights file `.safetensors` (a run's EMA): its architecture from its metadata
+  (`uvic.run.folder.stored_model_config`), the rest (noise schedule, VAE, text encoder,
+  sampler) from the `config.json` beside it or of its run, or from `--config`;
+* a released U-ViT `nnet_ema.pth` (or any `.pth` state dict of the release's layout),
+  whose file records no config: `--config` says what it is.
+
+The folder holds `model_index.json` (the pipeline's config: schedule, latent scale, text
+encoder to load, default guidance), `transformer/` (the U-ViT: config.json and
+safetensors), `scheduler/` and, for latent models, `vae/`; `UViTPipeline.from_pretrained`
+loads it with no run folder around. The model is built as `uvic-sample` builds the
+checkpoint (`uvic.run.folder.resolve_model`) and saved with `attention_backend="auto"`
+and no gradient checkpointing (how to run it is the loader's choice).
+
+The scheduler saved is the config's `sample.scheduler` built as uvic builds it
+(`uvic.diffusion.samplers.make_scheduler`). uvic's protocols that diffusers cannot load
+from a folder (`dpm_solver_fast`, written in uvic; `euler_maruyama`, a retired diffusers
+class) are saved as `dpm_solver++` of the same order, and stay one argument away:
+`pipe(..., sampler="dpm_solver_fast")`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from uvic.config import Config, load_config, validate
+from uvic.diffusion.samplers import make_scheduler
+from uvic.diffusion.schedule import Diffusion
+from uvic.models.autoencoder import load_vae
+from uvic.models.uvit import UViT
+from uvic.pipelines.pipeline_uvit import UViTPipeline
+from uvic.run.folder import RUN_EMA, ModelChoice, resolve_model
+from uvic.sampling.generate import build_loaded, effective_cfg_scale, is_latent
+
+# sample.scheduler values that are saved as dpm_solver++ (see the module docstring)
+NOT_SAVED = ("dpm_solver_fast", "euler_maruyama")
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt")
+
+
+class ExportError(ValueError):
+    """The export source is not a run, a checkpoint or a released state dict, or the
+    output folder is in the way; the message names the path."""
+
+
+def export_source(source: str | Path, config: str | Path | None = None) -> tuple[Path, Path]:
+    """(weights file, config file) of an export source (module docstring), or ExportError."""
+    source = Path(source)
+    if source.is_dir():
+        weights = source / RUN_EMA
+        if not weights.is_file():
+            raise ExportError(f"{source} is not a uvic run or checkpoint folder (no {RUN_EMA}); "
+                              "give a run folder, a .safetensors checkpoint or a released .pth "
+                              "with --config")
+    elif source.is_file():
+        if source.suffix.lower() not in WEIGHT_SUFFIXES:
+            raise ExportError(f"{source} is not a checkpoint (.safetensors, or a released .pth "
+                              "with --config) nor a run folder")
+        weights = source
+    else:
+        raise ExportError(f"export source not found: {source}")
+    if config is not None:
+        return weights, Path(config)
+    if weights.suffix.lower() != ".safetensors":
+        raise ExportError(f"{source} records no model config (a released state dict): pass "
+                          "--config with the config it was trained under, e.g. "
+                          "configs/cifar10_uvit.py")
+    folders = [weights.parent]
+    if weights.parent.parent.name == "checkpoints":
+        folders.append(weights.parent.parent.parent)
+    for folder in folders:
+        if (folder / "config.json").is_file():
+            return weights, folder / "config.json"
+    raise ExportError(f"{source}: no config.json beside it or in its run folder, and the "
+                      "weights record the model but not its noise schedule, VAE or text "
+                      "encoder: pass --config")
+
+
+def build_pipeline(cfg: Config, model: UViT, vae=None, null_class: int | None = None,
+                   ) -> tuple[UViTPipeline, str]:
+    """The pipeline of `model` sampled under `cfg` (schedule, scheduler, VAE, text encoder,
+    guidance), and one line naming the scheduler saved. `vae`: the loaded VAE, else the
+    config's `data.vae` is loaded for latent models."""
+    diffusion = Diffusion(cfg.diffusion)
+    s = cfg.sample
+    name = "dpm_solver++" if s.scheduler in NOT_SAVED else s.scheduler
+    kwargs = {} if s.scheduler in NOT_SAVED else s.scheduler_kwargs
+    scheduler = make_scheduler(diffusion, name, s.order, s.steps, kwargs)
+    note = f"scheduler: {type(scheduler).__name__} (sample.scheduler={s.scheduler!r})"
+    if s.scheduler in NOT_SAVED:
+        note += (f", saved as dpm_solver++ order {s.order}: sample with "
+                 f"pipe(..., sampler={s.scheduler!r}) for the config's protocol")
+    if is_latent(cfg) and vae is None:
+        vae = load_vae(cfg.data.vae)
+    text = cfg.model.clip_dim > 0
+    pipe = UViTPipeline(
+        transformer=model, scheduler=scheduler, vae=vae if is_latent(cfg) else None,
+        diffusion=dataclasses.asdict(cfg.diffusion), scale_factor=cfg.data.scale_factor,
+        clip_model=_portable(cfg.data.clip_model) if text else None,
+        clip_pretrained=_portable(cfg.data.clip_pretrained) if text else None,
+        cfg_scale=effective_cfg_scale(cfg), null_class=null_class)
+    return pipe, note
+
+
+def _portable(name: str) -> str:
+    """An open_clip model name (`local-dir:FOLDER`) or weights file with a local path made
+    absolute (the exported folder is loaded from anywhere); other names as they are."""
+    schema = "local-dir:" if name.startswith("local-dir:") else ""
+    local = Path(name.removeprefix(schema)).expanduser()
+    if (schema and local.is_dir()) or (not schema and local.is_file()):
+        return f"{schema}{local.resolve()}"
+    return name
+
+
+def export(
+    source: str | Path, out: str | Path, *, config: str | Path | None = None,
+    overrides: Sequence[str] = (), from_config: bool = False, null_class: int | None = None,
+    say: Callable[[str], None] | None = None,
+) -> Path:
+    """Write the pipeline folder of `source` (module docstring) to `out`, which must not
+    exist or be empty; written to a temporary sibling and renamed, so a failed export
+    leaves nothing. Returns `out`."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"refusing to write into {out}: it exists and is not an empty folder")
+    weights, config_path = export_source(source, config)
+    cfg = validate(load_config(config_path, list(overrides)))
+    choice = ModelChoice.from_overrides(overrides, from_config, str(config_path))
+    resolved = resolve_model(cfg, weights, choice)
+    runtime = dataclasses.replace(resolved.model, attention_backend="auto",
+                                  grad_checkpointing=False)
+    model = build_loaded(runtime, weights)
+    if say is not None:
+        say(resolved.note)
+    pipe, note = build_pipeline(dataclasses.replace(cfg, model=runtime), model,
+                                null_class=null_class)
+    tmp = out.with_name(f".{out.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        pipe.save_pretrained(tmp)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    if say is not None:
+        say(note)
+    return out

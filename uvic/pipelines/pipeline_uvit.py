@@ -1,0 +1,355 @@
+"""`UViTPipeline`: a diffusers pipeline for uvic's U-ViT / U-ViC, unconditional,
+class-conditional or text-to-image.
+
+    pipe = UViTPipeline.from_pretrained("exported/mscoco_uvic")   # written by uvic-export
+    pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config)
+    images = pipe(["a red bus"], num_inference_steps=25, guidance_scale=2.0).images
+
+Components (saved by `save_pretrained`, loaded by `from_pretrained`): `transformer`, the
+`uvic.models.uvit.UViT` itself (a diffusers `ModelMixin`); `scheduler`, any diffusers
+scheduler with the model's noise schedule; `vae`, the Stable Diffusion `AutoencoderKL` of
+latent models (None for pixel models). The pipeline's config (model_index.json) records
+what is not a component: the noise schedule (`diffusion`, uvic's DiffusionConfig), the
+latent scale factor, the open_clip text encoder to load (`clip_model`, `clip_pretrained`;
+open_clip models are not diffusers components, so the pipeline loads the encoder by name
+on first use, or takes one as `text_encoder=`), the default guidance `cfg_scale` and the
+null class of class-conditional guidance.
+
+Sampling runs uvic's own code, not a copy: `uvic.sampling.generate.sample_images` (the
+guidance of `guided_eps`, and `uvic.diffusion.samplers.run_sampler`, which steps
+`pipe.scheduler` or one of uvic's named protocols, `sampler=`), then `model_to_pixels` and
+`to_uint8`. So, given the same model, scheduler, steps, guidance and initial noise, the
+images are `uvic-sample`'s (`generator=uvic.sampling.noise.sample_generators(seed,
+range(n))` draws `uvic-sample --seed seed`'s noise).
+
+Conventions (`uvic.diffusion.schedule`): the network's time input is not the scheduler's
+timestep k but 999 (k + 1) / 1000 for the continuous VP schedule (CIFAR-10) and k + 1 for
+the scaled-linear one (MS-COCO); `Diffusion.net_time` converts. Guidance: the release
+writes `eps = c + s (c - u)` (`cfg_scale` s, 1.0 for its MS-COCO protocol), diffusers
+`eps = u + g (c - u)` (`guidance_scale` g); g = s + 1, and either may be given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import PIL.Image
+import torch
+from diffusers import AutoencoderKL, DiffusionPipeline, ImagePipelineOutput
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+from diffusers.utils.torch_utils import randn_tensor
+
+from uvic.config import ConfigError, from_dict
+from uvic.diffusion.samplers import NAMED, diffusers_class, model_calls
+from uvic.diffusion.schedule import Diffusion
+from uvic.models.autoencoder import SCALE_FACTOR
+from uvic.models.uvit import UViT
+from uvic.sampling.generate import model_to_pixels, sample_images
+from uvic.sampling.images import to_uint8
+from uvic.sampling.noise import SampleGenerator, make_noise
+
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+
+
+class UViTPipeline(DiffusionPipeline):
+    """Generate images with a U-ViT / U-ViC (module docstring: components and conventions).
+
+    Args:
+        transformer: the noise-prediction network.
+        scheduler: a diffusers scheduler built with the model's noise schedule.
+        vae: the autoencoder that decodes latents (latent models only).
+        diffusion: uvic's DiffusionConfig as a dict (the schedule and its time input).
+        scale_factor: latents are `scale_factor` times the VAE's (the release's 0.23010).
+        clip_model, clip_pretrained: the open_clip text encoder of text-to-image models
+            (`uvic.models.text_encoder.load_open_clip`'s arguments).
+        cfg_scale: default guidance s of `eps = c + s (c - u)`; None: the release's, 1.0
+            for text-to-image (its MS-COCO protocol), none (0) for class labels.
+        null_class: the class id of "no class" for class-conditional guidance (the
+            release's ImageNet models: num_classes - 1); None: no guidance.
+        text_encoder: a `ClipTextEncoder` to use instead of loading `clip_model`.
+    """
+
+    model_cpu_offload_seq = "transformer->vae"
+    _optional_components: ClassVar[list[str]] = ["vae"]
+
+    def __init__(
+        self,
+        transformer: UViT,
+        scheduler: SchedulerMixin,
+        vae: AutoencoderKL | None = None,
+        diffusion: dict[str, Any] | None = None,
+        scale_factor: float = SCALE_FACTOR,
+        clip_model: str | None = None,
+        clip_pretrained: str | None = None,
+        cfg_scale: float | None = None,
+        null_class: int | None = None,
+        text_encoder: torch.nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae)
+        diffusion = dict(diffusion or {})
+        try:
+            self.diffusion = Diffusion(from_dict({"diffusion": diffusion},
+                                                 source="the pipeline's diffusion").diffusion)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        m = transformer.config
+        if m.clip_dim > 0 and not clip_model and text_encoder is None:
+            raise ValueError("a text-conditional U-ViT needs clip_model (the open_clip text "
+                             "encoder to load) or a text_encoder")
+        if null_class is not None and not 0 <= null_class < max(m.num_classes, 0):
+            raise ValueError(f"null_class={null_class} is not a class id of this model "
+                             f"(num_classes={m.num_classes})")
+        self.register_to_config(diffusion=diffusion, scale_factor=scale_factor,
+                                clip_model=clip_model, clip_pretrained=clip_pretrained,
+                                cfg_scale=cfg_scale, null_class=null_class)
+        self._text_encoder = text_encoder
+
+    # ------------------------------------------------------------------ text
+
+    @property
+    def text_encoder(self) -> torch.nn.Module:
+        """The CLIP text encoder (`uvic.models.text_encoder.ClipTextEncoder`: the release's
+        tokenization and token states), loaded from `clip_model` on first use."""
+        if self._text_encoder is None:
+            if not self.config.clip_model:
+                raise ValueError("this U-ViT is not text-conditional: it has no text encoder")
+            from uvic.models.text_encoder import ClipTextEncoder  # open_clip: only when needed
+
+            self._text_encoder = ClipTextEncoder(self.config.clip_model,
+                                                 self.config.clip_pretrained or None,
+                                                 self._execution_device)
+        return self._text_encoder
+
+    def encode_prompt(
+        self, prompt: str | Sequence[str], num_images_per_prompt: int = 1,
+        negative_prompt: str | Sequence[str] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prompt_embeds (n, 77, D), negative_prompt_embeds (n, 77, D)), each prompt
+        repeated `num_images_per_prompt` times; the negative is the empty caption "" (what
+        the release's models were trained to drop captions to) unless given."""
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if negative_prompt is None:
+            negatives = [""] * len(prompts)
+        else:
+            negatives = ([negative_prompt] * len(prompts) if isinstance(negative_prompt, str)
+                         else list(negative_prompt))
+            if len(negatives) != len(prompts):
+                raise ValueError(f"negative_prompt has {len(negatives)} entries for "
+                                 f"{len(prompts)} prompts")
+        encoder = self.text_encoder.to(self._execution_device)
+        embeds = encoder.encode(prompts)
+        # "" once, as uvic-sample encodes the empty prompt
+        uncond = (encoder.encode([""]).expand(len(prompts), -1, -1) if negative_prompt is None
+                  else encoder.encode(negatives))
+        return (embeds.repeat_interleave(num_images_per_prompt, dim=0),
+                uncond.repeat_interleave(num_images_per_prompt, dim=0))
+
+    # ------------------------------------------------------------------ sampling
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompt: str | list[str] | None = None,
+        negative_prompt: str | list[str] | None = None,
+        class_labels: int | list[int] | torch.Tensor | None = None,
+        num_images_per_prompt: int = 1,
+        batch_size: int | None = None,
+        num_inference_steps: int = 50,
+        guidance_scale: float | None = None,
+        cfg_scale: float | None = None,
+        sampler: str | None = None,
+        order: int = 2,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        latents: torch.Tensor | None = None,
+        prompt_embeds: torch.Tensor | None = None,
+        negative_prompt_embeds: torch.Tensor | None = None,
+        output_type: str = "pil",
+        return_dict: bool = True,
+    ) -> ImagePipelineOutput | tuple:
+        """Generate images.
+
+        Args:
+            prompt: text-to-image: a caption or a list of them (or `prompt_embeds`).
+            negative_prompt: the captions guided away from (default: the empty caption).
+            class_labels: class-conditional: class ids in [0, num_classes).
+            num_images_per_prompt: images per caption or class label.
+            batch_size: unconditional models: how many images (default 1).
+            num_inference_steps: the scheduler's steps.
+            guidance_scale: diffusers' g of `eps = u + g (c - u)`; or give `cfg_scale`, the
+                release's s of `eps = c + s (c - u)` (g = s + 1). Default: the pipeline's
+                `cfg_scale` (the exported run's sample.cfg_scale); 1 / 0 = no guidance.
+            sampler: one of uvic's protocols (`dpm_solver++`, `dpm_solver`,
+                `dpm_solver_fast`, `euler_maruyama`: the release's MS-COCO and CIFAR-10
+                samplers) or a diffusers scheduler class name, built for this schedule as
+                `uvic-sample --scheduler` builds it (with `order`); default: `self.scheduler`.
+            generator: one torch generator, or one per image; uvic's per-sample
+                `SampleGenerator`s (`sample_generators(seed, range(n))`) draw the noise of
+                `uvic-sample --seed seed`.
+            latents: the initial noise x_T (n, C, H, W) instead of drawing it.
+            prompt_embeds, negative_prompt_embeds: CLIP token states (n, 77, D) instead of
+                prompts (e.g. a uvic feature folder's contexts).
+            output_type: "pil" (PIL images), "np" (float (n, H, W, 3) in [0, 1]), "pt"
+                (float (n, 3, H, W) in [0, 1]) or "latent" (model-space samples, undecoded).
+            return_dict: an `ImagePipelineOutput`, else a tuple `(images,)`.
+        """
+        device = self._execution_device
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"output_type={output_type!r}: choose one of {OUTPUT_TYPES}")
+        if num_inference_steps < 1:
+            raise ValueError(f"num_inference_steps={num_inference_steps} must be >= 1")
+        if num_images_per_prompt < 1:
+            raise ValueError(f"num_images_per_prompt={num_images_per_prompt} must be >= 1")
+        cond = self._conditioning(prompt, negative_prompt, class_labels, num_images_per_prompt,
+                                  batch_size, prompt_embeds, negative_prompt_embeds, device)
+        n = cond.pop("n")
+        s = self._guidance(guidance_scale, cfg_scale, conditional=bool(cond))
+        if s != 0.0 and "y" in cond:
+            if self.config.null_class is None:
+                raise ValueError(f"guidance (cfg_scale={s}) of a class-conditional model needs "
+                                 "its null class: set the pipeline's null_class "
+                                 "(uvic-export --null-class), or guidance_scale=1")
+            cond["uncond_y"] = self.config.null_class
+        m = self.transformer.config
+        noise = self._initial_noise(n, (m.in_chans, m.img_size, m.img_size), generator,
+                                    latents, device)
+
+        scheduler = self.scheduler if sampler is None else self._named(sampler)
+        calls = model_calls(self.diffusion, scheduler, num_inference_steps, order)
+        precision = (torch.autocast(device.type, dtype=self.transformer.dtype)
+                     if self.transformer.dtype != torch.float32 else contextlib.nullcontext())
+        with self.progress_bar(total=calls) as bar, precision:
+            x0 = sample_images(
+                self.transformer, self.diffusion, noise, cfg_scale=s, scheduler=scheduler,
+                steps=num_inference_steps, order=order, generator=generator,
+                on_step=bar.update, **cond)
+        if output_type == "latent":
+            images = x0
+        else:
+            images = model_to_pixels(x0, self.vae, self.config.scale_factor)
+            if output_type == "np":
+                images = images.permute(0, 2, 3, 1).cpu().numpy()
+            elif output_type == "pil":
+                images = [PIL.Image.fromarray(a) for a in to_uint8(images).numpy()]
+        self.maybe_free_model_hooks()
+        if not return_dict:
+            return (images,)
+        return ImagePipelineOutput(images=images)
+
+    # ------------------------------------------------------------------ inputs
+
+    def _conditioning(
+        self, prompt, negative_prompt, class_labels, per: int, batch_size: int | None,
+        prompt_embeds: torch.Tensor | None, negative_prompt_embeds: torch.Tensor | None,
+        device: torch.device,
+    ) -> dict[str, Any]:
+        """{"n": images, plus sample_images' context/uncond_context or y}; refuses
+        conditioning the model does not take, or lacks, in one line."""
+        m = self.transformer.config
+        kind = ("text-conditional" if m.clip_dim > 0 else
+                "class-conditional" if m.num_classes > 0 else "unconditional")
+        text = prompt is not None or prompt_embeds is not None
+        if text and m.clip_dim <= 0:
+            raise ValueError(f"prompt given but this U-ViT is {kind} (clip_dim=0): it takes no "
+                             "text")
+        if class_labels is not None and m.num_classes <= 0:
+            raise ValueError(f"class_labels given but this U-ViT is {kind} (num_classes="
+                             f"{m.num_classes})")
+        if batch_size is not None and kind != "unconditional":
+            raise ValueError(f"batch_size is for unconditional models; this {kind} one makes "
+                             "num_images_per_prompt images per prompt or class label")
+        if kind == "unconditional":
+            n = batch_size if batch_size is not None else 1
+            if n < 1:
+                raise ValueError(f"batch_size={n} must be >= 1")
+            return {"n": n * per}
+        if kind == "class-conditional":
+            if class_labels is None:
+                raise ValueError(f"this class-conditional U-ViT needs class_labels, ids in "
+                                 f"[0, {m.num_classes})")
+            labels = torch.as_tensor(class_labels).reshape(-1)
+            if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+                raise ValueError(f"class_labels must be integers, got {labels.dtype}")
+            bad = labels[(labels < 0) | (labels >= m.num_classes)]
+            if bad.numel():
+                raise ValueError(f"class_labels must be in [0, {m.num_classes}): got "
+                                 f"{int(bad[0])}")
+            y = labels.long().repeat_interleave(per).to(device)
+            return {"n": len(y), "y": y}
+        if not text:
+            raise ValueError("this text-conditional U-ViT needs a prompt (or prompt_embeds)")
+        if prompt is not None and prompt_embeds is not None:
+            raise ValueError("give prompt or prompt_embeds, not both")
+        if prompt is not None:
+            if negative_prompt_embeds is not None:
+                raise ValueError("negative_prompt_embeds go with prompt_embeds; with a prompt "
+                                 "give negative_prompt")
+            context, uncond = self.encode_prompt(prompt, per, negative_prompt)
+        else:
+            if negative_prompt is not None:
+                raise ValueError("negative_prompt goes with prompt; with prompt_embeds give "
+                                 "negative_prompt_embeds")
+            context = prompt_embeds.repeat_interleave(per, dim=0)
+            uncond = (negative_prompt_embeds.repeat_interleave(per, dim=0)
+                      if negative_prompt_embeds is not None
+                      else self.text_encoder.to(device).encode([""])[0])
+        shape = (m.num_clip_token, m.clip_dim)
+        if context.dim() != 3 or tuple(context.shape[1:]) != shape:
+            raise ValueError(f"prompt_embeds must have shape (n, {shape[0]}, {shape[1]}), got "
+                             f"{tuple(context.shape)}")
+        if tuple(uncond.shape[-2:]) != shape or (uncond.dim() == 3 and len(uncond) != len(context)):
+            raise ValueError(f"negative_prompt_embeds must have shape ({len(context)}, "
+                             f"{shape[0]}, {shape[1]}), got {tuple(uncond.shape)}")
+        return {"n": len(context), "context": context.to(device),
+                "uncond_context": uncond.to(device)}
+
+    def _guidance(self, guidance_scale: float | None, cfg_scale: float | None,
+                  conditional: bool) -> float:
+        """The release's s from either convention (g = s + 1); the pipeline's default."""
+        if guidance_scale is not None and cfg_scale is not None:
+            raise ValueError("give guidance_scale (diffusers' g) or cfg_scale (the release's "
+                             "s = g - 1), not both")
+        if cfg_scale is not None:
+            s = float(cfg_scale)
+        elif guidance_scale is not None:
+            s = float(guidance_scale) - 1.0
+        else:
+            s = self.config.cfg_scale
+            if s is None:  # the release's: guided text-to-image, unguided otherwise
+                s = 1.0 if self.transformer.config.clip_dim > 0 else 0.0
+            s = float(s) if conditional else 0.0
+        if s != 0.0 and not conditional:
+            raise ValueError(f"guidance (cfg_scale={s}, guidance_scale={s + 1}) needs a "
+                             "conditional model; this U-ViT is unconditional")
+        return s
+
+    def _initial_noise(
+        self, n: int, shape: tuple[int, ...], generator, latents: torch.Tensor | None,
+        device: torch.device,
+    ) -> torch.Tensor:
+        """x_T: `latents`, uvic's per-sample noise for SampleGenerators, else randn_tensor."""
+        if latents is not None:
+            if tuple(latents.shape) != (n, *shape):
+                raise ValueError(f"latents must have shape ({n}, {', '.join(map(str, shape))}), "
+                                 f"got {tuple(latents.shape)}")
+            return latents.to(device=device, dtype=torch.float32)
+        if isinstance(generator, list):
+            if len(generator) != n:
+                raise ValueError(f"generator: {len(generator)} generators for {n} images; give "
+                                 "one, or one per image")
+            if all(isinstance(g, SampleGenerator) for g in generator):
+                return make_noise(shape, generator, device)
+        return randn_tensor((n, *shape), generator=generator, device=device, dtype=torch.float32)
+
+    def _named(self, sampler: str) -> str:
+        """A `sampler=` name, checked: uvic's protocols or a diffusers scheduler class."""
+        if sampler not in NAMED:
+            try:
+                diffusers_class(sampler)
+            except ValueError:
+                raise ValueError(f"sampler={sampler!r} is neither one of uvic's {list(NAMED)} "
+                                 "nor a diffusers scheduler class name") from None
+        return sampler
+
