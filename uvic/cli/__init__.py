@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Iterable
 
 
 def positive_int(text: str) -> int:
@@ -37,13 +36,3 @@ def unit_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
     return value
 
-
-def check_choice(parser: argparse.ArgumentParser, flag: str, value: object,
-                 allowed: Iterable[object]) -> None:
-    """argparse's usage error for a value outside `allowed`, for an option whose allowed
-    values live in a module that imports torch: the program checks them once it has
-    imported it, and `--help` stays fast."""
-    allowed = list(allowed)
-    if value not in allowed:
-        parser.error(f"argument {flag}: invalid choice: {value!r} "
-                     f"(choose from {', '.join(map(repr, allowed))})")

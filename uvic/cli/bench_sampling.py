@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from uvic.cli import check_choice
 from uvic.config import Config, apply_overrides, load_config
 from uvic.presets import preset_path
+from uvic.sampling.checks import PRECISIONS
 
 if TYPE_CHECKING:
     import torch
@@ -116,18 +116,13 @@ def bench_decode(batch: int, latent: int, precision: str, repeats: int,
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--precision", default="fp16",
-                   help="autocast dtype, a name of uvic.sampling.generate.PRECISIONS "
-                   "(CUDA only; default fp16 as the release)")
+    p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp16",
+                   help="autocast dtype (CUDA only; default fp16 as the release)")
     p.add_argument("--cifar-batch", type=int, default=500)
     p.add_argument("--coco-batch", type=int, default=50)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="runs/bench/sampling.json")
-    args = p.parse_args(argv)
-    from uvic.sampling.generate import PRECISIONS  # torch: once the other arguments parse
-
-    check_choice(p, "--precision", args.precision, sorted(PRECISIONS))
-    return args
+    return p.parse_args(argv)
 
 
 def run_configs(args: argparse.Namespace, device: torch.device, steps: int,

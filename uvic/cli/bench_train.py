@@ -42,7 +42,6 @@ SETTINGS = {"cifar10": 128, "mscoco": 64}  # training batch per GPU
 SAMPLING_BATCH = 500
 SMOKE = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=8"]
 SMOKE_BATCH = 2
-BACKENDS = ("triton", "torch", "sdpa")
 
 
 def make_batch(cfg: Config, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -134,8 +133,13 @@ def num_tokens(cfg: Config) -> int:
 
 
 def backends_for(attention: str) -> list[str]:
-    """The backends that can run a model: sdpa runs softmax blocks only (U-ViT)."""
-    return list(BACKENDS) if attention == "uvit" else [b for b in BACKENDS if b != "sdpa"]
+    """The kernel backends that run every block of an attention preset (the kernels'
+    BACKEND_MODES: sdpa runs U-ViT only). A preset's set of modes is the same at any depth."""
+    from uvic.models.checks import resolve_attention
+    from uvic_kernels.fused_attention import BACKEND_MODES
+
+    modes = set(resolve_attention(attention, depth=2))
+    return [b for b, runs in BACKEND_MODES.items() if modes <= set(runs)]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -143,11 +147,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20, help="timed steps per cell")
     p.add_argument("--out", default="runs/bench/train.json")
     p.add_argument("--smoke", action="store_true", help="tiny CPU configuration")
-    p.add_argument("--backends", default=",".join(BACKENDS),
-                   help="comma-separated attention backends to time (default: all three)")
+    p.add_argument("--backends", default=None,
+                   help="comma-separated attention backends to time (default: all three, "
+                   "triton, torch and sdpa)")
     args = p.parse_args(argv)
-    given, args.backends = args.backends, [b.strip() for b in args.backends.split(",")
-                                           if b.strip()]
+    from uvic_kernels.fused_attention import BACKENDS  # torch: once the other arguments parse
+
+    given = args.backends if args.backends is not None else ",".join(BACKENDS)
+    args.backends = [b.strip() for b in given.split(",") if b.strip()]
     unknown = sorted(set(args.backends) - set(BACKENDS))
     if unknown or not args.backends:
         p.error(f"--backends: unknown backend {unknown[0] if unknown else given!r}; "

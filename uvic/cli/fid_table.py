@@ -17,6 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from uvic.evaluation.protocols import load_results, protocol_table
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the program; returns the exit status."""
@@ -24,8 +26,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("results_dir", help="folder with result JSONs (searched recursively)")
     p.add_argument("--out", help="also write the table to this markdown file")
     args = p.parse_args(argv)
-    from uvic.evaluation.protocols import load_results, protocol_table
-
     try:
         table = protocol_table(load_results(args.results_dir))
     except (FileNotFoundError, ValueError) as err:

@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from uvic.config import Config, ConfigError, load_config
+from uvic.evaluation.protocols import load_results, protocol_of, protocol_table
 from uvic.presets import preset_path
+from uvic.sampling.checks import PRECISIONS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -89,8 +91,6 @@ def make_jobs(args: argparse.Namespace) -> list[Job]:
 def plan(jobs: list[Job]) -> str:
     """The compute each stage needs: training images and network calls for sampling, with
     times from this run's measured step time where one exists."""
-    from uvic.evaluation.protocols import protocol_of
-
     lines = ["Plan (train -> FID -> table):"]
     for job in jobs:
         t, s = job.cfg.train, job.cfg.sample
@@ -123,15 +123,12 @@ def run_train(job: Job) -> str:
 
 def fid_name(cfg: Config) -> str:
     """"FID", or "stand-in FID" when eval.features is not Inception."""
-    from uvic.evaluation.protocols import protocol_of
-
     return "FID" if protocol_of(cfg).inception else "stand-in FID"
 
 
 def run_fid(job: Job, smoke: bool, args: argparse.Namespace) -> str:
     """The pair's FID (skipped when a result for the same checkpoint and protocol exists)."""
     from uvic.evaluation.fid import evaluate
-    from uvic.evaluation.protocols import protocol_of
     from uvic.run.weights import file_sha256
 
     what = fid_name(job.cfg)
@@ -191,7 +188,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stage", choices=["all", "train", "fid", "table"], default="all",
                    help="run up to this stage only (default all)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32",
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="autocast dtype for FID sampling on CUDA")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override applied to every pair")
@@ -205,7 +202,6 @@ def main(argv: list[str] | None = None) -> int:
     """Run the program; returns the exit status."""
     args = parse_args(argv)
     # torch, the training loop: once the arguments parse
-    from uvic.evaluation.protocols import load_results, protocol_table
     from uvic.run.weights import CheckpointError
     from uvic.training.trainer import TrainError
 
