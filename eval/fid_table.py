@@ -1,41 +1,11 @@
 """Markdown version of the paper's Table 3 from a folder of `eval/fid.py` result JSONs.
 
-    python eval/fid_table.py runs/fid --out runs/fid/table.md
-
-Rows U-ViT / U-ViC; one column per (dataset, FID protocol) with our best FID under that
-protocol, beside the paper's and the U-ViT release's numbers; the protocols are listed
-under the table and the release's is marked; columns of stand-in features
-(eval.features=projection) are marked as not comparable with Inception FID. Missing cells
-show "—". A folder with no result JSON, or a JSON that is not one, stops it with one line
-and exit status 2: the paper's numbers alone would read like a result. Built by
-`uvic.evaluation.protocols.protocol_table`.
+This file runs `uvic.cli.fid_table` (installed as `uvic-fid-table`); see there for the options.
 """
 
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
 
-from uvic.evaluation.protocols import load_results, protocol_table
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("results_dir", help="folder with result JSONs (searched recursively)")
-    p.add_argument("--out", help="also write the table to this markdown file")
-    args = p.parse_args(argv)
-    try:
-        table = protocol_table(load_results(args.results_dir))
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(table, end="")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(table)
-    return 0
-
+from uvic.cli.fid_table import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,15 +5,27 @@ Import name ``uvic_kernels``.
 ``attention(q, k, v, mode="cog")`` is the entry point; ``reference`` holds the plain
 PyTorch formulas used as test oracles.  See ``triton_attention`` for the algorithm (the
 JIT kernels), ``tiles`` for the tile tables and ``launch`` for the host side.
+
+The names below are imported on first use (PEP 562), so that importing the package, or
+running one of its programs' ``--help`` (``python -m uvic_kernels.bench``), loads neither
+torch nor triton.
 """
 
-from uvic_kernels.fused_attention import MODES, FusedAttention, attention
-from uvic_kernels.reference import (
-    cog_attention_eq3,
-    cog_attention_reference,
-    expressive_attention_reference,
-    softmax_attention_reference,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> the module that defines it
+_API = {
+    "MODES": "uvic_kernels.fused_attention",
+    "FusedAttention": "uvic_kernels.fused_attention",
+    "attention": "uvic_kernels.fused_attention",
+    "cog_attention_eq3": "uvic_kernels.reference",
+    "cog_attention_reference": "uvic_kernels.reference",
+    "expressive_attention_reference": "uvic_kernels.reference",
+    "softmax_attention_reference": "uvic_kernels.reference",
+}
 
 __all__ = [
     "MODES",
@@ -24,3 +36,16 @@ __all__ = [
     "expressive_attention_reference",
     "softmax_attention_reference",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module when the name is first used."""
+    if name not in _API:
+        raise AttributeError(f"module 'uvic_kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_API[name]), name)
+    globals()[name] = value  # later uses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_API})

@@ -17,8 +17,10 @@ input check, Triton's autotuner and binder at every launch: the host path before
 launch cache).  ``--check`` only verifies that the cached launches hand the launcher the
 same arguments as Triton's own path (exit status 1 if not).
 
-Run as a program it compiles (never interprets) with ``UVIC_KERNELS_AUTOTUNE=0`` (the
-stand-in driver cannot time configs); importing it changes no environment variable.
+Run as a program (``main``; installed as the command ``uvic-bench-host``) it compiles
+(never interprets) with ``UVIC_KERNELS_AUTOTUNE=0`` (the stand-in driver cannot time
+configs); importing it changes no environment variable and imports neither torch nor
+triton. The stand-in driver and the timed calls are in ``uvic_kernels.standin_driver``.
 """
 
 from __future__ import annotations
@@ -26,186 +28,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from collections.abc import Callable
-from contextlib import contextmanager
-from typing import Any, ClassVar
 
-if __name__ == "__main__":  # before triton and uvic_kernels.tiles read them
-    os.environ["TRITON_INTERPRET"] = "0"
-    os.environ["UVIC_KERNELS_AUTOTUNE"] = "0"
-
-import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import LazyDict
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-TARGET = GPUTarget("cuda", 90, 32)
-H100_MAX_SMEM = 232448
-H100_SMS = 132
-
-
-class _Launcher:
-    """Stands in for Triton's CUDA launcher: records the launches instead of running them."""
-
-    record = False
-    calls: ClassVar[list[tuple[str, tuple]]] = []
-
-    def __init__(self, src: Any, metadata: Any):
-        self.name = metadata.name
-
-    def __call__(self, *args: Any) -> None:
-        if _Launcher.record:
-            _Launcher.calls.append((self.name, args))
-
-
-class _Utils:
-    def load_binary(self, name, kernel, shared, device):
-        return 1, 2, 0, 0, 1024  # module, function, registers, spills, max threads
-
-    def get_device_properties(self, device):
-        return {"max_shared_mem": H100_MAX_SMEM, "multiprocessor_count": H100_SMS}
-
-
-class StandInDriver:
-    """A Triton driver for an H100 that is not there: compiles for sm_90, launches nothing."""
-
-    def __init__(self) -> None:
-        self.utils = _Utils()
-        self.launcher_cls = _Launcher
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device: int) -> int:
-        return 0
-
-    def get_current_target(self) -> GPUTarget:
-        return TARGET
-
-    def get_active_torch_device(self) -> torch.device:
-        return torch.device("cpu")
-
-    def is_active(self) -> bool:
-        return True
-
-
-@contextmanager
-def uncached():
-    """The host path without this package's caches: custom ops, every input check,
-    Triton's autotuner and binder at every launch."""
-    from uvic_kernels import fused_attention, launch
-
-    saved = launch.CACHE, fused_attention._validate, fused_attention._plain
-    launch.CACHE = False
-    fused_attention._validate = fused_attention._check_inputs
-    fused_attention._plain = lambda *tensors: False
-    try:
-        yield
-    finally:
-        launch.CACHE, fused_attention._validate, fused_attention._plain = saved
-
-
-def best_us(fn: Callable[[], Any], calls: int, repeats: int) -> float:
-    """Best of ``repeats`` runs, microseconds per call."""
-    for _ in range(max(1, calls // 4)):
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best * 1e6
-
-
-def _calls(shape, dtype, mode):
-    """The four measured calls on fresh inputs of ``shape``."""
-    from uvic_kernels import attention, launch
-
-    gen = torch.Generator().manual_seed(0)
-    q, k, v, do = (torch.randn(*shape, generator=gen).to(dtype) for _ in range(4))
-    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    o, lse = launch.forward(q, k, v, mode, shape[-1] ** -0.5)
-
-    def forward():
-        with torch.no_grad():
-            return attention(q, k, v, mode, backend="triton")
-
-    def forward_backward():
-        out = attention(*leaves, mode, backend="triton")
-        return torch.autograd.grad(out, leaves, do)
-
-    return {
-        "attention forward (no_grad)": forward,
-        "attention forward + backward": forward_backward,
-        "launch.forward": lambda: launch.forward(q, k, v, mode, shape[-1] ** -0.5),
-        "launch.backward": lambda: launch.backward(q, k, v, o, lse, do, mode, shape[-1] ** -0.5),
-    }
-
-
-def _recorded(fn: Callable[[], Any]) -> list[tuple[str, tuple]]:
-    _Launcher.calls, _Launcher.record = [], True
-    try:
-        fn()
-    finally:
-        _Launcher.record = False
-    return _Launcher.calls
-
-
-def _same_launch(a: tuple[str, tuple], b: tuple[str, tuple]) -> bool:
-    """Same kernel, grid, stream, function, metadata and arguments (tensors: same dtype,
-    shape, strides and pointer alignment; fresh outputs are other allocations)."""
-    if a[0] != b[0] or len(a[1]) != len(b[1]):
-        return False
-    for x, y in zip(a[1], b[1]):
-        if isinstance(x, LazyDict) and isinstance(y, LazyDict):  # launch metadata for hooks
-            x, y = x.get(), y.get()
-        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
-            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
-                return False
-            if (x.dtype, x.shape, x.stride(), x.data_ptr() % 16) != (
-                y.dtype, y.shape, y.stride(), y.data_ptr() % 16
-            ):
-                return False
-        elif x != y:
-            return False
-    return True
-
-
-def check(shape, dtype, mode) -> list[str]:
-    """Problems found: the cached launches of forward + backward (all gradients, and dK/dV
-    alone) against Triton's own launches of the same calls; empty when they agree."""
-    from uvic_kernels import attention, launch
-
-    problems = []
-    calls = _calls(shape, dtype, mode)
-    gen = torch.Generator().manual_seed(1)
-    q, k, v, do = (torch.randn(*shape, generator=gen).to(dtype) for _ in range(4))
-    k_leaf = k.clone().requires_grad_()
-
-    def dkdv_only():  # the Delta kernel instead of dQ
-        out = attention(q, k_leaf, v, mode, backend="triton")
-        return torch.autograd.grad(out, (k_leaf,), do)
-
-    for name, fn in (("forward + backward", calls["attention forward + backward"]),
-                     ("dK/dV only", dkdv_only)):
-        with uncached():
-            reference = _recorded(fn)
-        launch.clear_cache()
-        before = launch.cache_info()
-        first, second = _recorded(fn), _recorded(fn)
-        after = launch.cache_info()
-        if after["hits"] - before["hits"] != len(second):
-            problems.append(f"{name}: the second call did not take the cached path ({after})")
-        for label, got in (("first", first), ("cached", second)):
-            if len(got) != len(reference) or not all(map(_same_launch, got, reference)):
-                problems.append(f"{name}: the {label} call's launches differ from Triton's")
-    return problems
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # --dtype -> torch dtype
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the program; returns the exit status (1 when the launches differ)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="2,8,257,64", help="B,H,N,D")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
@@ -220,6 +48,13 @@ def main(argv: list[str] | None = None) -> int:
         shape = ()
     if len(shape) != 4 or min(shape) < 1:
         parser.error(f"--shape must be four positive integers B,H,N,D, got {args.shape!r}")
+    # compiled, never interpreted; the stand-in driver cannot time autotuning configs
+    os.environ["TRITON_INTERPRET"] = "0"  # before triton and uvic_kernels.tiles read them
+    os.environ["UVIC_KERNELS_AUTOTUNE"] = "0"
+    import torch
+    import triton
+
+    from uvic_kernels.standin_driver import StandInDriver, _calls, best_us, check, uncached
     from uvic_kernels.tiles import INTERPRET
 
     if INTERPRET:
@@ -232,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     # CPU tensors stand in for CUDA ones: the "triton" backend takes them here
     fused_attention._implementation = lambda backend, device: (
         launch if backend == "triton" else implementation(backend, device))
-    dtype = DTYPES[args.dtype]
+    dtype = getattr(torch, DTYPES[args.dtype])
     problems = check(shape, dtype, args.mode)
     for problem in problems:
         print(problem, file=sys.stderr)

@@ -1,121 +1,12 @@
 """Measure and draw how the attention of U-ViT / U-ViC checkpoints differs, block by block.
 
-    python scripts/analyze_attention.py --config configs/cifar10_uvit.py \
-        --checkpoint U-ViT=runs/cifar10_uvit/ema.safetensors \
-        --checkpoint U-ViC=runs/cifar10_uvic/ema.safetensors --out analysis/cifar10
-    # a released checkpoint run with another per-block pattern:
-    python scripts/analyze_attention.py --config configs/mscoco_uvit.py \
-        --checkpoint released=nnet_ema.pth --attention released=uvic --out analysis/coco
-
-On `--num-images` images of the config's data (MS-COCO: latents and captions from the
-feature folder) noised to `--levels` levels spread over the schedule, it measures for
-every model, block, head and level: the negative share of the attention, the entropy
-and effective number of attended tokens, the weight on the time (and text) tokens, the
-share of sink heads, and the mean pairwise cosine of the patch tokens; and it draws
-the attention maps of a few query patches. Writes `attention.json` and PNG figures to
-`--out`. Each checkpoint is built as the architecture it was trained with (the model
-config stored in its metadata, else its run folder's config.json; `--config`'s for a
-released nnet_ema.pth), as `uvic-sample` does: a `--set model.*` value that differs from
-it is refused with one line unless `--model-from-config`. `--attention LABEL=SPEC` then
-runs one checkpoint under another attention pattern.
+This file runs `uvic.cli.analyze_attention` (installed as `uvic-analyze-attention`); see
+there for the options.
 """
 
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
 
-from uvic.analysis import analyze, load_inputs, load_models, save_figures, write_json
-from uvic.cli import positive_int, unit_float
-from uvic.config import ConfigError, load_config
-from uvic.run.folder import ModelChoice
-from uvic.run.weights import CheckpointError
-
-
-def _pairs(items: list[str], flag: str) -> dict[str, str]:
-    """["LABEL=VALUE", ...] -> {LABEL: VALUE}; a bare PATH is labelled by its stem."""
-    out: dict[str, str] = {}
-    for item in items:
-        label, sep, value = item.partition("=")
-        if not sep:
-            label, value = Path(item).parent.name or Path(item).stem, item
-        if not label or not value:
-            raise ValueError(f"{flag} {item!r} must look like LABEL=VALUE")
-        if label in out:
-            raise ValueError(f"{flag}: label {label!r} given twice")
-        out[label] = value
-    return out
-
-
-def _query(text: str) -> tuple[int, int]:
-    row, sep, col = text.partition(",")
-    try:
-        if not sep:
-            raise ValueError
-        return int(row), int(col)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} must look like ROW,COL (integers)") from None
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", required=True, help="configs/*.py or a run's config.json")
-    p.add_argument("checkpoints", nargs="*", metavar="[LABEL=]PATH",
-                   help="checkpoints (.safetensors or .pth); same as --checkpoint")
-    p.add_argument("--checkpoint", action="append", default=[], metavar="LABEL=PATH",
-                   help="checkpoint to analyse (repeat); a bare PATH is labelled by its folder")
-    p.add_argument("--attention", action="append", default=[], metavar="LABEL=SPEC",
-                   help="attention pattern of one checkpoint (uvit, uvic or a list)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override, e.g. --set data.root=/data/coco_features")
-    p.add_argument("--model-from-config", action="store_true",
-                   help="build every checkpoint as --config and --set say, not as the model "
-                   "config stored with it")
-    p.add_argument("--num-images", type=positive_int, default=8, help="images (default 8)")
-    p.add_argument("--split", default="test", help="dataset split (default test)")
-    p.add_argument("--levels", type=positive_int, default=5, help="noise levels (default 5)")
-    p.add_argument("--timestep", type=int, action="append",
-                   help="explicit discrete timestep (repeat); overrides --levels")
-    p.add_argument("--query", type=_query, action="append", metavar="ROW,COL",
-                   help="query patch of the maps (repeat; default three on the diagonal)")
-    p.add_argument("--sink-threshold", type=unit_float, default=0.3,
-                   help="a head is a sink when its mean first-token weight exceeds this")
-    p.add_argument("--batch-size", type=positive_int, default=8)
-    p.add_argument("--seed", type=int, default=0, help="seed of the data draw and the noise")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--out", required=True, help="output folder")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        checkpoints = _pairs([*args.checkpoints, *args.checkpoint], "--checkpoint")
-        if not checkpoints:
-            raise ValueError("give at least one checkpoint (--checkpoint LABEL=PATH)")
-        attention = _pairs(args.attention, "--attention")
-        unknown = sorted(set(attention) - set(checkpoints))
-        if unknown:
-            raise ValueError(f"--attention names label {unknown[0]!r}, which no checkpoint has")
-        cfg = load_config(args.config, args.set)
-        choice = ModelChoice.from_overrides(args.set, args.model_from_config, args.config)
-        models = load_models(cfg, checkpoints, attention, device=args.device, choice=choice,
-                             say=print)
-        images, contexts = load_inputs(cfg, args.num_images, args.split, args.seed)
-        result = analyze(models, cfg, images, contexts, timesteps=args.timestep,
-                         num_levels=args.levels, queries=args.query,
-                         batch_size=args.batch_size, seed=args.seed,
-                         sink_threshold=args.sink_threshold)
-    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    out = Path(args.out)
-    print(f"json: {write_json(result, out / 'attention.json')}")
-    for name, path in save_figures(result, out).items():
-        print(f"{name}: {path}")
-    return 0
-
+from uvic.cli.analyze_attention import main
 
 if __name__ == "__main__":
     sys.exit(main())

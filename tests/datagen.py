@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import pickle
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -225,32 +222,18 @@ def tiny_clip_folder(path: str | Path, seed: int = 0) -> str:
 # --------------------------------------------------------------------------- MS-COCO features
 
 
-def load_extract_script() -> ModuleType:
-    """Import scripts/extract_mscoco_features.py as a module (scripts/ is not a package)."""
-    name = "extract_mscoco_features"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = REPO / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules[name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
 def make_mscoco_features(root: str | Path, n_images: dict[str, int] | None = None,
                          resolution: int = 64, seed: int = 0, **kwargs: Any) -> Path:
     """Tiny COCO + tiny VAE/CLIP -> a complete feature folder at ``<root>/features``
     (latents 4 x res/8 x res/8, contexts 77 x 32). Extra kwargs go to `extract_features`."""
+    from uvic.data.mscoco_extraction import extract_features
     from uvic.models.text_encoder import ClipTextEncoder
 
     root = Path(root)
     make_coco(root / "coco", n_images, seed=seed)
-    script = load_extract_script()
     encoder = ClipTextEncoder("ViT-L-14-quickgelu", model=tiny_clip(seed))
     kwargs = {"chunk_size": 2, "batch_size": 2, "progress": False, **kwargs}
-    script.extract_features(root / "coco", root / "features", tiny_vae(seed), encoder,
+    extract_features(root / "coco", root / "features", tiny_vae(seed), encoder,
                             splits=tuple(n_images or {"train": 5, "val": 3}),
                             vae_name="tiny-vae", clip_model="tiny-clip", clip_pretrained="",
                             resolution=resolution, **kwargs)

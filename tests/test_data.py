@@ -20,7 +20,6 @@ import pytest
 import torch
 from datagen import (
     fake_cifar10_checksums,
-    load_extract_script,
     make_cifar10,
     make_coco,
     patch_cifar10_checksums,
@@ -33,7 +32,9 @@ from diffusers import AutoencoderKL
 from PIL import Image
 from torch.utils.data import DataLoader
 
+from uvic.cli import extract_mscoco as extract_cli
 from uvic.config import Config, ConfigError, apply_overrides
+from uvic.data import mscoco_extraction as extraction
 from uvic.data.datasets import (
     DatasetError,
     MSCOCOFeatures,
@@ -48,7 +49,6 @@ from uvic.models.text_encoder import ClipLoadError, ClipTextEncoder
 
 EOT, SOT = 49407, 49406
 SCALE = 0.23010
-script = load_extract_script()
 
 
 def make_cfg(*overrides: str) -> Config:
@@ -331,7 +331,7 @@ def coco(tmp_path_factory: pytest.TempPathFactory, vae, clip_model) -> SimpleNam
     root = tmp_path_factory.mktemp("mscoco")
     records = make_coco(root / "coco", {"train": 5, "val": 3}, seed=0)
     encoder = ClipTextEncoder(model=clip_model)
-    complete = script.extract_features(root / "coco", root / "features", vae, encoder,
+    complete = extraction.extract_features(root / "coco", root / "features", vae, encoder,
                                        **EXTRACT)
     assert complete
     return SimpleNamespace(root=root, coco=root / "coco", features=root / "features",
@@ -362,8 +362,8 @@ def test_extraction_checks_every_input_before_the_first_image(tmp_path: Path, va
     make_coco(coco, {"train": 3, "val": 2}, seed=1)
     (coco / "annotations" / "captions_val2014.json").unlink()
     encoder = ClipTextEncoder(model=clip_model)
-    with pytest.raises(script.DatasetError) as info:
-        script.extract_features(coco, tmp_path / "features", vae, encoder, **EXTRACT)
+    with pytest.raises(extraction.DatasetError) as info:
+        extraction.extract_features(coco, tmp_path / "features", vae, encoder, **EXTRACT)
     message = str(info.value)
     assert message.startswith("COCO captions file not found: "
                               f"{coco / 'annotations' / 'captions_val2014.json'}")
@@ -372,9 +372,9 @@ def test_extraction_checks_every_input_before_the_first_image(tmp_path: Path, va
     make_coco(coco, {"train": 3, "val": 2}, seed=1)
     image = sorted((coco / "val2014").iterdir())[0]
     image.unlink()
-    with pytest.raises(script.DatasetError, match=f"COCO image not found: {image} "
+    with pytest.raises(extraction.DatasetError, match=f"COCO image not found: {image} "
                                                   r"\(1 of 2 val images missing\)"):
-        script.extract_features(coco, tmp_path / "features", vae, encoder, **EXTRACT)
+        extraction.extract_features(coco, tmp_path / "features", vae, encoder, **EXTRACT)
     assert not (tmp_path / "features").exists()
 
 
@@ -401,7 +401,7 @@ def test_extracted_features_match_independent_computation(coco, vae) -> None:
     assert empty.shape == (77, 32) and empty.dtype == np.float32
     torch.testing.assert_close(torch.from_numpy(empty), coco.encoder.encode([""])[0])
     prompts = json.loads((coco.features / "sample_prompts.json").read_text())
-    assert prompts == script.SAMPLE_PROMPTS and len(prompts) == 8
+    assert prompts == extraction.SAMPLE_PROMPTS and len(prompts) == 8
     assert np.load(coco.features / "sample_contexts.npy").shape == (8, 77, 32)
     meta = json.loads((coco.features / "meta.json").read_text())["settings"]
     assert meta["scale_factor"] == SCALE and meta["resolution"] == 64 and "49407" in meta["padding"]
@@ -466,7 +466,7 @@ def test_build_dataset_mscoco_and_contexts(coco) -> None:
     assert len(build_dataset(cfg, "val")) == 3
     assert load_empty_context(cfg).shape == (77, 32)
     prompts, contexts = load_sample_prompts(cfg)
-    assert prompts == script.SAMPLE_PROMPTS and contexts.shape == (8, 77, 32)
+    assert prompts == extraction.SAMPLE_PROMPTS and contexts.shape == (8, 77, 32)
     with pytest.raises(ConfigError, match=r"model\.clip_dim"):
         build_dataset(apply_overrides(cfg, ["model.clip_dim=768"]))
     with pytest.raises(DatasetError, match=r"extract_mscoco_features\.py") as err:
@@ -477,7 +477,7 @@ def test_build_dataset_mscoco_and_contexts(coco) -> None:
 def test_resume_after_interruption_gives_the_same_arrays(coco, vae, tmp_path: Path,
                                                          monkeypatch) -> None:
     out = tmp_path / "features"
-    assert not script.extract_features(coco.coco, out, vae, coco.encoder, max_chunks=1,
+    assert not extraction.extract_features(coco.coco, out, vae, coco.encoder, max_chunks=1,
                                        **EXTRACT)
     progress = json.loads((out / "train" / "progress.json").read_text())
     assert progress["done_chunks"] == [0] and progress["num_chunks"] == 3
@@ -489,8 +489,8 @@ def test_resume_after_interruption_gives_the_same_arrays(coco, vae, tmp_path: Pa
         encoded.append(len(images))
         return autoencoder.encode_moments(vae, images)
 
-    monkeypatch.setattr(script, "encode_moments", counting_encode)
-    assert script.extract_features(coco.coco, out, vae, coco.encoder, **EXTRACT)
+    monkeypatch.setattr(extraction, "encode_moments", counting_encode)
+    assert extraction.extract_features(coco.coco, out, vae, coco.encoder, **EXTRACT)
     assert sum(encoded) == (5 - 2) + (3 - 2)
     for split in ("train", "val"):
         resumed, reference = read_split(out / split), read_split(coco.features / split)
@@ -512,12 +512,12 @@ def test_crash_inside_a_chunk_is_redone_on_restart(coco, vae, tmp_path: Path) ->
 
     encoder.encode = crashing_encode
     with pytest.raises(KeyboardInterrupt):  # chunk 1's moments are written, not committed
-        script.extract_features(coco.coco, out, vae, encoder, **EXTRACT)
+        extraction.extract_features(coco.coco, out, vae, encoder, **EXTRACT)
     assert json.loads((out / "train" / "progress.json").read_text())["done_chunks"] == [0]
     with pytest.raises(DatasetError, match="chunk_size"):  # settings must not change
-        script.extract_features(coco.coco, out, vae, coco.encoder, **(EXTRACT | {
+        extraction.extract_features(coco.coco, out, vae, coco.encoder, **(EXTRACT | {
             "chunk_size": 3}))
-    assert script.extract_features(coco.coco, out, vae, coco.encoder, **EXTRACT)
+    assert extraction.extract_features(coco.coco, out, vae, coco.encoder, **EXTRACT)
     for split in ("train", "val"):
         resumed, reference = read_split(out / split), read_split(coco.features / split)
         assert np.array_equal(resumed["moments"], reference["moments"])
@@ -531,10 +531,10 @@ def test_corrupt_image_is_named_or_skipped(vae, clip_model, tmp_path: Path) -> N
     truncated.write_bytes(truncated.read_bytes()[:200])
     encoder = ClipTextEncoder(model=clip_model)
     kwargs = EXTRACT | {"splits": ("train",)}
-    with pytest.raises(script.CorruptImageError, match="--skip-corrupt") as err:
-        script.extract_features(tmp_path / "coco", tmp_path / "a", vae, encoder, **kwargs)
+    with pytest.raises(extraction.CorruptImageError, match="--skip-corrupt") as err:
+        extraction.extract_features(tmp_path / "coco", tmp_path / "a", vae, encoder, **kwargs)
     assert str(bad) in str(err.value)
-    assert script.extract_features(tmp_path / "coco", tmp_path / "b", vae, encoder,
+    assert extraction.extract_features(tmp_path / "coco", tmp_path / "b", vae, encoder,
                                    skip_corrupt=True, **kwargs)
     dataset = MSCOCOFeatures(tmp_path / "b", "train")
     skipped = json.loads((tmp_path / "b" / "train" / "progress.json").read_text())["skipped"]
@@ -548,9 +548,9 @@ def test_missing_captions_file_is_named(tmp_path: Path, capsys) -> None:
     make_coco(tmp_path / "coco", {"val": 1})
     expected = tmp_path / "coco" / "annotations" / "captions_train2014.json"
     with pytest.raises(DatasetError) as err:
-        script.read_coco_split(tmp_path / "coco", "train")
+        extraction.read_coco_split(tmp_path / "coco", "train")
     assert str(expected) in str(err.value)
-    status = script.main(["--coco", str(tmp_path / "coco"), "--out", str(tmp_path / "out"),
+    status = extract_cli.main(["--coco", str(tmp_path / "coco"), "--out", str(tmp_path / "out"),
                           "--splits", "train"])
     assert status == 1 and str(expected) in capsys.readouterr().err
 
@@ -559,7 +559,7 @@ def test_cli_with_local_model_folders(coco, tmp_path: Path) -> None:
     vae_dir = tiny_vae_folder(tmp_path / "vae", seed=0)
     clip_name = tiny_clip_folder(tmp_path / "clip", seed=0)
     out = tmp_path / "features"
-    status = script.main([
+    status = extract_cli.main([
         "--coco", str(coco.coco), "--out", str(out), "--splits", "val", "--vae", str(vae_dir),
         "--clip-model", clip_name, "--resolution", "64", "--batch-size", "2",
         "--chunk-size", "2", "--workers", "2", "--device", "cpu", "--no-progress",

@@ -524,7 +524,8 @@ def test_features_option_is_validated(tmp_path: Path, capsys) -> None:
 
 def test_quickstart_fid_column_names_stand_in_features() -> None:
     """The quickstart's FID column with --set eval.features=projection says it is no FID."""
-    quickstart = load_script("scripts/quickstart.py")
+    from uvic.cli import quickstart_report as quickstart
+
     row = {"pattern": "SSS", "final_loss": 0.5, "heldout_loss": 0.05, "hf_ratio": 1.0,
            "palette_share": 0.9, "shape_share": 0.8}
     timing = {m: {"ms_per_step": 10.0, "images_per_s": 100.0} for m in ("U-ViT", "U-ViC")}

@@ -6,7 +6,6 @@ The commands are the README's (`readme_commands.argv`), with settings that shrin
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import re
@@ -26,13 +25,6 @@ def readme_outputs() -> list[str]:
     listing = README.split("and writes to `runs/quickstart/`:\n\n")[1].split("\n\n")[0]
     return [name for item in re.findall(r"^- (.+?):", listing, flags=re.M)
             for name in re.findall(r"`([^`]+)`", item)]
-
-
-def load_quickstart():
-    spec = importlib.util.spec_from_file_location("quickstart", ROOT / "scripts" / "quickstart.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run_quickstart(tmp_path: Path, out: Path, *extra: str, check: bool = True,
@@ -222,12 +214,14 @@ def test_a_guide_at_the_last_step_is_refused_before_training(tmp_path: Path) -> 
 
 def test_loss_plot_names_the_training_objective(tmp_path: Path) -> None:
     """loss.png's axis says what the curves are: Min-SNR weighted when the config is."""
-    quickstart = load_quickstart()
-    cfg = quickstart.build_config(quickstart.parse_args([]))
+    from uvic.cli.quickstart import parse_args
+    from uvic.cli.quickstart_report import objective_name, plot_losses
+    from uvic.cli.quickstart_steps import build_config
+
+    cfg = build_config(parse_args([]))
     logs = {"U-ViT": [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.25}]}
-    figure = quickstart.plot_losses(logs, tmp_path / "loss.png",
-                                    quickstart.objective_name(cfg.diffusion))
+    figure = plot_losses(logs, tmp_path / "loss.png", objective_name(cfg.diffusion))
     assert figure.axes[0].get_ylabel() == "training loss (Min-SNR-5 weighted noise MSE)"
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
     plain = dataclasses.replace(cfg.diffusion, min_snr_gamma=0.0)
-    assert quickstart.objective_name(plain) == "noise MSE"
+    assert objective_name(plain) == "noise MSE"

@@ -293,9 +293,12 @@ def samplers_print_the_readme_figures(ws: Path, proc: subprocess.CompletedProces
 def quickstart_config_is_valid(command: str) -> Callable[[], None]:
     """The quickstart's own checks (the autoguidance model included) pass for `command`."""
     def check() -> None:
+        from uvic.cli.quickstart import parse_args
+        from uvic.cli.quickstart_steps import build_config
+
         words = command_line(command)[1]
-        script = runpy.run_path(words[1], run_name="readme_quickstart")
-        script["build_config"](script["parse_args"](words[2:]))
+        assert runpy.run_path(words[1], run_name="readme_quickstart")["main"] is not None
+        build_config(parse_args(words[2:]))
     return check
 
 
@@ -775,13 +778,15 @@ def config(name: str) -> Config:
 
 @cache
 def quickstart_defaults() -> argparse.Namespace:
-    script = runpy.run_path(str(ROOT / "scripts/quickstart.py"), run_name="readme_quickstart")
-    return script["parse_args"]([])
+    from uvic.cli.quickstart import parse_args
+
+    return parse_args([])
 
 
 def gpu_preset() -> Config:
-    script = runpy.run_path(str(ROOT / "scripts/quickstart.py"), run_name="readme_quickstart")
-    return load_config(ROOT / "configs/quickstart.py", script["GPU_PRESET"])
+    from uvic.cli.quickstart_steps import GPU_PRESET
+
+    return load_config(ROOT / "configs/quickstart.py", GPU_PRESET)
 
 
 def guide_step() -> int:
@@ -980,5 +985,5 @@ def test_contents_links_reach_headings() -> None:
 
 def test_named_commands_are_installed() -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    named = set(re.findall(r"`(uvic-\w+)`", README))
+    named = set(re.findall(r"`(uvic-[\w-]+)`", README))
     assert named and named <= set(scripts), sorted(named - set(scripts))

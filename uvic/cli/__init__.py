@@ -1,6 +1,13 @@
-"""Command-line programs, installed as `uvic-train`, `uvic-sample` and `uvic-fid`; the files
-in `scripts/` and `eval/` run the same `main`. The argparse types here turn a bad number
-into argparse's one-line usage error."""
+"""The command-line programs, one module each, installed as commands (pyproject.toml's
+[project.scripts]): `uvic-train`, `uvic-sample`, `uvic-fid`, `uvic-fid-table`,
+`uvic-quickstart`, `uvic-analyze-attention`, `uvic-table3`, `uvic-extract-mscoco`,
+`uvic-bench-train`, `uvic-bench-sampling` (and, from `uvic_kernels`, `uvic-bench-kernels`,
+`uvic-bench-host`). The files in `scripts/` and `eval/` run the same `main`.
+
+A program parses its arguments before it imports torch or the library, so that `--help`
+and a usage error answer at once: this package, and each program's module, import only
+the standard library and light modules of uvic at module level. The argparse types here
+turn a bad number into argparse's one-line usage error."""
 
 from __future__ import annotations
 
@@ -28,3 +35,4 @@ def unit_float(text: str) -> float:
     if not (math.isfinite(value) and 0.0 <= value <= 1.0):
         raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
     return value
+

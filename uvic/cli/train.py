@@ -35,18 +35,24 @@ import time
 from pathlib import Path
 
 from uvic.config import ConfigError, load_config
-from uvic.run.weights import CheckpointError
-from uvic.training.trainer import TrainError, train
+from uvic.presets import resolve_config
 
-# Errors whose message says what is wrong and how to fix it: no traceback needed.
-# (Missing data, VAE or prompt files raise FileNotFoundError subclasses that name the path.)
-EXPECTED_ERRORS = (ConfigError, TrainError, CheckpointError, FileNotFoundError)
+
+def expected_errors() -> tuple[type[Exception], ...]:
+    """Errors whose message says what is wrong and how to fix it: no traceback needed.
+    (Missing data, VAE or prompt files raise FileNotFoundError subclasses that name the
+    path.) A function: the training loop's errors come with torch, after the arguments."""
+    from uvic.run.weights import CheckpointError
+    from uvic.training.trainer import TrainError
+
+    return ConfigError, TrainError, CheckpointError, FileNotFoundError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True,
-                        help="configs/*.py (defines get_config()) or a run's config.json")
+                        help="configs/*.py (defines get_config()), a preset's name "
+                        "(cifar10_uvic) or a run's config.json")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.FIELD=VALUE", help="override a config field (repeatable)")
     parser.add_argument("--resume", default=None,
@@ -81,10 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     overrides = list(args.overrides)
     if args.output_dir is not None:
         overrides.append(f"train.output_dir={args.output_dir}")
+    from uvic.training.trainer import train  # torch, Accelerate: once the arguments parse
+
+    errors = expected_errors()
     try:
-        cfg = load_config(args.config, overrides)
+        cfg = load_config(resolve_config(args.config), overrides)
         run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
-    except EXPECTED_ERRORS as err:
+    except errors as err:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         report_error(f"error: {message}")
         return 2

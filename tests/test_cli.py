@@ -1,0 +1,164 @@
+"""The programs as commands: every console script of pyproject.toml answers `--help`
+without importing the heavy libraries, the files in scripts/ and eval/ run a command's
+`main`, `import uvic` is light and exports the public API, and `--config` finds the
+preset configs by name."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import runpy
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+# What a program may import only once its work starts, not to print its usage.
+HEAVY = ("torch", "triton", "torchvision", "diffusers", "accelerate", "open_clip",
+         "matplotlib", "cleanfid", "scipy")
+
+# Runs in a fresh interpreter: import the command's module, call its entry point as the
+# console script does (with --help), report the exit status and the heavy modules loaded.
+PROBE = """
+import contextlib, importlib, io, json, sys
+module, func = sys.argv[1].split(":")
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        code = getattr(importlib.import_module(module), func)(["--help"])
+    except SystemExit as exit:
+        code = exit.code
+print(json.dumps({"code": code, "usage": out.getvalue(),
+                  "heavy": sorted(m for m in sys.argv[2:] if m in sys.modules)}))
+"""
+
+
+def probe(entry: str, cwd: Path | None = None) -> dict:
+    """`entry`'s --help in a fresh interpreter (see PROBE)."""
+    proc = subprocess.run([sys.executable, "-c", PROBE, entry, *HEAVY], capture_output=True,
+                          text=True, timeout=120, cwd=cwd,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_every_program_is_a_command() -> None:
+    """The programs of the README are installed as commands (pyproject's [project.scripts])."""
+    assert set(SCRIPTS) >= {
+        "uvic-train", "uvic-sample", "uvic-fid", "uvic-fid-table", "uvic-quickstart",
+        "uvic-analyze-attention", "uvic-table3", "uvic-extract-mscoco", "uvic-bench-train",
+        "uvic-bench-sampling", "uvic-bench-kernels", "uvic-bench-host"}
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_help_loads_no_heavy_library(name: str, tmp_path: Path) -> None:
+    """`<command> --help` exits 0 with its usage and imports none of HEAVY (they take
+    seconds to import: a program imports them once its arguments parse)."""
+    result = probe(SCRIPTS[name], cwd=tmp_path)
+    assert result["code"] == 0
+    assert result["usage"].startswith("usage:")
+    assert result["heavy"] == [], f"{name} --help imports {', '.join(result['heavy'])}"
+
+
+def test_import_uvic_is_light() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", "import json, sys, uvic, uvic_kernels, uvic.cli, uvic.presets; "
+         f"print(json.dumps(sorted(m for m in {list(HEAVY)!r} if m in sys.modules)))"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []
+
+
+@pytest.mark.parametrize("path", sorted([*ROOT.glob("scripts/*.py"), *ROOT.glob("eval/*.py")]),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_scripts_run_a_commands_main(path: Path) -> None:
+    """Every file in scripts/ and eval/ is a thin entry: its `main` is a command's."""
+    entries = {}
+    for name, entry in SCRIPTS.items():
+        module, func = entry.split(":")
+        entries[name] = getattr(importlib.import_module(module), func)
+    main = runpy.run_path(str(path), run_name="entry_check")["main"]
+    assert any(main is f for f in entries.values()), f"{path} runs no command's main"
+
+
+def test_readme_names_every_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    missing = [name for name in SCRIPTS if f"`{name}`" not in readme]
+    assert not missing, f"the README does not name {missing}"
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def test_public_api_names_resolve() -> None:
+    """Each name of `uvic.__all__` is the object its module defines, and is documented."""
+    import uvic
+
+    assert set(uvic.__all__) >= {"load_config", "build_model", "train", "sample_to_folder",
+                                 "generate", "evaluate"}
+    for name in uvic.__all__:
+        module = importlib.import_module(uvic._API[name])
+        assert getattr(uvic, name) is getattr(module, name), name
+        assert f"`{name}" in uvic.__doc__, f"uvic's docstring does not say what {name} is for"
+        assert name in dir(uvic)
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
+        uvic.nonexistent  # noqa: B018
+
+
+def test_kernels_api_resolves() -> None:
+    import uvic_kernels
+    from uvic_kernels import fused_attention, reference
+
+    for name in uvic_kernels.__all__:
+        source = fused_attention if hasattr(fused_attention, name) else reference
+        assert getattr(uvic_kernels, name) is getattr(source, name), name
+
+
+# --------------------------------------------------------------------------- presets
+
+
+def test_config_by_preset_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from uvic.presets import preset_names, preset_path, resolve_config
+
+    assert {"cifar10_uvit", "cifar10_uvic", "mscoco_uvit", "mscoco_uvic",
+            "quickstart"} <= set(preset_names())
+    preset = ROOT / "configs" / "cifar10_uvic.py"
+    assert preset_path("cifar10_uvic") == preset == preset_path("cifar10_uvic.py")
+    monkeypatch.chdir(tmp_path)  # no configs/ here: the shipped presets
+    assert resolve_config("cifar10_uvic") == preset
+    assert resolve_config("configs/cifar10_uvic.py") == preset
+    (tmp_path / "configs").mkdir()  # a local file of that name wins
+    (tmp_path / "configs" / "cifar10_uvic.py").write_text("")
+    assert resolve_config("configs/cifar10_uvic.py") == Path("configs/cifar10_uvic.py")
+    for other in ("runs/x/config.json", "elsewhere/cifar10_uvic.py", "nothere.py"):
+        assert resolve_config(other) == Path(other)  # the loader says it is missing
+    with pytest.raises(FileNotFoundError, match=r"no preset config 'cifar10' \(presets: "):
+        resolve_config("cifar10")
+
+
+def test_train_names_an_unknown_preset_in_one_line(tmp_path: Path, capsys,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from uvic.cli.train import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--config", "cifar100_uvit"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no preset config 'cifar100_uvit' (presets: cifar10_uvic,")
+    assert err.count("\n") == 1
+
+
+def test_extraction_defaults_are_the_configs_models() -> None:
+    """uvic-extract-mscoco's --vae / --clip-* defaults (read from DataConfig, light) are the
+    models the extraction library and the MS-COCO configs use."""
+    from uvic.cli.extract_mscoco import parse_args
+    from uvic.models.autoencoder import DEFAULT_VAE
+    from uvic.models.text_encoder import DEFAULT_MODEL, DEFAULT_PRETRAINED
+
+    args = parse_args(["--coco", "c", "--out", "o"])
+    assert (args.vae, args.clip_model, args.clip_pretrained) == (
+        DEFAULT_VAE, DEFAULT_MODEL, DEFAULT_PRETRAINED)

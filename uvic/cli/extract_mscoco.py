@@ -1,0 +1,98 @@
+"""Extract MS-COCO 2014 features for text-to-image U-ViT / U-ViC (the release's protocol).
+
+For every image of a split (sorted by COCO id): center square crop, LANCZOS resize to 256
+(the release's ``center_crop``), Stable Diffusion KL-f8 VAE posterior moments (8 x 32 x 32,
+mean and logvar; latents are sampled at load time). For every caption (~5 per image): the
+77 CLIP ViT-L/14 token states after ``ln_final``, with the release's end-of-text padding
+(see uvic/models/text_encoder.py). Also the empty-prompt context and a few fixed prompts for
+sample grids. The layout is documented in uvic/data/datasets.py.
+
+Work is done in chunks of images. A chunk is committed by flushing the preallocated
+memory-mapped arrays and then atomically rewriting ``progress.json``; a rerun with the same
+settings skips committed chunks, so an interrupted extraction resumes where it stopped.
+
+    uvic-extract-mscoco --coco data/coco --out data/mscoco_features \\
+        [--splits train val] [--vae stabilityai/sd-vae-ft-ema] [--clip-model ViT-L-14-quickgelu] \\
+        [--clip-pretrained openai] [--batch-size 64] [--device cuda] [--limit N]
+
+Expects ``<coco>/{train,val}2014/*.jpg`` and ``<coco>/annotations/captions_{train,val}2014.json``.
+(`python scripts/extract_mscoco_features.py` runs the same program; the extraction itself
+is `uvic.data.mscoco_extraction`.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from uvic.config import DataConfig
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--coco", required=True, help="COCO 2014 root (train2014/, val2014/, "
+                   "annotations/)")
+    p.add_argument("--out", required=True, help="output feature folder (data.root)")
+    p.add_argument("--splits", nargs="+", default=["train", "val"], choices=["train", "val"])
+    data = DataConfig()  # the models the MS-COCO configs load by default
+    p.add_argument("--vae", default=data.vae, help="diffusers AutoencoderKL hub name or folder")
+    p.add_argument("--clip-model", default=data.clip_model, help="open_clip model name")
+    p.add_argument("--clip-pretrained", default=data.clip_pretrained,
+                   help="open_clip tag or local checkpoint file")
+    p.add_argument("--resolution", type=int, default=256, help="image side (latents: /8)")
+    p.add_argument("--batch-size", type=int, default=64, help="images per VAE batch")
+    p.add_argument("--text-batch-size", type=int, default=256, help="captions per CLIP batch")
+    p.add_argument("--chunk-size", type=int, default=1000, help="images per committed chunk")
+    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                   help="image decoding processes")
+    p.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")
+    p.add_argument("--limit", type=int, default=None, help="only the first N images per split")
+    p.add_argument("--moments-dtype", default="float32", choices=["float32", "float16"])
+    p.add_argument("--context-dtype", default="float32", choices=["float32", "float16"],
+                   help="stored CLIP context dtype (default float32, as the release; float16 "
+                   "halves the disk and rounds by about 5e-4)")
+    p.add_argument("--skip-corrupt", action="store_true",
+                   help="skip unreadable images (recorded in progress.json) instead of failing")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    args = parse_args(argv)
+    for name in ("batch_size", "text_batch_size", "chunk_size"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1")
+    import torch
+
+    from uvic.data.datasets import DatasetError
+    from uvic.data.mscoco_extraction import CorruptImageError, check_inputs, extract_features
+    from uvic.models.autoencoder import VAELoadError, load_vae
+    from uvic.models.text_encoder import ClipLoadError, ClipTextEncoder
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        # fail fast, before loading the models
+        check_inputs(args.coco, args.splits, args.limit, args.skip_corrupt)
+        vae = load_vae(args.vae, args.device)
+        text_encoder = ClipTextEncoder(args.clip_model, args.clip_pretrained, args.device)
+        complete = extract_features(
+            args.coco, args.out, vae, text_encoder, splits=args.splits, vae_name=args.vae,
+            clip_model=args.clip_model, clip_pretrained=args.clip_pretrained,
+            resolution=args.resolution, limit=args.limit, moments_dtype=args.moments_dtype,
+            context_dtype=args.context_dtype, batch_size=args.batch_size,
+            text_batch_size=args.text_batch_size, chunk_size=args.chunk_size,
+            num_workers=args.workers, skip_corrupt=args.skip_corrupt,
+            progress=not args.no_progress,
+        )
+    except (DatasetError, CorruptImageError, VAELoadError, ClipLoadError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"features {'complete' if complete else 'incomplete'} in {args.out}")
+    return 0 if complete else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

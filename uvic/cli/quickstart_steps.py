@@ -1,0 +1,388 @@
+"""The quickstart's steps (`uvic.cli.quickstart` is the program): train both models,
+sample them, score the samples and the held-out images, draw and write the results.
+
+`run(args)` runs them in order; each model's training and sampling is one job
+(`train_and_sample`), run in a worker process of its own when models train at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import os
+import sys
+import time
+import traceback
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from uvic.analysis import analyze, save_figures, write_json
+from uvic.cli.quickstart_report import (
+    guide_record,
+    objective_name,
+    plot_losses,
+    read_log,
+    write_report,
+)
+from uvic.config import (
+    Config,
+    ConfigError,
+    DiffusionConfig,
+    apply_overrides,
+    load_config,
+    save_config,
+)
+from uvic.data.datasets import build_dataset
+from uvic.diffusion.schedule import Diffusion
+from uvic.evaluation.quality import quality_figures
+from uvic.presets import preset_path
+from uvic.run.folder import RUN_EMA, checkpoint_name
+from uvic.sampling.generate import generate, load_guide, load_model, to_pixels
+from uvic.sampling.images import save_comparison_grid
+from uvic.training.trainer import diffusion_loss, train
+
+MODELS = {"U-ViT": "uvit", "U-ViC": "uvic"}  # display name -> attention preset
+
+# A larger run for a machine with a GPU: same script and config, these overrides.
+GPU_PRESET = [
+    "model.embed_dim=256", "model.depth=8", "model.num_heads=4",
+    "model.mlp_ratio=4",  # the CPU default's 2 saves CPU time; a GPU affords the usual 4
+    "data.num_images=50000", "data.num_workers=4",
+    "train.batch_size=128", "train.max_steps=20000", "train.mixed_precision=bf16",
+    "train.ema_decay=0.9995", "train.log_every=100", "train.sample_every=5000",
+    "train.ckpt_every=5000", "optim.lr=4e-4", "optim.warmup_steps=1000",
+    "eval.n_samples=10000",
+    # autoguidance was tuned on the CPU run (guide at step 1000 of 2700); unmeasured here
+    "train.keep_steps=[]", "sample.autoguidance_scale=0", "sample.steps=100",
+]
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    """The quickstart config with the preset and the user's overrides applied."""
+    preset = args.preset
+    if preset == "auto":
+        preset = "gpu" if torch.cuda.is_available() else "cpu"
+    overrides = (GPU_PRESET if preset == "gpu" else []) + list(args.overrides)
+    cfg = load_config(preset_path("quickstart"), overrides)
+    check_guide(cfg)
+    return cfg
+
+
+def check_guide(cfg: Config) -> None:
+    """The quickstart samples right after training, so an autoguidance model must be a
+    checkpoint the run itself keeps, and an earlier one than the final model (guided by
+    itself, a model's eps does not change: twice the sampling time for nothing). Say so
+    before minutes of training, not after."""
+    s, t = cfg.sample, cfg.train
+    if s.autoguidance_scale == 0:
+        return
+    kept = {f"checkpoints/{checkpoint_name(step)}/{RUN_EMA}": step for step in t.keep_steps}
+    step = kept.get(s.autoguidance_ckpt)
+    fix = ("point it at checkpoints/step_N/ema.safetensors for a step N in train.keep_steps "
+           "below train.max_steps, or set sample.autoguidance_scale=0")
+    if step is None:
+        raise ConfigError(
+            f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r} is not a checkpoint this run "
+            f"keeps (train.keep_steps={list(t.keep_steps)}, train.max_steps={t.max_steps}); "
+            + fix)
+    if step >= t.max_steps:
+        final = "is the final model" if step == t.max_steps else "would never be written"
+        raise ConfigError(
+            f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r} (step {step}) {final} with "
+            f"train.max_steps={t.max_steps}: a model guided by itself samples as unguided, "
+            "at twice the cost; " + fix)
+
+
+def make_deterministic(threads: int) -> None:
+    """Same numbers on every run: a fixed thread count (it sets the order of parallel
+    float sums, and the default follows the machine) and deterministic kernels. On CUDA,
+    ops without a deterministic version only warn (the CPU run is the exact one)."""
+    torch.set_num_threads(threads)
+    if torch.cuda.is_available():
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before any cuBLAS call
+    torch.use_deterministic_algorithms(True, warn_only=torch.cuda.is_available())
+
+
+class QuickstartError(RuntimeError):
+    """A model's training or sampling failed (the message names it and its log)."""
+
+
+def train_and_sample(cfg: Config, n_samples: int, threads: int) -> dict:
+    """One model's whole job: train it, then sample `n_samples` images from its EMA weights.
+
+    Returns {"run_dir", "samples" (n, 3, H, W) in [0, 1] on the CPU}. Sample i is seeded
+    by (train.seed, i), so both models start from the same noise and the grid compares
+    them image for image.
+    """
+    make_deterministic(threads)
+    run_dir = train(cfg, overwrite=True)  # the quickstart's own folder: a rerun replaces it
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ema = run_dir / RUN_EMA
+    model = load_model(cfg, ema, device)
+    guide = load_guide(cfg, ema, device)  # None without autoguidance
+    images = torch.cat([batch for _, batch in generate(
+        model, Diffusion(cfg.diffusion), cfg, range(n_samples), seed=cfg.train.seed,
+        device=device, guide=guide)])
+    return {"run_dir": run_dir, "samples": images}
+
+
+def train_and_sample_logged(cfg: Config, n_samples: int, threads: int, log_path: Path) -> dict:
+    """`train_and_sample` in a worker process, all its output (the traceback of a failure
+    too) in `log_path` instead of the terminal the workers share."""
+    log = open(log_path, "w", buffering=1)  # noqa: SIM115 (open for the process's lifetime)
+    os.dup2(log.fileno(), 1)  # the C-level streams too (warnings of compiled code)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    try:
+        return train_and_sample(cfg, n_samples, threads)
+    except BaseException:
+        traceback.print_exc()
+        raise
+
+
+def train_models(configs: dict[str, Config], n_samples: int, threads: int,
+                 jobs: int) -> dict[str, dict]:
+    """`train_and_sample` for every model: one after another (jobs=1, all threads, its own
+    progress bar) or `jobs` at a time in separate processes with threads // jobs threads
+    each (one bar per model here, read from the runs' logs; each worker's output in
+    <run folder>.log). A tiny model keeps two cores busier as two one-thread processes
+    than as one two-thread process."""
+    if jobs <= 1:
+        results = {}
+        for name, cfg in configs.items():
+            print(f"\n=== {name}: training ({cfg.train.max_steps} steps) ===", flush=True)
+            results[name] = train_and_sample(cfg, n_samples, threads)
+        return results
+
+    per_job = max(1, threads // jobs)
+    logs = {name: Path(cfg.train.output_dir).with_suffix(".log") for name, cfg in configs.items()}
+    print(f"\n=== training {' and '.join(configs)} at once ({per_job} thread(s) each; "
+          f"output in {', '.join(str(p) for p in logs.values())}) ===", flush=True)
+    context = multiprocessing.get_context("spawn")  # no fork of a threaded parent
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = {name: pool.submit(train_and_sample_logged, cfg, n_samples, per_job,
+                                      logs[name])
+                   for name, cfg in configs.items()}
+        show_progress(configs, futures)
+        results = {}
+        for name, future in futures.items():
+            try:
+                results[name] = future.result()
+            except Exception as err:
+                raise QuickstartError(f"{name}: {err} (full output: {logs[name]})") from err
+    return results
+
+
+def show_progress(configs: dict[str, Config], futures: dict[str, Future]) -> None:
+    """One progress bar per model, fed by its run's log.jsonl, until every worker ends."""
+    from tqdm.auto import tqdm
+
+    started = time.time()
+    bars = {name: tqdm(total=cfg.train.max_steps, desc=name, position=i, dynamic_ncols=True)
+            for i, (name, cfg) in enumerate(configs.items())}
+    while not all(f.done() for f in futures.values()):
+        time.sleep(1.0)
+        for name, cfg in configs.items():
+            path = Path(cfg.train.output_dir) / "log.jsonl"
+            try:
+                if path.stat().st_mtime < started:  # the previous run's, not yet replaced
+                    continue
+                last = json.loads(path.read_text().splitlines()[-1])
+            except (OSError, IndexError, ValueError):  # not written yet, or mid-write
+                continue
+            bars[name].update(last["step"] - bars[name].n)
+            bars[name].set_postfix(loss=f"{last['loss']:.4f}")
+    for bar in bars.values():
+        bar.close()
+
+
+def real_images(cfg: Config, split: str, n: int) -> torch.Tensor:
+    """The first `n` images of a split in model space, without random flips."""
+    dataset = build_dataset(apply_overrides(cfg, ["data.random_flip=false"]), split=split)
+    return torch.stack([dataset[i]["x"] for i in range(min(n, len(dataset)))])
+
+
+@torch.no_grad()
+def heldout_loss(model: torch.nn.Module, diffusion: DiffusionConfig, x: torch.Tensor,
+                 seed: int = 0) -> float:
+    """Noise-prediction MSE of `model` (the EMA weights) on held-out images `x`, with
+    fixed t and noise so both models are scored on the same draws. Always the plain MSE
+    (no `min_snr_gamma` weighting), so runs with different weightings compare."""
+    plain = Diffusion(dataclasses.replace(diffusion, min_snr_gamma=0.0))
+    device = next(model.parameters()).device
+    generator = torch.Generator(device).manual_seed(seed)
+    total = 0.0
+    for chunk in x.to(device).split(64):
+        loss = diffusion_loss(model, plain, {"x": chunk}, generator)
+        total += loss.item() * chunk.shape[0]
+    return total / x.shape[0]
+
+
+
+def try_fid(cfg: Config, ckpt: Path, out_dir: Path) -> tuple[float | None, str]:
+    """FID through the real evaluator, or (None, why) when Inception weights are absent."""
+    from uvic.evaluation import fid
+
+    try:
+        result = fid.evaluate(cfg, ckpt, n=cfg.eval.n_samples, out_json=out_dir / "fid.json",
+                              samples_dir=out_dir / "fid_samples")
+    except fid.InceptionWeightsMissing as err:
+        return None, str(err)
+    return float(result["fid"]), ""
+
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class RealImages:
+    """Real images: the training images are the reference of the HF ratio; held-out images
+    are scored like samples (what a perfect model would reach) and give the EMA loss."""
+
+    train: torch.Tensor  # pixels in [0, 1], the first --n-quality training images
+    heldout: torch.Tensor  # model space, max(--n-quality, --heldout) held-out images
+    quality: dict  # the quality figures of the first --n-quality held-out images
+
+
+def load_real_images(base: Config, args: argparse.Namespace) -> RealImages:
+    """The real images of the quickstart's data and the quality figures of the held-out."""
+    n_real = max(args.n_quality, args.heldout)
+    train_real = to_pixels(base, real_images(base, "train", args.n_quality))
+    heldout = real_images(base, "val", n_real)
+    quality = quality_figures(to_pixels(base, heldout[:args.n_quality]), train_real)
+    return RealImages(train_real, heldout, quality)
+
+
+def model_configs(base: Config, out: Path) -> dict[str, Config]:
+    """Display name -> the config of that model, its run folder in `out`."""
+    return {name: apply_overrides(base, [f"model.attention={preset}",
+                                         f"name=quickstart_{preset}",
+                                         f"train.output_dir={out / preset}"])
+            for name, preset in MODELS.items()}
+
+
+def job_count(args: argparse.Namespace, device: torch.device) -> int:
+    """Models trained at once: --jobs, by default 2 on a CPU and 1 on a GPU; on a CPU
+    never more processes than threads."""
+    jobs = args.jobs if args.jobs is not None else (1 if device.type == "cuda" else 2)
+    if device.type == "cpu":
+        jobs = min(jobs, args.threads)
+    return jobs
+
+
+@dataclass
+class Scores:
+    """What the scoring of the trained models found, per model (display name)."""
+
+    rows: list[dict] = dataclasses.field(default_factory=list)  # results.json's rows
+    logs: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # training logs
+    samples: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # grid images
+    timing: dict[str, dict] = dataclasses.field(default_factory=dict)
+    models: dict[str, torch.nn.Module] = dataclasses.field(default_factory=dict)  # EMA
+    fid_note: str = ""  # why FID was skipped, if it was
+
+
+def score_models(configs: dict[str, Config], trained: dict[str, dict], real: RealImages,
+                 args: argparse.Namespace, device: torch.device) -> Scores:
+    """Each trained model's row: its losses, the quality figures of its samples, its FID
+    (when Inception weights are there and not --no-fid), its training speed."""
+    scores = Scores()
+    for name, cfg in configs.items():
+        run_dir = Path(trained[name]["run_dir"])
+        summary = json.loads((run_dir / "summary.json").read_text())
+        ckpt = run_dir / RUN_EMA
+        scores.logs[name] = read_log(run_dir)
+        model = scores.models[name] = load_model(cfg, ckpt, device)
+        images = trained[name]["samples"]
+        scores.samples[name] = images[:args.n_grid]  # the grid's images are the first scored
+        quality = quality_figures(images[:args.n_quality], real.train)
+
+        fid_value = None
+        if not args.no_fid:
+            print(f"=== {name}: FID ({cfg.eval.n_samples} samples) ===", flush=True)
+            fid_value, why = try_fid(cfg, ckpt, run_dir)
+            scores.fid_note = why or scores.fid_note
+        scores.rows.append({
+            "model": name,
+            "pattern": "".join(m[0].upper() for m in model.attention_modes),
+            "final_loss": summary["final_loss"],
+            "heldout_loss": heldout_loss(model, cfg.diffusion, real.heldout[:args.heldout]),
+            **quality,
+            "fid": fid_value,
+            "fid_features": cfg.eval.features,
+            "run_dir": MODELS[name],  # relative to the output folder
+            "final_step": summary["steps"],
+            "guide": guide_record(cfg, MODELS[name]),  # None: unguided
+        })
+        scores.timing[name] = {"ms_per_step": 1000.0 * summary["mean_step_time_s"],
+                               "images_per_s": summary["images_per_s"],
+                               "train_wall_s": summary["wall_time_s"]}
+    return scores
+
+
+def write_figures(base: Config, scores: Scores, real: RealImages, args: argparse.Namespace,
+                  out: Path, device: torch.device) -> dict:
+    """config.json, grid.png, loss.png and the attention analysis (attention.png and
+    attention/); returns the analysis."""
+    save_config(base, out / "config.json")
+    # Small images are shown enlarged (nearest neighbour) so they can be judged by eye.
+    zoom = max(1, 64 // base.model.img_size)
+    enlarged = {k: F.interpolate(v, scale_factor=zoom, mode="nearest")
+                for k, v in scores.samples.items()}
+    save_comparison_grid(enlarged, out / "grid.png", nrow=int(args.n_grid**0.5))
+    plot_losses(scores.logs, out / "loss.png", objective_name(base.diffusion))
+
+    # How the two models attend: negative mass, entropy, sink and collapse per block and
+    # noise level, on held-out images (uvic.analysis); one overview figure beside the grid.
+    print("\n=== attention analysis ===", flush=True)
+    analysis = analyze(scores.models, base, real.heldout[:args.n_analysis].to(device))
+    write_json(analysis, out / "attention" / "attention.json")
+    figures = save_figures(analysis, out / "attention", map_levels=[0])
+    (out / "attention.png").write_bytes(figures["overview"].read_bytes())
+    return analysis
+
+
+def run(args: argparse.Namespace) -> int:
+    """The quickstart of `uvic.cli.quickstart` on parsed arguments; returns the exit status."""
+    try:
+        base = build_config(args)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.threads < 1 or (args.jobs is not None and args.jobs < 1):
+        print(f"error: --threads {args.threads} and --jobs {args.jobs} must be >= 1",
+              file=sys.stderr)
+        return 2
+    make_deterministic(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    start = time.time()
+
+    real = load_real_images(base, args)
+    configs = model_configs(base, out)
+    jobs = job_count(args, device)
+    try:
+        trained = train_models(configs, max(args.n_grid, args.n_quality), args.threads, jobs)
+    except (QuickstartError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+    scores = score_models(configs, trained, real, args, device)
+    analysis = write_figures(base, scores, real, args, out, device)
+    timing = {**scores.timing, "total_s": time.time() - start, "threads": args.threads,
+              "jobs": jobs}
+    report = write_report(base, scores.rows, real.quality, analysis, timing, args, out,
+                          scores.fid_note)
+    print("\n" + report)
+    print(f"grid: {out / 'grid.png'}\nloss curves: {out / 'loss.png'}\n"
+          f"attention: {out / 'attention.png'}\n"
+          f"table: {out / 'results.md'}\ntotal time: {timing['total_s']:.0f} s")
+    return 0

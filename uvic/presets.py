@@ -1,0 +1,58 @@
+"""The preset configs (`configs/*.py`) by name, in a checkout and in an installed copy.
+
+The presets live in the repository's `configs/` folder; a wheel installs them as
+`uvic/configs/` (setup.py), so an installed copy has them without a checkout. Every
+program's `--config` takes a path as before, or a preset's name (`cifar10_uvic`), and a
+`configs/NAME.py` that does not exist where the program runs (an installed copy, run
+outside the checkout) is that preset. Imports nothing of uvic: the config loader may
+call it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+# An installed copy: uvic/configs/; a checkout (or an editable install): configs/ beside uvic/.
+_FOLDERS = (_HERE / "configs", _HERE.parent / "configs")
+
+
+def presets_folder() -> Path:
+    """The folder of the preset config files."""
+    for folder in _FOLDERS:
+        if folder.is_dir():
+            return folder
+    raise FileNotFoundError(f"no preset configs: neither {_FOLDERS[0]} nor {_FOLDERS[1]} "
+                            "exists (a broken install?)")
+
+
+def preset_names() -> list[str]:
+    """The presets' names (file stems), sorted."""
+    return sorted(p.stem for p in presets_folder().glob("*.py") if not p.stem.startswith("_"))
+
+
+def preset_path(name: str) -> Path:
+    """The file of the preset `name` (`cifar10_uvic` or `cifar10_uvic.py`)."""
+    stem = name.removesuffix(".py")
+    path = presets_folder() / f"{stem}.py"
+    if "/" in stem or "\\" in stem or stem.startswith("_") or not path.is_file():
+        raise FileNotFoundError(f"no preset config {name!r} (presets: "
+                                f"{', '.join(preset_names())})")
+    return path
+
+
+def resolve_config(text: str | Path) -> Path:
+    """What `--config text` names: an existing file; else a preset, by name
+    (`cifar10_uvic`: an unknown name raises FileNotFoundError listing the presets) or as
+    `configs/cifar10_uvic.py`; else `text` unchanged (the loader then says that no such
+    file exists)."""
+    path = Path(text)
+    if path.is_file():
+        return path
+    if len(path.parts) == 1 and not path.suffix:
+        return preset_path(path.name)
+    if path.suffix == ".py" and path.parts[:-1] in ((), ("configs",)):
+        with contextlib.suppress(FileNotFoundError):
+            return preset_path(path.name)
+    return path
