@@ -238,15 +238,15 @@ def test_text_to_image_pipeline_equals_uvic_sample(runs, tmp_path: Path) -> None
     prompts = ["a red bus", "a dog on a surfboard"]
     generators = sample_generators(2, range(4))
     images = pipe(prompts, num_images_per_prompt=2, num_inference_steps=3, guidance_scale=2.0,
-                  sampler="dpm_solver_fast", generator=generators).images
+                  sampler="dpm_solver++_fast_time_uniform", generator=generators).images
     assert [image.size for image in images] == [(64, 64)] * 4
     expected = pngs(tmp_path / "s" / "samples")
     np.testing.assert_array_equal(arrays(images), expected)
     # the release's s directly, and the pipeline's default guidance (the run's s = 1)
     for guidance in ({"cfg_scale": 1.0}, {}):
         again = pipe(prompts, num_images_per_prompt=2, num_inference_steps=3,
-                     sampler="dpm_solver_fast", generator=sample_generators(2, range(4)),
-                     **guidance).images
+                     sampler="dpm_solver++_fast_time_uniform",
+                     generator=sample_generators(2, range(4)), **guidance).images
         np.testing.assert_array_equal(arrays(again), expected)
 
     # a negative prompt: uvic's guidance with that caption's states as the unconditional
@@ -388,7 +388,7 @@ def test_exported_text_pipeline_is_self_contained(runs) -> None:
     assert index["clip_model"] == f"local-dir:{runs['clip'].resolve()}"
     assert index["diffusion"]["schedule"] == "scaled_linear"
     assert index["scale_factor"] == 0.2301 and index["cfg_scale"] == 1.0
-    # the run's dpm_solver_fast is uvic's: saved as DPM-Solver++ of the run's order
+    # the run's release fast DPM-Solver is uvic's: saved as DPM-Solver++ of the run's order
     scheduler = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
     assert scheduler["_class_name"] == "DPMSolverMultistepScheduler"
     assert scheduler["algorithm_type"] == "dpmsolver++" and scheduler["use_lu_lambdas"]

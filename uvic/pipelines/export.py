@@ -18,9 +18,9 @@ and no gradient checkpointing (how to run it is the loader's choice).
 
 The scheduler saved is the config's `sample.scheduler` built as uvic builds it
 (`uvic.diffusion.samplers.make_scheduler`). uvic's protocols that diffusers cannot load
-from a folder (`dpm_solver_fast`, written in uvic; `euler_maruyama`, a retired diffusers
-class) are saved as `dpm_solver++` of the same order, and stay one argument away:
-`pipe(..., sampler="dpm_solver_fast")`.
+from a folder (the release's fast DPM-Solvers, written in uvic; `euler_maruyama`, a retired
+diffusers class) are saved as `dpm_solver++` of the same order, and stay one argument away:
+`pipe(..., sampler="dpm_solver++_fast_time_uniform")`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from uvic.config import Config, load_config, validate
+from uvic.config import Config, load_config
+from uvic.diffusion.checks import RELEASE_FAST
 from uvic.diffusion.samplers import make_scheduler
 from uvic.diffusion.schedule import Diffusion
 from uvic.models.autoencoder import load_vae
@@ -39,9 +40,10 @@ from uvic.models.uvit import UViT
 from uvic.pipelines.pipeline_uvit import UViTPipeline
 from uvic.run.folder import RUN_EMA, ModelChoice, resolve_model
 from uvic.sampling.generate import build_loaded, effective_cfg_scale, is_latent
+from uvic.validation import validate
 
 # sample.scheduler values that are saved as dpm_solver++ (see the module docstring)
-NOT_SAVED = ("dpm_solver_fast", "euler_maruyama")
+NOT_SAVED = (*RELEASE_FAST, "euler_maruyama")
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt")
 
 

@@ -42,7 +42,8 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils.torch_utils import randn_tensor
 
 from uvic.config import ConfigError, from_dict
-from uvic.diffusion.samplers import NAMED, diffusers_class, model_calls
+from uvic.diffusion.checks import NAMED, diffusers_class
+from uvic.diffusion.samplers import model_calls
 from uvic.diffusion.schedule import Diffusion
 from uvic.models.autoencoder import SCALE_FACTOR
 from uvic.models.uvit import UViT
@@ -182,8 +183,8 @@ class UViTPipeline(DiffusionPipeline):
                 release's s of `eps = c + s (c - u)` (g = s + 1). Default: the pipeline's
                 `cfg_scale` (the exported run's sample.cfg_scale); 1 / 0 = no guidance.
             sampler: one of uvic's protocols (`dpm_solver++`, `dpm_solver`,
-                `dpm_solver_fast`, `euler_maruyama`: the release's MS-COCO and CIFAR-10
-                samplers) or a diffusers scheduler class name, built for this schedule as
+                `dpm_solver++_fast_time_uniform`, `euler_maruyama`: the release's MS-COCO
+                and CIFAR-10 samplers) or a diffusers scheduler class name, built for this schedule as
                 `uvic-sample --scheduler` builds it (with `order`); default: `self.scheduler`.
             generator: one torch generator, or one per image; uvic's per-sample
                 `SampleGenerator`s (`sample_generators(seed, range(n))`) draw the noise of
