@@ -185,7 +185,8 @@ class UViTPipeline(DiffusionPipeline):
             sampler: one of uvic's protocols (`dpm_solver++`, `dpm_solver`,
                 `dpm_solver++_fast_time_uniform`, `euler_maruyama`: the release's MS-COCO
                 and CIFAR-10 samplers) or a diffusers scheduler class name, built for this
-                schedule as `uvic-sample --scheduler` builds it (with `order`); default: `self.scheduler`.
+                schedule as `uvic-sample --scheduler` builds it (with `order`); default:
+                `self.scheduler`.
             generator: one torch generator, or one per image; uvic's per-sample
                 `SampleGenerator`s (`sample_generators(seed, range(n))`) draw the noise of
                 `uvic-sample --seed seed`.
