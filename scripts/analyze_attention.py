@@ -26,10 +26,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from uvic.analysis import analyze, load_inputs, load_models, save_figures, write_json
+from uvic.analysis import analyze, load_inputs, load_models, save_figures
 from uvic.cli import positive_int, unit_float
 from uvic.config import ConfigError, load_config
-from uvic.run.folder import ModelChoice
+from uvic.run.architecture import ModelChoice
+from uvic.run.files import write_json
 from uvic.run.weights import CheckpointError
 
 
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    print(f"json: {write_json(result, out / 'attention.json')}")
+    print(f"json: {write_json(out / 'attention.json', result, indent=1)}")
     for name, path in save_figures(result, out).items():
         print(f"{name}: {path}")
     return 0

@@ -39,7 +39,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from uvic import data as layout
+from uvic.data import datasets as layout
 from uvic.data.datasets import DatasetError, center_crop_resize
 from uvic.models.autoencoder import (
     DEFAULT_VAE,

@@ -33,6 +33,7 @@ from PIL import Image
 from uvic.config import Config, ConfigError, load_config
 from uvic.evaluation.fid import evaluate
 from uvic.evaluation.protocols import load_results, protocol_of, protocol_table
+from uvic.run.folder import RunFolder
 from uvic.run.weights import CheckpointError, file_sha256
 from uvic.training.trainer import TrainError, train
 
@@ -53,15 +54,15 @@ class Job:
 
     @property
     def ckpt(self) -> Path:
-        return self.run_dir / "ema.safetensors"
+        return RunFolder(self.run_dir).ema
 
     def trained_steps(self) -> int:
-        summary = self.run_dir / "summary.json"
+        summary = RunFolder(self.run_dir).summary
         return int(json.loads(summary.read_text())["steps"]) if summary.is_file() else 0
 
     def step_time(self) -> float | None:
         """Measured seconds per training step of this run so far, if any."""
-        summary = self.run_dir / "summary.json"
+        summary = RunFolder(self.run_dir).summary
         if not summary.is_file():
             return None
         value = json.loads(summary.read_text()).get("mean_step_time_s")

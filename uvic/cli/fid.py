@@ -39,17 +39,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from uvic.cli.sample import sampler_overrides
-from uvic.config import FID_FEATURES, ConfigError, load_config
-from uvic.evaluation.fid import evaluate
-from uvic.evaluation.protocols import NOT_FID, protocol_from_result
-from uvic.evaluation.statistics import MODES
-from uvic.run.folder import ModelChoice
-from uvic.run.weights import CheckpointError
-from uvic.sampling.generate import PRECISIONS
+from uvic.cli.sampler_options import PRECISION_METAVAR, check_precision, sampler_overrides
+from uvic.config import FID_FEATURES, FID_MODES
+from uvic.evaluation.protocols import NOT_FID
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="configs/*.py or a run's config.json")
     p.add_argument("--ckpt", required=True, help="EMA .safetensors or released nnet_ema.pth")
@@ -57,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="number of samples (default: eval.n_samples)")
     p.add_argument("--out", help="result JSON (default runs/fid/<name>_<run>_<ckpt>.json)")
     p.add_argument("--samples-dir", help="sample PNG folder (default: next to --out)")
-    p.add_argument("--mode", choices=MODES, help="clean-fid mode (default: eval.mode)")
+    p.add_argument("--mode", choices=FID_MODES, help="clean-fid mode (default: eval.mode)")
     p.add_argument("--features", choices=FID_FEATURES,
                    help="inception: FID; projection: download-free stand-in features to "
                    f"check the pipeline, {NOT_FID} (default: eval.features)")
@@ -68,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cfg-scale", type=float, help="guidance s in eps = c + s (c - u)")
     p.add_argument("--batch-size", type=int, help="samples per forward pass per process")
     p.add_argument("--seed", type=int, default=0, help="sample seed (default 0)")
-    p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
+    p.add_argument("--precision", default="fp32", metavar=PRECISION_METAVAR,
                    help="autocast dtype on CUDA for sampling (default fp32)")
     p.add_argument("--inception-path", help="local Inception weights (eval.inception_path)")
     p.add_argument("--stats-dir", help="cache of built reference statistics "
@@ -84,7 +79,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="build the model as --config and --set say, not as the model config "
                    "stored with the checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -97,7 +96,15 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_precision(parser, args.precision)  # the library (torch) is imported from here on
+    from uvic.config import ConfigError, load_config
+    from uvic.evaluation.fid import evaluate
+    from uvic.evaluation.protocols import protocol_from_result
+    from uvic.run.architecture import ModelChoice
+    from uvic.run.weights import CheckpointError
+
     try:
         cfg = load_config(args.config, [*args.set, *overrides(args)])
         result = evaluate(
