@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import pickle
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -35,7 +33,6 @@ import torchvision
 from diffusers import AutoencoderKL
 from PIL import Image
 
-REPO = Path(__file__).resolve().parents[1]
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
                    "dog", "frog", "horse", "ship", "truck"]
 
@@ -226,17 +223,10 @@ def tiny_clip_folder(path: str | Path, seed: int = 0) -> str:
 
 
 def load_extract_script() -> ModuleType:
-    """Import scripts/extract_mscoco_features.py as a module (scripts/ is not a package)."""
-    name = "extract_mscoco_features"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = REPO / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules[name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+    """scripts/extract_mscoco_features.py as a module (`conftest.load_script`)."""
+    from conftest import load_script
+
+    return load_script("scripts/extract_mscoco_features.py")
 
 
 def make_mscoco_features(root: str | Path, n_images: dict[str, int] | None = None,

@@ -33,7 +33,6 @@ from diffusers import AutoencoderKL
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from uvic import autoencoder
 from uvic.config import Config, ConfigError, apply_overrides
 from uvic.data.datasets import (
     DatasetError,
@@ -44,6 +43,7 @@ from uvic.data.datasets import (
     load_sample_prompts,
     save_shapes_folder,
 )
+from uvic.models import autoencoder
 from uvic.models.text_encoder import ClipLoadError, ClipTextEncoder
 
 EOT, SOT = 49407, 49406

@@ -6,7 +6,6 @@ The commands are the README's (`readme_commands.argv`), with settings that shrin
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import re
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 from PIL import Image
 from readme_commands import README, argv
 
@@ -29,10 +29,7 @@ def readme_outputs() -> list[str]:
 
 
 def load_quickstart():
-    spec = importlib.util.spec_from_file_location("quickstart", ROOT / "scripts" / "quickstart.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/quickstart.py")
 
 
 def run_quickstart(tmp_path: Path, out: Path, *extra: str, check: bool = True,

@@ -64,7 +64,7 @@ from readme_commands import (
 from uvic.config import Config, apply_overrides, from_dict, load_config, validate
 from uvic.data.datasets import save_shapes_folder
 from uvic.models.uvit import build_model
-from uvic.run.folder import RUN_EMA, checkpoint_name
+from uvic.run.folder import RunFolder
 
 TEXT = " ".join(README.split())  # the README with line breaks as spaces, for its sentences
 SHIMS = Path(__file__).with_name("shims")  # sitecustomize.py: generated CIFAR-10 passes
@@ -114,7 +114,7 @@ TRAIN = sets("train.mixed_precision=no", "data.num_workers=0", "train.max_steps=
 SAMPLE = ("--n", "4", "--steps", "3")
 # The runs the commands find (`needs`) keep step 1 as the autoguidance model.
 GUIDE_STEP = 1
-GUIDE = f"checkpoints/{checkpoint_name(GUIDE_STEP)}/{RUN_EMA}"
+GUIDE = str(RunFolder("").checkpoint(GUIDE_STEP) / RunFolder.EMA)
 
 
 # --------------------------------------------------------------------------- the table
@@ -493,7 +493,8 @@ class Assets:
     def make_fid_results(self) -> None:
         """A result JSON of the real evaluator, with its stand-in features (no Inception)."""
         if self.once("fid results"):
-            from uvic import fid, fid_stats
+            import uvic.evaluation.fid as fid
+            import uvic.evaluation.statistics as fid_stats
 
             self.make_cifar10_runs()
             ref = save_shapes_folder(self.root / "ref", 8, size=32)

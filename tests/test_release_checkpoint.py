@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from uvic import fid
+import uvic.evaluation.fid as fid
 from uvic.config import load_config
 from uvic.data.datasets import save_shapes_folder
 from uvic.diffusion.schedule import Diffusion

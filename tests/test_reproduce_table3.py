@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 from accelerate.utils import set_seed
+from conftest import load_script
 from PIL import Image
 
 from uvic.models.uvit import build_model
@@ -17,17 +16,12 @@ from uvic.models.uvit import build_model
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("reproduce_table3",
-                                                  REPO / "scripts" / "reproduce_table3.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+def load_table3():
+    return load_script("scripts/reproduce_table3.py")
 
 
 def test_plan_of_the_paper_runs(capsys) -> None:
-    assert load_script().main(["--dry-run", "--out", "unused"]) == 0
+    assert load_table3().main(["--dry-run", "--out", "unused"]) == 0
     out = capsys.readouterr().out
     assert "cifar10 / uvit: train 500,000 of 500,000 steps x 128 images" in out
     assert "mscoco / uvic: train 1,000,000 of 1,000,000 steps x 256 images" in out
@@ -39,7 +33,7 @@ def test_plan_of_the_paper_runs(capsys) -> None:
 
 
 def test_smoke_chain_and_resume(tmp_path: Path, capsys) -> None:
-    script = load_script()
+    script = load_table3()
     out = tmp_path / "t3"
     assert script.main(["--smoke", "--out", str(out), "--quiet"]) == 0
     first = capsys.readouterr().out

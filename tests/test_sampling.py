@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import math
@@ -14,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import load_script
 from datagen import make_mscoco_features, tiny_clip_folder, tiny_vae, tiny_vae_folder
 from PIL import Image
 from torch import nn
@@ -32,8 +32,10 @@ from uvic.diffusion.samplers import make_scheduler
 from uvic.diffusion.schedule import Diffusion
 from uvic.models.uvit import build_model
 from uvic.run.weights import save_safetensors
-from uvic.sampling.generate import generate, guided_eps, load_guide, sample_images, to_pixels
+from uvic.sampling.assets import to_pixels
+from uvic.sampling.generate import generate, guided_eps, sample_images
 from uvic.sampling.images import MIN_GRID_WIDTH, grid_upscale, save_comparison_grid, save_grid
+from uvic.sampling.load import load_guide
 from uvic.sampling.noise import make_noise, sample_generators
 
 REPO = Path(__file__).resolve().parents[1]
@@ -522,13 +524,6 @@ def test_sample_cli_single_and_comparison(tmp_path: Path) -> None:
         assert np.abs(first - other).max() > 10  # other weights, same noise
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name.replace("/", "_"), REPO / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_sample_cli_refuses_bad_upscale_and_clashing_labels(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture) -> None:
     config = write_tiny_config(tmp_path / "tiny.py")
@@ -547,6 +542,27 @@ def test_sample_cli_refuses_bad_upscale_and_clashing_labels(tmp_path: Path,
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "grid_a_b.png" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["scripts/sample.py", "eval/fid.py"])
+def test_precision_is_checked_as_argparse_choices_would(command: str,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    """--precision is checked after parsing (its names live with torch), with argparse's own
+    usage error, and --help lists the library's names."""
+    from uvic.cli.sampler_options import PRECISION_METAVAR
+    from uvic.sampling.generate import PRECISIONS
+
+    assert "{" + ",".join(sorted(PRECISIONS)) + "}" == PRECISION_METAVAR
+    main = load_script(command).main
+    with pytest.raises(SystemExit) as stop:
+        main(["--config", "unused.py", "--ckpt", "unused.pth", "--out", "unused",
+              "--precision", "fp64"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "argument --precision: invalid choice: 'fp64' (choose from 'bf16', 'fp16', 'fp32')")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert f"--precision {PRECISION_METAVAR}" in capsys.readouterr().out
 
 
 def test_sample_cli_text_to_image(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
