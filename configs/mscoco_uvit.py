@@ -51,10 +51,10 @@ def get_config() -> Config:
             log_every=100, sample_every=10_000, ckpt_every=25_000, n_grid=64,
         ),
         sample=SampleConfig(
-            # The release's FID protocol: DPM_Solver(predict_x0=True).sample(steps=50,
-            # eps=1/N, T=1), singlestep order 3 on a time-uniform grid. Ours instead:
-            # --set sample.scheduler=dpm_solver++ --set sample.order=2.
-            scheduler="dpm_solver_fast", steps=50, order=2,
+            # The release's FID protocol (eval_t2i_discrete.py): dpm_solver_pp.py's
+            # DPM_Solver(predict_x0=True).sample(steps=50, eps=1/N, T=1), method "fast".
+            # Ours instead: --set sample.scheduler=dpm_solver++ --set sample.order=2.
+            scheduler="dpm_solver++_fast_time_uniform", steps=50, order=2,
             cfg_scale=1.0,  # eps = c + 1.0 (c - u)
             batch_size=50, decode_batch_size=50,
         ),

@@ -37,7 +37,11 @@ from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 MODES = ("cog", "softmax", "expressive")
-BACKENDS = ("triton", "torch", "sdpa")
+# The modes each backend runs: SDPA is PyTorch's softmax attention, Cog and expressive
+# attention have no SDPA form. The one statement of that rule: the model's check of
+# `model.attention_backend` (uvic.models.checks) reads this table too.
+BACKEND_MODES = {"triton": MODES, "torch": MODES, "sdpa": ("softmax",)}
+BACKENDS = tuple(BACKEND_MODES)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
 _KERNEL_MODULE = "uvic_kernels.triton_attention"
@@ -134,7 +138,7 @@ def _check_inputs(
         raise ValueError(f"scale must be a finite number or None, got {scale!r}")
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
-    if backend == "sdpa" and mode != "softmax":
+    if backend is not None and mode not in BACKEND_MODES[backend]:  # sdpa: softmax only
         raise ValueError(
             "backend='sdpa' runs softmax attention only (PyTorch's "
             f"scaled_dot_product_attention); mode={mode!r} needs backend 'triton' or 'torch'"

@@ -34,7 +34,9 @@ import torch
 
 from uvic.config import Config, load_config
 from uvic.diffusion.schedule import Diffusion, diffusion_loss
+from uvic.models.checks import resolve_attention
 from uvic.models.uvit import build_model
+from uvic_kernels.fused_attention import BACKEND_MODES
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
@@ -122,7 +124,10 @@ def num_tokens(cfg: Config) -> int:
 
 
 def backends_for(attention: str) -> list[str]:
-    return ["triton", "torch", "sdpa"] if attention == "uvit" else ["triton", "torch"]
+    """The kernel backends that run every block of an attention preset (the kernels'
+    BACKEND_MODES: sdpa runs U-ViT only). A preset's set of modes is the same at any depth."""
+    modes = set(resolve_attention(attention, depth=2))
+    return [b for b, runs in BACKEND_MODES.items() if modes <= set(runs)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -301,7 +301,7 @@ def plot_losses(logs: dict[str, list[dict]], path: Path, objective: str):
 
 def try_fid(cfg: Config, ckpt: Path, out_dir: Path) -> tuple[float | None, str]:
     """FID through the real evaluator, or (None, why) when Inception weights are absent."""
-    import uvic.evaluation.fid as fid
+    from uvic.evaluation import fid
 
     try:
         result = fid.evaluate(cfg, ckpt, n=cfg.eval.n_samples, out_json=out_dir / "fid.json",

@@ -35,6 +35,7 @@ from uvic.evaluation.fid import evaluate
 from uvic.evaluation.protocols import load_results, protocol_of, protocol_table
 from uvic.run.folder import RunFolder
 from uvic.run.weights import CheckpointError, file_sha256
+from uvic.sampling.checks import PRECISIONS
 from uvic.training.trainer import TrainError, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,7 +177,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stage", choices=["all", "train", "fid", "table"], default="all",
                    help="run up to this stage only (default all)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32",
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="autocast dtype for FID sampling on CUDA")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override applied to every pair")

@@ -56,7 +56,7 @@ PAPER = {
         "diffusion.p_uncond": 0.1,
         "optim.betas": (0.9, 0.9), "optim.warmup_steps": 5000,
         "train.batch_size": 256, "train.max_steps": 1_000_000,
-        "sample.scheduler": "dpm_solver_fast", "sample.steps": 50,
+        "sample.scheduler": "dpm_solver++_fast_time_uniform", "sample.steps": 50,
         "sample.cfg_scale": 1.0, "sample.batch_size": 50,
         "eval.n_samples": 30_000, "eval.ref_res": 256,
     },

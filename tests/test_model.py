@@ -18,8 +18,7 @@ from torch import Tensor
 
 import uvic_kernels
 from uvic.config import load_config
-from uvic.models.embeddings import timestep_embedding
-from uvic.models.uvit import UViT, build_model, resolve_attention, uvit_size
+from uvic.models.uvit import UViT, build_model, resolve_attention, timestep_embedding, uvit_size
 from uvic.run.weights import (
     CheckpointError,
     LoadResult,

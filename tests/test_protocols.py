@@ -9,6 +9,7 @@ import pytest
 from uvic.config import apply_overrides, load_config
 from uvic.evaluation.protocols import (
     NOT_FID,
+    OLD_SAMPLERS,
     RELEASE,
     Protocol,
     protocol_from_result,
@@ -31,7 +32,7 @@ def test_protocol_labels() -> None:
     assert RELEASE["cifar10"].label() == (
         "euler_maruyama 1000 steps, 50000 samples, legacy_pytorch, ref cifar10/train/32")
     assert RELEASE["mscoco"].label() == (
-        "dpm_solver_fast 50 steps, guidance 1, 30000 samples, legacy_pytorch, "
+        "dpm_solver++_fast_time_uniform 50 steps, guidance 1, 30000 samples, legacy_pytorch, "
         "ref mscoco_val2014_256/val/256")
     cfg = apply_overrides(load_config(CONFIGS / "cifar10_uvit.py"), [
         "sample.scheduler=dpm_solver++", "sample.steps=50",
@@ -78,6 +79,30 @@ def test_table_never_mixes_protocols_in_a_column() -> None:
     assert f"- P1: {RELEASE['cifar10'].label()} — *release protocol*" in lines
     assert f"- P2: {fast.label()}" in lines
     assert f"- P3: {RELEASE['mscoco'].label()} — *release protocol*" in lines
+
+
+def test_results_of_the_old_mscoco_sampler_keep_their_own_protocol() -> None:
+    """A result measured with uvic's old `dpm_solver_fast` (not the release's protocol)
+    is read back under a name saying so: its own column, never the release's."""
+    old = {**RELEASE["mscoco"].as_dict(), "sampler": "dpm_solver_fast",
+           "label": "dpm_solver_fast 50 steps, guidance 1, 30000 samples, legacy_pytorch, "
+                    "ref mscoco_val2014_256/val/256"}  # as eval/fid.py wrote it then
+    p = protocol_from_result({"protocol": old})
+    assert p != RELEASE["mscoco"] and p.sampler == OLD_SAMPLERS["dpm_solver_fast"]
+    assert p.label().startswith("old dpm_solver_fast (uvic's MS-COCO sampler before issue 25, "
+                                "not the release's protocol) 50 steps, guidance 1, 30000")
+    table = protocol_table([result("U-ViC", "mscoco", 6.10, RELEASE["mscoco"]),
+                            {**result("U-ViT", "mscoco", 5.90, RELEASE["mscoco"]),
+                             "protocol": old}])
+    lines = table.splitlines()
+    header = [c.strip() for c in lines[0].split("|")[1:-1]]
+    assert header[-3:] == ["MS-COCO 256 (P1)", "MS-COCO 256 (P2)", "MS-COCO 256 (paper)"]
+    assert f"- P1: {RELEASE['mscoco'].label()} — *release protocol*" in lines
+    assert f"- P2: {p.label()}" in lines
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in lines if line.startswith("| U-Vi")}
+    assert rows["U-ViT"][-3:] == ["—", "5.90", "5.99 (release 5.95)"]
+    assert rows["U-ViC"][-3:] == ["6.10", "—", "5.85"]
 
 
 def test_table_marks_stand_in_columns() -> None:

@@ -61,10 +61,11 @@ from readme_commands import (
     split_env,
 )
 
-from uvic.config import Config, apply_overrides, from_dict, load_config, validate
+from uvic.config import Config, apply_overrides, from_dict, load_config
 from uvic.data.datasets import save_shapes_folder
 from uvic.models.uvit import build_model
 from uvic.run.folder import RunFolder
+from uvic.validation import validate
 
 TEXT = " ".join(README.split())  # the README with line breaks as spaces, for its sentences
 SHIMS = Path(__file__).with_name("shims")  # sitecustomize.py: generated CIFAR-10 passes
@@ -257,14 +258,17 @@ def samplers_print_the_readme_figures(ws: Path, proc: subprocess.CompletedProces
         assert agrees(text, got[key]), f"README {text}, printed {got[key]:.2e}: {key}"
     sentences = {
         r"same noise and increments, (\S+) relative L2": "euler_maruyama",
-        r"DPM-Solver fast (\S+) \(float32 rounding\)": "dpm_solver_fast (ours)",
-        r"on Gaussian data it lands (\S+) from the release's result":
+        r"the MS-COCO DPM-Solver\+\+ fast \(`dpm_solver_pp.py`\) (\S+)":
+            "dpm_solver++_fast_time_uniform (ours)",
+        r"continuous-time DPM-Solver fast \(`dpm_solver_pytorch.py`\) (\S+) \(float32 rounding\)":
+            "dpm_solver_fast_logsnr (ours)",
+        r"on Gaussian data it lands (\S+) from\s+the release's result":
             "diffusers singlestep order 3",
-        r"farther than our multistep DPM-Solver\+\+ \((\S+) on its logSNR grid":
+        r"our multistep DPM-Solver\+\+ (\S+) \(logSNR grid":
             "dpm_solver++ order 2, logSNR-uniform",
-        r"on the time-uniform one, (\S+)\)": "dpm_solver++ order 2, time-uniform",
+        r"on the time-uniform\s+one, (\S+)\)": "dpm_solver++ order 2, time-uniform",
         r"The release's protocol itself ends (\S+) from the exact ODE solution":
-            "release DPM-Solver fast",
+            "release DPM-Solver++ fast",
         r"500-step solutions that agree to (\S+) on both grids": random,
     }
     for pattern, prefix in sentences.items():
@@ -493,8 +497,8 @@ class Assets:
     def make_fid_results(self) -> None:
         """A result JSON of the real evaluator, with its stand-in features (no Inception)."""
         if self.once("fid results"):
-            import uvic.evaluation.fid as fid
-            import uvic.evaluation.statistics as fid_stats
+            from uvic.evaluation import fid
+            from uvic.evaluation import statistics as fid_stats
 
             self.make_cifar10_runs()
             ref = save_shapes_folder(self.root / "ref", 8, size=32)
@@ -832,7 +836,7 @@ CLAIMS: list[tuple[str, Callable[[], tuple]]] = [
     (r"(\d+) x (\d+) token states",
      lambda: (config(COCO).model.num_clip_token, config(COCO).model.clip_dim)),
     (r"\(([\d.]+) for the COCO FID protocol\)", lambda: (config(COCO).sample.cfg_scale,)),
-    (r"\| sampler \| `(\w+)`, (\d+) steps \| `(\w+)`, (\d+) steps, guidance scale (\d+) \|",
+    (r"\| sampler \| `(\w+)`, (\d+) steps \| `([\w+]+)`, (\d+) steps, guidance scale (\d+) \|",
      lambda: (config(C10).sample.scheduler, config(C10).sample.steps,
               config(COCO).sample.scheduler, config(COCO).sample.steps,
               config(COCO).sample.cfg_scale)),
@@ -856,7 +860,7 @@ CLAIMS: list[tuple[str, Callable[[], tuple]]] = [
 DOC_CLAIMS: list[tuple[str, Callable[[], tuple]]] = [
     (r"U-ViT-S/2 has ([\d,]+) parameters \(CIFAR-10\) and ([\d,]+) \(MS-COCO\)",
      lambda: (parameters(C10), parameters(COCO))),
-    (r"\| sampler \| `(\w+)`, (\d+) steps [^|]*\| `(\w+)`, (\d+) steps [^|]*guidance "
+    (r"\| sampler \| `(\w+)`, (\d+) steps [^|]*\| `([\w+]+)`, (\d+) steps [^|]*guidance "
      r"`eps = c \+ ([\d.]+) \(c - u\)` \|",
      lambda: (config(C10).sample.scheduler, config(C10).sample.steps,
               config(COCO).sample.scheduler, config(COCO).sample.steps,

@@ -11,10 +11,10 @@ import torch
 from PIL import Image
 from torch import nn
 
-import uvic.evaluation.fid as fid
 from uvic.config import load_config
 from uvic.data.datasets import save_shapes_folder
 from uvic.diffusion.schedule import Diffusion
+from uvic.evaluation import fid
 from uvic.models.uvit import build_model
 from uvic.sampling.generate import generate
 from uvic.sampling.images import to_uint8

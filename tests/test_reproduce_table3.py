@@ -29,7 +29,8 @@ def test_plan_of_the_paper_runs(capsys) -> None:
     assert "50,000 samples x 1000 network calls = 50,000,000 image forwards" in out
     assert "30,000 samples x 100 network calls = 3,000,000 image forwards" in out
     assert "protocol: euler_maruyama 1000 steps, 50000 samples, legacy_pytorch" in out
-    assert "protocol: dpm_solver_fast 50 steps, guidance 1, 30000 samples, legacy_pytorch" in out
+    assert ("protocol: dpm_solver++_fast_time_uniform 50 steps, guidance 1, 30000 samples, "
+            "legacy_pytorch") in out
 
 
 def test_smoke_chain_and_resume(tmp_path: Path, capsys) -> None:

@@ -2,9 +2,10 @@
 
 The model is the exact noise predictor of Gaussian data x0 ~ N(mu, s^2 I), whose answers
 are known in closed form. Each protocol's update rule is rewritten here in float64 from
-its definition (the U-ViT release's Euler-Maruyama on the reverse VP SDE; the release's
-DPM-Solver "fast" singlestep method) and compared with our sampler on the same noise and
-the same random increments.
+its definition (the U-ViT release's Euler-Maruyama on the reverse VP SDE; the "fast"
+`sample` of each of its two DPM-Solver files, `dpm_solver_pp.py` and
+`dpm_solver_pytorch.py`) and compared with our sampler on the same noise and the same
+random increments, network times included.
 
 `python tests/test_samplers.py` prints the measurements quoted in the README.
 """
@@ -20,9 +21,17 @@ import pytest
 import torch
 
 from uvic.config import Config, ConfigError, DiffusionConfig, apply_overrides
-from uvic.diffusion.samplers import fast_orders, make_scheduler, run_sampler
+from uvic.diffusion.samplers import (
+    FAST_LOGSNR,
+    FAST_TIME_UNIFORM,
+    fast_orders,
+    make_scheduler,
+    model_calls,
+    run_sampler,
+)
 from uvic.diffusion.schedule import Diffusion
 from uvic.sampling.noise import SampleGenerator, make_noise, sample_generators
+from uvic.validation import validate
 
 MU, S = 0.3, 0.5  # the Gaussian data
 VP = Diffusion(DiffusionConfig(schedule="vp_continuous"))
@@ -116,8 +125,60 @@ def release_euler_maruyama(x: np.ndarray, increments: list[np.ndarray], steps: i
     return x
 
 
+class ReleaseSchedule:
+    """The release's `NoiseScheduleVP` in float64: "linear" (beta 0.1 -> 20 in closed form,
+    `dpm_solver_pytorch.py`) or "discrete" (log alpha piecewise linear between t_n = n / N,
+    extended linearly beyond, `dpm_solver_pp.py`), and the network time each eval script
+    feeds: 999 t (`ScoreModel`) or N t (`t_continuous * N`)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def log_alpha(self, t: float) -> float:
+        if self.kind == "linear":
+            return float(vp_log_alpha(t))
+        return interp_extended(t, T_TABLE, LOG_ALPHA_TABLE)
+
+    def alpha(self, t: float) -> float:
+        return math.exp(self.log_alpha(t))
+
+    def sigma(self, t: float) -> float:
+        return math.sqrt(1.0 - math.exp(2.0 * self.log_alpha(t)))
+
+    def lam(self, t: float) -> float:
+        log_a = self.log_alpha(t)
+        return log_a - 0.5 * math.log(1.0 - math.exp(2.0 * log_a))
+
+    def inverse_lambda(self, lam: float) -> float:
+        if self.kind == "linear":
+            b0, b1 = 0.1, 20.0
+            tmp = 2.0 * (b1 - b0) * np.logaddexp(-2.0 * lam, 0.0)
+            return float(tmp / (math.sqrt(b0**2 + tmp) + b0) / (b1 - b0))
+        log_a = -0.5 * np.logaddexp(0.0, -2.0 * lam)
+        return interp_extended(log_a, LOG_ALPHA_TABLE[::-1], T_TABLE[::-1])
+
+    def net_time(self, t: float) -> float:
+        return 999.0 * t if self.kind == "linear" else N * t
+
+    def eps(self, x: np.ndarray, t: float, seen: list[float]) -> np.ndarray:
+        """The Gaussian noise predictor at continuous time t; records the network time."""
+        seen.append(self.net_time(t))
+        schedule = "vp_continuous" if self.kind == "linear" else "scaled_linear"
+        return gaussian_eps(schedule, x, np.full(len(x), self.net_time(t)))
+
+
+def interp_extended(x: float, xp: np.ndarray, fp: np.ndarray) -> float:
+    """Piecewise-linear interpolation on increasing `xp`, extended linearly at both ends
+    (the release's `interpolate_fn`; numpy's `interp` clamps instead)."""
+    i = int(np.clip(np.searchsorted(xp, x), 1, len(xp) - 1))
+    return float(fp[i - 1] + (fp[i] - fp[i - 1]) * (x - xp[i - 1]) / (xp[i] - xp[i - 1]))
+
+
+LINEAR, DISCRETE = ReleaseSchedule("linear"), ReleaseSchedule("discrete")
+
+
 def release_fast_orders(steps: int) -> list[int]:
-    """Orders of the release's DPM-Solver "fast" method (order 3) for `steps` model calls."""
+    """Orders of "fast" with order 3 (both files): K = steps // 3 + 1 updates."""
     k = steps // 3 + 1
     if steps % 3 == 0:
         return [3] * (k - 2) + [2, 1]
@@ -126,56 +187,91 @@ def release_fast_orders(steps: int) -> list[int]:
     return [3] * (k - 1) + [2]
 
 
-def release_dpm_solver_fast(x: np.ndarray, steps: int) -> np.ndarray:
-    """DPM-Solver++ "fast" on the discrete schedule, as the release calls it: singlestep
-    updates of the orders above on a time-uniform grid from T = 1 to eps = 1/N, data
-    prediction, intermediate points at fractions r of each step in logSNR, network time
-    t * N (continuous), no final denoising step. float64 throughout."""
+def release_dpm_solver_fast(x: np.ndarray, steps: int, ns: ReleaseSchedule,
+                            eps: float = 1e-4) -> tuple[np.ndarray, list[float]]:
+    """`dpm_solver_pytorch.py`: `DPM_Solver(model_fn, ns).sample(x, steps, eps=1e-4,
+    fast_version=True)`, as `eval.py` and `eval_ldm.py` call it, in float64. Returns the
+    sample and the network times of the evaluations, in order.
 
-    def log_alpha(t: float) -> float:
-        return float(discrete_log_alpha(t))
-
-    def sigma(t: float) -> float:
-        return math.sqrt(-math.expm1(2 * log_alpha(t)))
-
-    def lam(t: float) -> float:
-        return log_alpha(t) - math.log(sigma(t))
-
-    def inverse_lambda(value: float) -> float:
-        log_a = -0.5 * np.logaddexp(0.0, -2.0 * value)
-        return float(np.interp(log_a, LOG_ALPHA_TABLE[::-1], T_TABLE[::-1]))
-
-    def data_pred(x: np.ndarray, t: float) -> np.ndarray:
-        eps = gaussian_eps("scaled_linear", x, np.full(len(x), t * N))
-        return (x - sigma(t) * eps) / math.exp(log_alpha(t))
-
+    Grid: `get_time_steps("logSNR", T=1, eps, K)`, K + 1 points uniform in lambda. Update i
+    goes from grid point i to i + 1 with `dpm_solver_update(x, s, t, order)` (noise
+    prediction, default r1 = 1/3, r2 = 2/3, order 2: r1 = 1/2); no denoising at the end."""
+    seen: list[float] = []
     orders = release_fast_orders(steps)
-    grid = np.linspace(1.0, 1.0 / N, len(orders) + 1)
-    for order, s, t in zip(orders, grid[:-1], grid[1:]):
-        h = lam(t) - lam(s)
-        a_t, sig_s, sig_t = math.exp(log_alpha(t)), sigma(s), sigma(t)
-        phi_1 = math.expm1(-h)
-        m_s = data_pred(x, s)
-        if order == 1:
-            x = sig_t / sig_s * x - a_t * phi_1 * m_s
+    lams = np.linspace(ns.lam(1.0), ns.lam(eps), len(orders) + 1)
+    grid = [ns.inverse_lambda(v) for v in lams]
+    for i, order in enumerate(orders):
+        s, t = grid[i], grid[i + 1]
+        lam_s, lam_t = ns.lam(s), ns.lam(t)
+        h = lam_t - lam_s
+        e_s = ns.eps(x, s, seen)
+        if order == 1:  # dpm_solver_first_update
+            x = ns.alpha(t) / ns.alpha(s) * x - ns.sigma(t) * math.expm1(h) * e_s
             continue
         r1 = 0.5 if order == 2 else 1.0 / 3.0
-        s1 = inverse_lambda(lam(s) + r1 * h)
-        x_s1 = sigma(s1) / sig_s * x - math.exp(log_alpha(s1)) * math.expm1(-r1 * h) * m_s
-        m_s1 = data_pred(x_s1, s1)
-        if order == 2:
-            x = sig_t / sig_s * x - a_t * phi_1 * m_s - 0.5 / r1 * a_t * phi_1 * (m_s1 - m_s)
+        s1 = ns.inverse_lambda(lam_s + r1 * h)
+        x_s1 = ns.alpha(s1) / ns.alpha(s) * x - ns.sigma(s1) * math.expm1(r1 * h) * e_s
+        e_s1 = ns.eps(x_s1, s1, seen)
+        if order == 2:  # dpm_solver_second_update
+            x = (ns.alpha(t) / ns.alpha(s) * x - ns.sigma(t) * math.expm1(h) * e_s
+                 - 0.5 / r1 * ns.sigma(t) * math.expm1(h) * (e_s1 - e_s))
             continue
-        r2 = 2.0 / 3.0
-        s2 = inverse_lambda(lam(s) + r2 * h)
-        a_s2 = math.exp(log_alpha(s2))
-        phi_22 = math.expm1(-r2 * h) / (r2 * h) + 1.0
-        x_s2 = (sigma(s2) / sig_s * x - a_s2 * math.expm1(-r2 * h) * m_s
-                + r2 / r1 * a_s2 * phi_22 * (m_s1 - m_s))
-        m_s2 = data_pred(x_s2, s2)
-        phi_2 = phi_1 / h + 1.0
-        x = sig_t / sig_s * x - a_t * phi_1 * m_s + 1.0 / r2 * a_t * phi_2 * (m_s2 - m_s)
-    return x
+        r2 = 2.0 / 3.0  # dpm_solver_third_update
+        s2 = ns.inverse_lambda(lam_s + r2 * h)
+        phi_22 = math.expm1(r2 * h) / (r2 * h) - 1.0
+        x_s2 = (ns.alpha(s2) / ns.alpha(s) * x - ns.sigma(s2) * math.expm1(r2 * h) * e_s
+                - r2 / r1 * ns.sigma(s2) * phi_22 * (e_s1 - e_s))
+        e_s2 = ns.eps(x_s2, s2, seen)
+        phi_2 = math.expm1(h) / h - 1.0
+        x = (ns.alpha(t) / ns.alpha(s) * x - ns.sigma(t) * math.expm1(h) * e_s
+             - 1.0 / r2 * ns.sigma(t) * phi_2 * (e_s2 - e_s))
+    return x, seen
+
+
+def release_dpm_solver_pp_fast(x: np.ndarray, steps: int, ns: ReleaseSchedule,
+                               eps: float = 1.0 / N) -> tuple[np.ndarray, list[float]]:
+    """`dpm_solver_pp.py`: `DPM_Solver(model_fn, ns, predict_x0=True).sample(x, steps,
+    eps=1/N, T=1)` (defaults: method "fast", order 3, skip_type "time_uniform",
+    solver_type "dpm_solver", no denoising), as `eval_t2i_discrete.py` and
+    `eval_ldm_discrete.py` call it, in float64. Returns the sample and the network times.
+
+    Grid: `get_time_steps("time_uniform", 1, eps, N=steps)`, steps + 1 points. An update of
+    order k goes from grid point i to i + k, with r1, r2 the lambda fractions of grid points
+    i + 1, i + 2 of that span; model_fn returns the data prediction (x - sigma eps) / alpha."""
+    seen: list[float] = []
+
+    def x0(x: np.ndarray, t: float) -> np.ndarray:
+        return (x - ns.sigma(t) * ns.eps(x, t, seen)) / ns.alpha(t)
+
+    grid = np.linspace(1.0, eps, steps + 1)
+    i = 0
+    for order in release_fast_orders(steps):
+        s, t = grid[i], grid[i + order]
+        lam_s = ns.lam(s)
+        h = ns.lam(t) - lam_s
+        sig_ratio, a_t = ns.sigma(t) / ns.sigma(s), ns.alpha(t)
+        phi_1 = math.expm1(-h)
+        m_s = x0(x, s)
+        if order == 1:  # dpm_solver_first_update, predict_x0
+            x = sig_ratio * x + a_t * (1.0 - math.exp(-h)) * m_s
+        else:
+            r1 = (ns.lam(grid[i + 1]) - lam_s) / h
+            s1 = ns.inverse_lambda(lam_s + r1 * h)
+            x_s1 = ns.sigma(s1) / ns.sigma(s) * x - ns.alpha(s1) * math.expm1(-r1 * h) * m_s
+            m_s1 = x0(x_s1, s1)
+            if order == 2:  # dpm_solver_second_update, predict_x0, "dpm_solver"
+                x = sig_ratio * x - a_t * phi_1 * m_s - 0.5 / r1 * a_t * phi_1 * (m_s1 - m_s)
+            else:  # dpm_solver_third_update, predict_x0, "dpm_solver"
+                r2 = (ns.lam(grid[i + 2]) - lam_s) / h
+                s2 = ns.inverse_lambda(lam_s + r2 * h)
+                phi_22 = math.expm1(-r2 * h) / (r2 * h) + 1.0
+                x_s2 = (ns.sigma(s2) / ns.sigma(s) * x - ns.alpha(s2) * math.expm1(-r2 * h) * m_s
+                        + r2 / r1 * ns.alpha(s2) * phi_22 * (m_s1 - m_s))
+                m_s2 = x0(x_s2, s2)
+                phi_2 = phi_1 / h + 1.0
+                x = sig_ratio * x - a_t * phi_1 * m_s + 1.0 / r2 * a_t * phi_2 * (m_s2 - m_s)
+        i += order
+    return x, seen
 
 
 # --------------------------------------------------------------------------- Euler-Maruyama
@@ -259,7 +355,18 @@ def test_euler_maruyama_needs_the_vp_schedule() -> None:
         make_scheduler(COCO, "euler_maruyama")
 
 
-# --------------------------------------------------------------------------- DPM-Solver fast
+# --------------------------------------------------------------------------- the release's "fast"
+
+
+def run_fast(name: str, diffusion: Diffusion, noise: torch.Tensor, steps: int = 50
+             ) -> tuple[torch.Tensor, np.ndarray]:
+    """Our protocol `name` on the Gaussian predictor: the sample and the network times."""
+    schedule = "vp_continuous" if diffusion is VP else "scaled_linear"
+    calls: list[torch.Tensor] = []
+    x = run_sampler(torch_eps_fn(schedule, calls), diffusion, noise, scheduler=name, steps=steps)
+    seen = torch.stack(calls)
+    assert (seen == seen[:, :1]).all()  # one time per call for the whole batch
+    return x, seen[:, 0].double().numpy()
 
 
 def test_fast_orders() -> None:
@@ -269,39 +376,101 @@ def test_fast_orders() -> None:
     assert fast_orders(50) == [3] * 16 + [2]
 
 
-def test_dpm_solver_fast_matches_release_formula() -> None:
+def test_mscoco_protocol_is_the_release_dpm_solver_pp_fast() -> None:
+    """`dpm_solver++_fast_time_uniform` is `dpm_solver_pp.py`'s method "fast" (the release's
+    MS-COCO protocol): the same network times, from the first evaluation on, and the same
+    samples as the float64 transcription of the release's `sample`."""
     noise = make_noise((4, 8, 8), sample_generators(11, [0, 1]))
-    calls: list[torch.Tensor] = []
-    ours = run_sampler(torch_eps_fn("scaled_linear", calls), COCO, noise,
-                       scheduler="dpm_solver_fast", steps=50)
-    ref = release_dpm_solver_fast(noise.double().numpy(), 50)
+    ours, seen = run_fast(FAST_TIME_UNIFORM, COCO, noise)
+    ref, ref_seen = release_dpm_solver_pp_fast(noise.double().numpy(), 50, DISCRETE)
+    # 50 evaluations, at N t for the first 50 points of the time-uniform grid 1 -> 1/N
+    np.testing.assert_allclose(seen, N * np.linspace(1.0, 1.0 / N, 51)[:50], rtol=0, atol=1e-4)
+    np.testing.assert_allclose(seen, ref_seen, rtol=0, atol=1e-4)
+    assert rel_l2(ours, ref) < 1e-5 and np.abs(ours.double().numpy() - ref).max() < 1e-5
+    # The protocol ends at t = 1/N: 1.3e-2 from the exact solution there.
     exact = exact_ode_solution(noise.double().numpy(), LOG_ALPHA_TABLE[-1], LOG_ALPHA_TABLE[0])
-    assert len(calls) == 50  # 50 model calls
-    # the network sees N t: t = 1 first, nothing below t = 1/N, fractional times between
-    seen = torch.stack(calls)[:, 0].double()
-    assert seen[0].item() == pytest.approx(N) and seen.min().item() >= 1.0 - 1e-4
-    assert (seen != seen.round()).any()
-    assert rel_l2(ours, ref) < 1e-5
-    # The release's protocol ends at t = 1/N and is coarse: 3e-2 from the exact solution.
-    assert 1e-2 < rel_l2(ref, exact) < 5e-2
-    # Controls: diffusers' singlestep order 3 and our multistep default land elsewhere.
-    single = run_sampler(torch_eps_fn("scaled_linear"), COCO, noise,
-                         scheduler="DPMSolverSinglestepScheduler", steps=50,
-                         scheduler_kwargs=SINGLESTEP)
+    assert 1e-2 < rel_l2(ref, exact) < 2e-2
+    # Controls: the other protocol on this schedule and our multistep default land far away;
+    # diffusers' singlestep order 3 runs the same updates on integer timesteps (network
+    # times 1000, 980, ..., 41, 21 instead of 1000, 980.02, ..., 40.96, 20.98): near, but
+    # outside our tolerance.
+    other, _ = run_fast(FAST_LOGSNR, COCO, noise)
     multistep = run_sampler(torch_eps_fn("scaled_linear"), COCO, noise, scheduler="dpm_solver++",
                             steps=50, order=2)
-    assert rel_l2(single, ref) > 1e-2 and rel_l2(multistep, ref) > 1e-2
+    assert rel_l2(other, ref) > 1e-3 and rel_l2(multistep, ref) > 1e-3
+    calls: list[torch.Tensor] = []
+    single = run_sampler(torch_eps_fn("scaled_linear", calls), COCO, noise,
+                         scheduler="DPMSolverSinglestepScheduler", steps=50,
+                         scheduler_kwargs=SINGLESTEP)
+    single_seen = torch.stack(calls)[:, 0].double().numpy()
+    assert (single_seen == single_seen.round()).all() and np.abs(single_seen - seen).max() > 0.4
+    assert 1e-5 < rel_l2(single, ref) < 1e-3
 
 
-def test_dpm_solver_fast_on_the_vp_schedule() -> None:
-    """The same method on the continuous schedule (closed-form lambda and its inverse)."""
-    noise = make_noise((3, 4, 4), sample_generators(2, [0, 1]))
+def test_continuous_protocol_is_the_release_dpm_solver_fast() -> None:
+    """`dpm_solver_fast_logsnr` is `dpm_solver_pytorch.py`'s `fast_version` (the release's
+    ImageNet-64 and continuous-time latent protocol): network times and samples."""
+    noise = make_noise((4, 8, 8), sample_generators(5, [0, 1]))
+    ours, seen = run_fast(FAST_LOGSNR, VP, noise)
+    ref, ref_seen = release_dpm_solver_fast(noise.double().numpy(), 50, LINEAR)
+    np.testing.assert_allclose(seen, ref_seen, rtol=1e-6, atol=0)
+    # 17 updates over 17 intervals uniform in lambda from t = 1 to 1e-4, each evaluating
+    # the network at its start and at 1/3 and 2/3 of it in lambda (the last, order 2: 1/2)
+    grid = np.linspace(LINEAR.lam(1.0), LINEAR.lam(1e-4), 18)
+    expected = [grid[i] + r * (grid[i + 1] - grid[i])
+                for i, order in enumerate(fast_orders(50))
+                for r in {3: (0, 1 / 3, 2 / 3), 2: (0, 1 / 2)}[order]]
+    np.testing.assert_allclose([LINEAR.lam(t / 999.0) for t in seen], expected, atol=1e-5)
+    assert rel_l2(ours, ref) < 1e-5 and np.abs(ours.double().numpy() - ref).max() < 1e-5
     exact = exact_ode_solution(noise.double().numpy(), float(vp_log_alpha(1.0)),
-                               float(vp_log_alpha(1.0 / N)))
-    errors = [rel_l2(run_sampler(torch_eps_fn("vp_continuous"), VP, noise,
-                                 scheduler="dpm_solver_fast", steps=steps), exact)
-              for steps in (50, 200)]
-    assert errors[1] < 3e-3 and errors[1] < errors[0] / 10  # converges to the exact answer
+                               float(vp_log_alpha(1e-4)))
+    assert rel_l2(ref, exact) < 1e-3
+    other, _ = run_fast(FAST_TIME_UNIFORM, VP, noise)
+    assert rel_l2(other, ref) > 1e-3
+
+
+@pytest.mark.parametrize(("name", "diffusion", "steps"), [
+    (FAST_TIME_UNIFORM, VP, 12), (FAST_TIME_UNIFORM, COCO, 7), (FAST_LOGSNR, COCO, 12),
+    (FAST_LOGSNR, VP, 10), (FAST_TIME_UNIFORM, COCO, 3), (FAST_LOGSNR, VP, 20)])
+def test_fast_protocols_on_both_schedules_and_other_step_counts(
+        name: str, diffusion: Diffusion, steps: int) -> None:
+    """Every schedule pairing and every closing order (step counts 0, 1, 2 mod 3). Fewer
+    evaluations take larger steps, which magnify float32 rounding: 2e-5."""
+    noise = make_noise((2, 4, 4), sample_generators(3, [0, 1]))
+    ns = LINEAR if diffusion is VP else DISCRETE
+    release = release_dpm_solver_pp_fast if name == FAST_TIME_UNIFORM else release_dpm_solver_fast
+    ours, seen = run_fast(name, diffusion, noise, steps)
+    ref, ref_seen = release(noise.double().numpy(), steps, ns)
+    assert len(seen) == steps == model_calls(diffusion, name, steps)
+    np.testing.assert_allclose(seen, ref_seen, rtol=1e-6, atol=1e-5)
+    assert rel_l2(ours, ref) < 2e-5
+
+
+def test_fast_protocols_converge_to_the_exact_solution() -> None:
+    """More evaluations, closer to the exact ODE solution at each protocol's end time."""
+    noise = make_noise((3, 4, 4), sample_generators(2, [0, 1]))
+    for name, diffusion, log_a_end in (
+            (FAST_TIME_UNIFORM, COCO, LOG_ALPHA_TABLE[0]),
+            (FAST_LOGSNR, VP, float(vp_log_alpha(1e-4)))):
+        log_a_start = LOG_ALPHA_TABLE[-1] if diffusion is COCO else float(vp_log_alpha(1.0))
+        exact = exact_ode_solution(noise.double().numpy(), log_a_start, log_a_end)
+        errors = [rel_l2(run_fast(name, diffusion, noise, steps)[0], exact) for steps in (20, 200)]
+        assert errors[1] < errors[0] / 10, (name, errors)
+
+
+def test_the_old_name_is_refused_naming_the_replacements() -> None:
+    """uvic's `dpm_solver_fast` was neither release protocol; a config naming it stops."""
+    for call in (lambda: make_scheduler(COCO, "dpm_solver_fast"),
+                 lambda: run_sampler(torch_eps_fn("scaled_linear"), COCO, torch.zeros(1, 4),
+                                     scheduler="dpm_solver_fast"),
+                 lambda: validate(apply_overrides(Config(), ["sample.scheduler=dpm_solver_fast"]))):
+        with pytest.raises((ValueError, ConfigError),
+                           match=r"'dpm_solver_fast' is retired.*'dpm_solver\+\+_fast_time_uniform'"
+                                 r".*'dpm_solver_fast_logsnr'"):
+            call()
+    with pytest.raises(ValueError, match=r"takes none"):
+        run_sampler(torch_eps_fn("scaled_linear"), COCO, torch.zeros(1, 4),
+                    scheduler=FAST_TIME_UNIFORM, scheduler_kwargs={"x": 1})
 
 
 # --------------------------------------------------------------------------- scheduler kwargs
@@ -347,11 +516,11 @@ def measure() -> None:
                 print(f"  order {order}, {steps:2d} steps: time-uniform {row[0]:.2e}  "
                       f"logSNR-uniform {row[1]:.2e}")
     random_model_grids(noise)
-    ref = release_dpm_solver_fast(x_t, 50)
+    ref, _ = release_dpm_solver_pp_fast(x_t, 50, DISCRETE)
     exact = exact_ode_solution(x_t, LOG_ALPHA_TABLE[-1], LOG_ALPHA_TABLE[0])
-    print(f"release DPM-Solver fast (float64 formula), 50 calls, vs exact: "
+    print(f"release DPM-Solver++ fast, time-uniform (float64 formula), 50 calls, vs exact: "
           f"{rel_l2(ref, exact):.2e}")
-    runs = {"dpm_solver_fast (ours)": ("dpm_solver_fast", {}),
+    runs = {f"{FAST_TIME_UNIFORM} (ours)": (FAST_TIME_UNIFORM, {}),
             "diffusers singlestep order 3": ("DPMSolverSinglestepScheduler", SINGLESTEP),
             "dpm_solver++ order 2, time-uniform": ("dpm_solver++", {"use_lu_lambdas": False}),
             "dpm_solver++ order 2, logSNR-uniform": ("dpm_solver++", {})}
@@ -359,6 +528,12 @@ def measure() -> None:
         x = run_sampler(torch_eps_fn("scaled_linear"), COCO, noise, scheduler=name, steps=50,
                         order=2, scheduler_kwargs=kwargs)
         print(f"  {label}: vs the release's formula {rel_l2(x, ref):.2e}")
+    ref, _ = release_dpm_solver_fast(x_t, 50, LINEAR)
+    exact = exact_ode_solution(x_t, float(vp_log_alpha(1.0)), float(vp_log_alpha(1e-4)))
+    print(f"release DPM-Solver fast, logSNR (float64 formula), 50 calls, vs exact: "
+          f"{rel_l2(ref, exact):.2e}")
+    x = run_sampler(torch_eps_fn("vp_continuous"), VP, noise, scheduler=FAST_LOGSNR, steps=50)
+    print(f"  {FAST_LOGSNR} (ours): vs the release's formula {rel_l2(x, ref):.2e}")
     steps = 1000
     inc = em_increments(0, list(range(8)), steps, (3, 8, 8))
     x = run_sampler(torch_eps_fn("vp_continuous"), VP, noise, scheduler="euler_maruyama",

@@ -26,7 +26,6 @@ from uvic.config import (
     ModelConfig,
     SampleConfig,
     apply_overrides,
-    validate,
 )
 from uvic.diffusion.samplers import make_scheduler
 from uvic.diffusion.schedule import Diffusion
@@ -37,6 +36,7 @@ from uvic.sampling.generate import generate, guided_eps, sample_images
 from uvic.sampling.images import MIN_GRID_WIDTH, grid_upscale, save_comparison_grid, save_grid
 from uvic.sampling.load import load_guide
 from uvic.sampling.noise import make_noise, sample_generators
+from uvic.validation import validate
 
 REPO = Path(__file__).resolve().parents[1]
 VP = DiffusionConfig(schedule="vp_continuous")
@@ -334,7 +334,8 @@ class Tamed(nn.Module):
         return exact + 0.02 * self.net(x, t)
 
 
-@pytest.mark.parametrize("scheduler", ["dpm_solver++", "dpm_solver_fast", "euler_maruyama"])
+@pytest.mark.parametrize("scheduler", ["dpm_solver++", "dpm_solver++_fast_time_uniform",
+                                       "dpm_solver_fast_logsnr", "euler_maruyama"])
 def test_same_seed_same_images_and_batch_independence(scheduler: str) -> None:
     """Also for Euler-Maruyama, whose step noise comes from the per-sample generators."""
     cfg = tiny_config()
@@ -426,8 +427,9 @@ def test_grid_upscale_is_the_smallest_factor_reaching_512(tmp_path: Path, n, wid
         save_grid(images, tmp_path / "bad.png", upscale=0)
 
 
-@pytest.mark.parametrize(("scheduler", "per_batch"), [("dpm_solver++", 3), ("dpm_solver_fast", 3),
-                                                      ("HeunDiscreteScheduler", 5)])
+@pytest.mark.parametrize(("scheduler", "per_batch"), [
+    ("dpm_solver++", 3), ("dpm_solver++_fast_time_uniform", 3), ("dpm_solver_fast_logsnr", 3),
+    ("HeunDiscreteScheduler", 5)])
 def test_progress_bar_counts_solver_steps(monkeypatch: pytest.MonkeyPatch, scheduler: str,
                                           per_batch: int) -> None:
     """One bar over steps x batches, moving at every network evaluation, with the images
@@ -542,27 +544,6 @@ def test_sample_cli_refuses_bad_upscale_and_clashing_labels(tmp_path: Path,
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "grid_a_b.png" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "o").exists()
-
-
-@pytest.mark.parametrize("command", ["scripts/sample.py", "eval/fid.py"])
-def test_precision_is_checked_as_argparse_choices_would(command: str,
-                                                        capsys: pytest.CaptureFixture) -> None:
-    """--precision is checked after parsing (its names live with torch), with argparse's own
-    usage error, and --help lists the library's names."""
-    from uvic.cli.sampler_options import PRECISION_METAVAR
-    from uvic.sampling.generate import PRECISIONS
-
-    assert "{" + ",".join(sorted(PRECISIONS)) + "}" == PRECISION_METAVAR
-    main = load_script(command).main
-    with pytest.raises(SystemExit) as stop:
-        main(["--config", "unused.py", "--ckpt", "unused.pth", "--out", "unused",
-              "--precision", "fp64"])
-    assert stop.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
-        "argument --precision: invalid choice: 'fp64' (choose from 'bf16', 'fp16', 'fp32')")
-    with pytest.raises(SystemExit):
-        main(["--help"])
-    assert f"--precision {PRECISION_METAVAR}" in capsys.readouterr().out
 
 
 def test_sample_cli_text_to_image(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -7,6 +7,11 @@ with the field's declared type; an unknown key or a value of the wrong type rais
 `ConfigError` naming the key. The resolved config is saved as JSON next to every run's
 outputs and can be loaded back with `load_config("run/config.json")` (a run's config.json
 also lists what each resume changed, under `resumes`: see `uvic.run.prepare`).
+
+This is the bottom layer (docs/architecture.md): it imports no other uvic module but the
+atomic file write. The rules on values (which names a field accepts, which numbers are in
+range) live with the code that uses them, in each domain's `checks` module, and
+`uvic.validation.validate` runs them all.
 """
 
 from __future__ import annotations
@@ -14,9 +19,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import math
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,16 +33,14 @@ class ConfigError(ValueError):
     """A config file, key or value is wrong; the message names it."""
 
 
-# Allowed values, checked by `validate` (the modules that use them import them from here).
-DATASETS = ("cifar10", "mscoco", "shapes")
-SCHEDULES = ("vp_continuous", "scaled_linear")
-MIXED_PRECISIONS = ("", "no", "fp16", "bf16")  # "": the launcher's
-FID_MODES = ("clean", "legacy_pytorch", "legacy_tensorflow")
-# eval.features: Inception (real FID) or the download-free random projection (a stand-in
-# whose numbers are not comparable with Inception FID;
-# `uvic.evaluation.statistics.ProjectionFeatures`)
-FID_FEATURES = ("inception", "projection")
-DPM_SOLVER_NAMES = ("dpm_solver++", "dpm_solver")  # else a diffusers scheduler class name
+def require(checks: Iterable[tuple[bool, str]]) -> None:
+    """Raise a ConfigError with the message of the first check that fails (the rules on
+    values use it: `uvic.validation`)."""
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
 # A run's config.json: the current config plus, under this key, the changes each resume
 # made (uvic.run.prepare); loading the file as a config skips it.
 RESUMES_KEY = "resumes"
@@ -156,7 +159,8 @@ class TrainConfig:
 class SampleConfig:
     """DPM-Solver (or another diffusers scheduler) sampling."""
 
-    # dpm_solver++ | dpm_solver | dpm_solver_fast | euler_maruyama | a diffusers class name
+    # dpm_solver++ | dpm_solver | dpm_solver++_fast_time_uniform | dpm_solver_fast_logsnr |
+    # euler_maruyama | a diffusers class name
     # (see uvic.diffusion.samplers)
     scheduler: str = "dpm_solver++"
     steps: int = 50
@@ -206,109 +210,6 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-
-
-# --------------------------------------------------------------------------- validation
-
-
-LR_SCHEDULES = ("constant", "cosine")
-
-
-def validate(cfg: Config) -> Config:
-    """Check every value of `cfg` before any work starts; returns `cfg` or raises a
-    ConfigError naming the key and the value.
-
-    The one place for the rules on values: the training loop, the FID evaluator and the
-    sampling CLI call it on their config; `Diffusion` and `build_dataset` call the rules of
-    their own section. The architecture rules (divisibility, attention pattern) are the
-    model's: `UViT` checks its arguments, and the trainer reports them as ConfigError.
-    """
-    t, o = cfg.train, cfg.optim
-    check_data(cfg.data)
-    check_diffusion(cfg.diffusion)
-    _require([
-        (t.grad_accum >= 1, f"train.grad_accum={t.grad_accum} must be >= 1"),
-        (t.batch_size >= 1, f"train.batch_size={t.batch_size} must be >= 1"),
-        (t.max_steps >= 0, f"train.max_steps={t.max_steps} must be >= 0"),
-        (0.0 <= t.ema_decay <= 1.0, f"train.ema_decay={t.ema_decay} must be in [0, 1]"),
-        (t.keep_last >= 1, f"train.keep_last={t.keep_last} must be >= 1"),
-        (all(k >= 1 for k in t.keep_steps),
-         f"train.keep_steps={list(t.keep_steps)} must be steps >= 1"),
-        (t.mixed_precision in MIXED_PRECISIONS,
-         f"train.mixed_precision={t.mixed_precision!r} must be no, fp16, bf16 or empty "
-         "(the launcher's)"),
-        *[(getattr(t, k) >= 0, f"train.{k}={getattr(t, k)} must be >= 0 (0: never)")
-          for k in ("log_every", "ckpt_every", "sample_every")],
-        (t.n_grid >= 1 or t.sample_every == 0,
-         f"train.n_grid={t.n_grid} must be >= 1 (or train.sample_every=0: no grids)"),
-        (o.lr > 0 and math.isfinite(o.lr), f"optim.lr={o.lr} must be > 0"),
-        (all(0.0 <= b < 1.0 for b in o.betas), f"optim.betas={o.betas} must be in [0, 1)"),
-        (o.weight_decay >= 0, f"optim.weight_decay={o.weight_decay} must be >= 0"),
-        (o.warmup_steps >= 0, f"optim.warmup_steps={o.warmup_steps} must be >= 0"),
-        (o.grad_clip >= 0, f"optim.grad_clip={o.grad_clip} must be >= 0"),
-        (o.lr_schedule in LR_SCHEDULES,
-         f"optim.lr_schedule={o.lr_schedule!r} must be one of {LR_SCHEDULES}"),
-        (cfg.eval.mode in FID_MODES, f"eval.mode={cfg.eval.mode!r} must be one of {FID_MODES}"),
-        (cfg.eval.features in FID_FEATURES,
-         f"eval.features={cfg.eval.features!r} must be one of {FID_FEATURES}"),
-        (cfg.eval.n_samples >= 2, f"eval.n_samples={cfg.eval.n_samples} must be >= 2"),
-    ])
-    check_sample(cfg.sample)
-    return cfg
-
-
-def check_sample(sample: SampleConfig) -> None:
-    """The rules on `sample.*` values (the sampler is first used hours into a run: check
-    its settings before the first training step)."""
-    _require([
-        (sample.steps >= 1, f"sample.steps={sample.steps} must be >= 1"),
-        (sample.batch_size >= 1, f"sample.batch_size={sample.batch_size} must be >= 1"),
-        (sample.decode_batch_size >= 1,
-         f"sample.decode_batch_size={sample.decode_batch_size} must be >= 1"),
-        (math.isfinite(sample.cfg_scale), f"sample.cfg_scale={sample.cfg_scale} must be finite"),
-        (math.isfinite(sample.autoguidance_scale),
-         f"sample.autoguidance_scale={sample.autoguidance_scale} must be finite"),
-        (sample.autoguidance_scale == 0 or sample.autoguidance_ckpt,
-         f"sample.autoguidance_scale={sample.autoguidance_scale} needs "
-         "sample.autoguidance_ckpt (the weaker model's weights)"),
-    ])
-    if sample.scheduler in DPM_SOLVER_NAMES:
-        _require([(sample.order in (1, 2, 3),
-                   f"sample.order={sample.order} must be 1, 2 or 3 (DPM-Solver orders)")])
-        return
-    from uvic import samplers  # lazy: it imports diffusers (heavy) and this module
-
-    if sample.scheduler not in samplers.NAMED:
-        try:
-            samplers.diffusers_class(sample.scheduler)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-
-
-def check_data(data: DataConfig) -> None:
-    """The rules on `data.*` values."""
-    _require([
-        (data.name in DATASETS, f"data.name={data.name!r} must be one of {DATASETS}"),
-        (data.num_workers >= 0, f"data.num_workers={data.num_workers} must be >= 0"),
-    ])
-
-
-def check_diffusion(diffusion: DiffusionConfig) -> None:
-    """The rules on `diffusion.*` values."""
-    _require([
-        (diffusion.schedule in SCHEDULES,
-         f"diffusion.schedule={diffusion.schedule!r} must be one of {SCHEDULES}"),
-        (0.0 <= diffusion.p_uncond < 1.0,
-         f"diffusion.p_uncond={diffusion.p_uncond} must be in [0, 1)"),
-        (diffusion.min_snr_gamma >= 0.0,
-         f"diffusion.min_snr_gamma={diffusion.min_snr_gamma} must be >= 0 (0: off)"),
-    ])
-
-
-def _require(checks: list[tuple[bool, str]]) -> None:
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
 
 
 # --------------------------------------------------------------------------- loading

@@ -39,12 +39,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from uvic.cli.sampler_options import PRECISION_METAVAR, check_precision, sampler_overrides
-from uvic.config import FID_FEATURES, FID_MODES
+from uvic.cli.sampler_options import sampler_overrides
+from uvic.evaluation.checks import FID_FEATURES, FID_MODES
 from uvic.evaluation.protocols import NOT_FID
+from uvic.sampling.checks import PRECISIONS
 
 
-def build_parser() -> argparse.ArgumentParser:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="configs/*.py or a run's config.json")
     p.add_argument("--ckpt", required=True, help="EMA .safetensors or released nnet_ema.pth")
@@ -57,13 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inception: FID; projection: download-free stand-in features to "
                    f"check the pipeline, {NOT_FID} (default: eval.features)")
     p.add_argument("--steps", type=int, help="sampling steps (default: sample.steps)")
-    p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, dpm_solver_fast, "
-                   "euler_maruyama or a diffusers class name (uvic.diffusion.samplers)")
+    p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, "
+                   "dpm_solver++_fast_time_uniform, dpm_solver_fast_logsnr, euler_maruyama "
+                   "or a diffusers class name (uvic.diffusion.samplers)")
     p.add_argument("--order", type=int, help="DPM-Solver order (default: sample.order)")
     p.add_argument("--cfg-scale", type=float, help="guidance s in eps = c + s (c - u)")
     p.add_argument("--batch-size", type=int, help="samples per forward pass per process")
     p.add_argument("--seed", type=int, default=0, help="sample seed (default 0)")
-    p.add_argument("--precision", default="fp32", metavar=PRECISION_METAVAR,
+    p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
                    help="autocast dtype on CUDA for sampling (default fp32)")
     p.add_argument("--inception-path", help="local Inception weights (eval.inception_path)")
     p.add_argument("--stats-dir", help="cache of built reference statistics "
@@ -79,11 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="build the model as --config and --set say, not as the model config "
                    "stored with the checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    return p
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    return p.parse_args(argv)
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -96,9 +94,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    check_precision(parser, args.precision)  # the library (torch) is imported from here on
+    args = parse_args(argv)  # the library (torch) is imported from here on
     from uvic.config import ConfigError, load_config
     from uvic.evaluation.fid import evaluate
     from uvic.evaluation.protocols import protocol_from_result

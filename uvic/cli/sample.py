@@ -39,10 +39,11 @@ import argparse
 import sys
 
 from uvic.cli import positive_int
-from uvic.cli.sampler_options import PRECISION_METAVAR, check_precision, sampler_overrides
+from uvic.cli.sampler_options import sampler_overrides
+from uvic.sampling.checks import PRECISIONS
 
 
-def build_parser() -> argparse.ArgumentParser:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="configs/*.py or a run's config.json")
     p.add_argument("--ckpt", action="append", required=True,
@@ -53,14 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of images (default 64)")
     p.add_argument("--nrow", type=positive_int, help="images per grid row")
     p.add_argument("--steps", type=int, help="sampling steps (default: sample.steps)")
-    p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, dpm_solver_fast, "
-                   "euler_maruyama or a diffusers class name (uvic.diffusion.samplers)")
+    p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, "
+                   "dpm_solver++_fast_time_uniform, dpm_solver_fast_logsnr, euler_maruyama "
+                   "or a diffusers class name (uvic.diffusion.samplers)")
     p.add_argument("--order", type=int, help="DPM-Solver order (default: sample.order)")
     p.add_argument("--cfg-scale", type=float,
                    help="guidance s in eps = c + s (c - u) (diffusers' guidance_scale = s + 1)")
     p.add_argument("--batch-size", type=int, help="images per forward pass")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--precision", default="fp32", metavar=PRECISION_METAVAR,
+    p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
                    help="autocast dtype on CUDA (default fp32)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. --set data.root=/data/coco_features")
@@ -73,17 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-individual", action="store_true", help="also write each image")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    return p
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    check_precision(parser, args.precision)  # the library (torch) is imported from here on
+    args = parse_args(argv)  # the library (torch) is imported from here on
     from uvic.config import ConfigError, load_config
     from uvic.models.text_encoder import ClipLoadError
     from uvic.run.architecture import ModelChoice

@@ -31,7 +31,8 @@ from PIL import Image, ImageDraw
 from torch.utils.data import Dataset
 from torchvision import datasets, transforms
 
-from uvic.config import Config, ConfigError, check_data
+from uvic.config import Config, ConfigError
+from uvic.data.checks import check_data
 from uvic.models.autoencoder import sample_from_moments
 
 SPLITS = ("train", "val", "test")

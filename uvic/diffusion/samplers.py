@@ -7,15 +7,21 @@ diffusers scheduler, all run by one loop on a noise-prediction function.
   use_lu_lambdas=True)`.
 * `dpm_solver`: the same with noise-space updates (`algorithm_type="dpmsolver"`,
   `final_sigmas_type="sigma_min"`, which diffusers requires there).
-* `dpm_solver_fast`: the release's MS-COCO protocol, `DPM_Solver(predict_x0=True).sample(
-  x, steps=50, eps=1/N, T=1)`: singlestep DPM-Solver++ of order 3 ("fast": 16 order-3 steps
-  and one order-2 step for 50 model calls) on a time-uniform grid from t = 1 to t = 1/N,
-  without a final denoising step; intermediate points at 1/3 and 2/3 (order 2: 1/2) of each
-  step in logSNR, network time N t (continuous). Written here (`dpm_solver_fast`): diffusers'
-  `DPMSolverSinglestepScheduler(algorithm_type="dpmsolver++", solver_order=3,
-  final_sigmas_type="sigma_min")` has the same orders and end point but places the
-  intermediate points on its integer timestep grid; on Gaussian data it lands 4.7e-2
-  (relative L2) from the release's result (`python tests/test_samplers.py`).
+* `dpm_solver++_fast_time_uniform`: the release's MS-COCO protocol (and ImageNet H/2, H/4),
+  its `dpm_solver_pp.py` `DPM_Solver(predict_x0=True).sample(x, steps=50, eps=1/N, T=1)`:
+  singlestep DPM-Solver++ "fast" (16 order-3 updates and one of order 2 for 50 network
+  evaluations) on `steps` + 1 time-uniform points from t = 1 to 1/N, each update spanning
+  as many intervals as its order and evaluating the network at the points it spans.
+* `dpm_solver_fast_logsnr`: the release's ImageNet-64 and ImageNet L/2, L/4 protocol, its
+  `dpm_solver_pytorch.py` `DPM_Solver(...).sample(x, steps=50, eps=1e-4,
+  fast_version=True)`: singlestep DPM-Solver "fast" with the noise prediction, one update
+  per interval of steps // 3 + 1 logSNR-uniform intervals from t = 1 to 1e-4, intermediate
+  points at 1/3 and 2/3 (order 2: 1/2) of each interval in logSNR.
+  Both are written here (`release_fast`), with no final denoising step and the network fed
+  999 t (vp_continuous) or N t (scaled_linear); `sample.order` does not apply. diffusers'
+  `DPMSolverSinglestepScheduler` has the time-uniform protocol's structure on integer
+  timesteps (1.5e-4 from it on Gaussian data, README Fidelity). `dpm_solver_fast` (uvic's
+  MS-COCO sampler before issue 25, neither of these) is refused, naming both.
 * `euler_maruyama`: the release's CIFAR-10 protocol, Euler-Maruyama on the reverse VP SDE
   from t = 1 to t = 1/steps, keeping the noiseless mean at the last step. diffusers'
   `ScoreSdeVpScheduler(beta_min, beta_max, sampling_eps=1/steps)` (found wherever the
@@ -36,45 +42,21 @@ Stochastic samplers draw their per-step noise from the per-sample generators
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import diffusers
 import torch
 from diffusers import DPMSolverMultistepScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from tqdm.auto import tqdm
 
+from uvic.diffusion.checks import FAST_LOGSNR, FAST_TIME_UNIFORM, RELEASE_FAST, diffusers_class
 from uvic.diffusion.schedule import Diffusion
 
-# The names `sample.scheduler` understands besides diffusers class names.
-NAMED = ("dpm_solver++", "dpm_solver", "dpm_solver_fast", "euler_maruyama")
-# diffusers moves retired schedulers here; their classes still work (ScoreSdeVpScheduler).
-DEPRECATED_MODULES = (
-    "diffusers.schedulers.deprecated.scheduling_sde_vp",
-    "diffusers.schedulers.deprecated.scheduling_karras_ve",
-)
-
 EpsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def diffusers_class(name: str) -> type[SchedulerMixin]:
-    """A diffusers scheduler class by name, from diffusers or its deprecated schedulers."""
-    cls = getattr(diffusers, name, None)
-    for module in DEPRECATED_MODULES:
-        if cls is not None:
-            break
-        try:
-            cls = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            continue
-    if not (isinstance(cls, type) and issubclass(cls, SchedulerMixin)):
-        raise ValueError(f"sample.scheduler={name!r} is neither one of {list(NAMED)} "
-                         "nor a diffusers scheduler class name")
-    return cls
 
 
 def _check_kwargs(cls: type, kwargs: dict[str, Any]) -> None:
@@ -100,8 +82,8 @@ def make_scheduler(
         kwargs = {**table, "algorithm_type": name.replace("_", ""), "solver_order": order,
                   "final_sigmas_type": "zero" if name == "dpm_solver++" else "sigma_min",
                   "use_lu_lambdas": True}
-    elif name == "dpm_solver_fast":
-        raise ValueError("dpm_solver_fast is not a diffusers scheduler: use run_sampler")
+    elif name in RELEASE_FAST:
+        raise ValueError(f"{name} is not a diffusers scheduler: use run_sampler")
     elif name == "euler_maruyama":
         if diffusion.cfg.schedule != "vp_continuous":
             raise ValueError("sample.scheduler='euler_maruyama' needs "
@@ -139,9 +121,9 @@ def model_calls(
     scheduler_kwargs: dict[str, Any] | None = None,
 ) -> int:
     """How many times `run_sampler` calls `eps_fn` for one batch (its solver steps):
-    `steps` for `dpm_solver_fast` (its steps are model calls), else the length of the
-    scheduler's timestep list (e.g. 2 steps - 1 for diffusers' Heun)."""
-    if scheduler == "dpm_solver_fast":
+    `steps` for the release's "fast" protocols (their steps are model calls), else the
+    length of the scheduler's timestep list (e.g. 2 steps - 1 for diffusers' Heun)."""
+    if scheduler in RELEASE_FAST:
         return steps
     sched = make_scheduler(diffusion, scheduler, order, steps, scheduler_kwargs)
     sched.set_timesteps(steps)
@@ -170,11 +152,11 @@ def run_sampler(
     """
     if steps < 1:
         raise ValueError(f"sample.steps must be >= 1, got {steps}")
-    if scheduler == "dpm_solver_fast":
+    if scheduler in RELEASE_FAST:
         if scheduler_kwargs:
-            raise ValueError(f"sample.scheduler_kwargs={scheduler_kwargs!r}: dpm_solver_fast "
+            raise ValueError(f"sample.scheduler_kwargs={scheduler_kwargs!r}: {scheduler} "
                              "takes none")
-        return dpm_solver_fast(eps_fn, diffusion, noise, steps, progress=progress)
+        return release_fast(eps_fn, diffusion, noise, scheduler, steps, progress=progress)
     sched = make_scheduler(diffusion, scheduler, order, steps, scheduler_kwargs)
     sched.set_timesteps(steps, device=noise.device)
     gens = list(generator) if isinstance(generator, Sequence) else generator
@@ -197,16 +179,40 @@ def run_sampler(
     return x
 
 
-# --------------------------------------------------------------------------- DPM-Solver "fast"
+# --------------------------------------------------------------- the release's "fast" DPM-Solvers
+#
+# The U-ViT release samples for FID with two different DPM-Solver files, both called "fast"
+# (K = steps // 3 + 1 singlestep updates of order 3, closed by one of order 2 or 1, for
+# `steps` network evaluations), which differ in what they predict, in their time grid and
+# in where they place each update's intermediate points:
+#
+# * `dpm_solver_pytorch.py`, `DPM_Solver(model_fn, NoiseScheduleVP("linear")).sample(x,
+#   steps, eps=1e-4, fast_version=True)` (eval.py, eval_ldm.py): noise prediction; K + 1
+#   grid points uniform in lambda = log(alpha / sigma) from t = 1 to t = 1e-4, one update
+#   per interval; intermediate points at 1/3 and 2/3 (order 2: 1/2) of the interval in
+#   lambda. Here `dpm_solver_fast_logsnr`.
+# * `dpm_solver_pp.py`, `DPM_Solver(model_fn, NoiseScheduleVP("discrete", betas),
+#   predict_x0=True).sample(x, steps, eps=1/N, T=1)` (method "fast", order 3, skip_type
+#   "time_uniform", solver_type "dpm_solver"; eval_t2i_discrete.py, eval_ldm_discrete.py):
+#   data prediction (DPM-Solver++); `steps` + 1 grid points uniform in t from 1 to 1/N;
+#   an update of order k spans k consecutive intervals and evaluates the network at the
+#   grid points it spans (its r1, r2 are those points' fractions of the span in lambda).
+#   Here `dpm_solver++_fast_time_uniform`.
+#
+# Neither takes a final denoising step; both feed the network 999 t (vp_continuous, the
+# release's ScoreModel) or N t (scaled_linear, `t_continuous * N`).
+
+# The end time t_0 of each protocol: the release's `eps` argument (None: 1 / N).
+FAST_END = {FAST_LOGSNR: 1e-4, FAST_TIME_UNIFORM: None}
 
 
 class ContinuousSchedule:
     """log alpha(t), sigma(t), lambda(t) = log(alpha / sigma) and its inverse, t in (0, 1],
-    in float64, the way the release's DPM-Solver sees each schedule.
+    in float64, the way the release's DPM-Solvers see each schedule.
 
-    vp_continuous: closed form, network time 999 t. scaled_linear: log alpha linear between
-    the table's points t_n = n / N (the release's `NoiseScheduleVP("discrete")`), network
-    time N t.
+    vp_continuous: closed form (`NoiseScheduleVP("linear")`), network time 999 t.
+    scaled_linear: log alpha piecewise linear between the table's points t_n = n / N,
+    extended linearly beyond them (`NoiseScheduleVP("discrete")`), network time N t.
     """
 
     def __init__(self, diffusion: Diffusion) -> None:
@@ -215,12 +221,14 @@ class ContinuousSchedule:
         self.n = diffusion.num_timesteps
         self.t_table = diffusion.grid_times()  # n / N, n = 1..N
         self.log_alpha_table = 0.5 * torch.log(diffusion.alphas_cumprod())
-        self.t_end = 1.0 / self.n
 
     def log_alpha(self, t: float) -> float:
         if self.continuous:
             return -0.25 * t**2 * (self.b1 - self.b0) - 0.5 * t * self.b0
-        return float(_interp(t, self.t_table, self.log_alpha_table))
+        return _interp(t, self.t_table, self.log_alpha_table)
+
+    def alpha(self, t: float) -> float:
+        return math.exp(self.log_alpha(t))
 
     def sigma(self, t: float) -> float:
         return math.sqrt(-math.expm1(2.0 * self.log_alpha(t)))
@@ -229,12 +237,14 @@ class ContinuousSchedule:
         return self.log_alpha(t) - math.log(self.sigma(t))
 
     def inverse_lambda(self, lam: float) -> float:
-        log_alpha = -0.5 * float(torch.logaddexp(torch.tensor(0.0, dtype=torch.float64),
-                                                 torch.tensor(-2.0 * lam, dtype=torch.float64)))
+        """t with lambda(t) = lam: log alpha = -log(1 + e^(-2 lam)) / 2, then t from log
+        alpha (VP: the root of the quadratic, in the cancellation-free form)."""
+        two_log_alpha = -(max(0.0, -2.0 * lam) + math.log1p(math.exp(-abs(2.0 * lam))))
         if self.continuous:
             d = self.b1 - self.b0
-            return (-0.5 * self.b0 + math.sqrt(0.25 * self.b0**2 - d * log_alpha)) / (0.5 * d)
-        return float(_interp(log_alpha, self.log_alpha_table.flip(0), self.t_table.flip(0)))
+            tmp = -2.0 * d * two_log_alpha
+            return tmp / (math.sqrt(self.b0**2 + tmp) + self.b0) / d
+        return _interp(0.5 * two_log_alpha, self.log_alpha_table.flip(0), self.t_table.flip(0))
 
     def net_time(self, t: float) -> float:
         return 999.0 * t if self.continuous else self.n * t
@@ -248,8 +258,8 @@ def _interp(x: float, xp: torch.Tensor, fp: torch.Tensor) -> float:
 
 
 def fast_orders(steps: int) -> list[int]:
-    """Orders of the "fast" method for `steps` model calls: order-3 steps, then one step
-    of order 2 or 1 (or 2 and 1) for the remainder; e.g. 50 -> [3] * 16 + [2]."""
+    """Orders of the "fast" updates for `steps` network evaluations (both release files):
+    order-3 updates, then one of order 2 or 1 (or 2 and 1) for the rest; 50 -> [3] * 16 + [2]."""
     k = steps // 3 + 1
     if steps % 3 == 0:
         return [3] * (k - 2) + [2, 1]
@@ -258,49 +268,114 @@ def fast_orders(steps: int) -> list[int]:
     return [3] * (k - 1) + [2]
 
 
+@dataclass(frozen=True)
+class FastStep:
+    """One singlestep update from time `s` to `t` (< s) of order len(mids) + 1: the network
+    is evaluated at `s`, then at each intermediate time in `mids`."""
+
+    s: float
+    mids: tuple[float, ...]
+    t: float
+
+    @property
+    def order(self) -> int:
+        return len(self.mids) + 1
+
+
+def fast_plan(diffusion: Diffusion, name: str, steps: int) -> list[FastStep]:
+    """The updates of protocol `name` (one of `RELEASE_FAST`) for `steps` evaluations."""
+    sch = ContinuousSchedule(diffusion)
+    orders = fast_orders(steps)
+    t_end = FAST_END[name] or 1.0 / sch.n
+    if name == FAST_LOGSNR:
+        lam_0, lam_1 = sch.lam(1.0), sch.lam(t_end)
+        grid = [1.0] + [sch.inverse_lambda(lam_0 + (lam_1 - lam_0) * i / len(orders))
+                        for i in range(1, len(orders))] + [t_end]
+        fractions = {1: (), 2: (0.5,), 3: (1.0 / 3.0, 2.0 / 3.0)}
+        plan = []
+        for order, s, t in zip(orders, grid[:-1], grid[1:], strict=True):
+            lam_s, h = sch.lam(s), sch.lam(t) - sch.lam(s)
+            plan.append(FastStep(s, tuple(sch.inverse_lambda(lam_s + r * h)
+                                          for r in fractions[order]), t))
+        return plan
+    if name == FAST_TIME_UNIFORM:
+        grid = torch.linspace(1.0, t_end, steps + 1, dtype=torch.float64).tolist()
+        starts = [sum(orders[:i]) for i in range(len(orders))]
+        return [FastStep(grid[i], tuple(grid[i + 1:i + order]), grid[i + order])
+                for i, order in zip(starts, orders, strict=True)]
+    raise ValueError(f"sample.scheduler={name!r} is not one of {list(RELEASE_FAST)}")
+
+
+def _transfer(
+    sch: ContinuousSchedule, s: float, u: float, data_prediction: bool
+) -> tuple[float, float, float]:
+    """Coefficients (a, b, c) of the exact solution of the diffusion ODE from s to u when the
+    prediction D is linear in lambda: x_u = a x_s + b D(s) + c h dD/dlambda, h = lambda_u -
+    lambda_s (the integrals of the variation-of-constants formula, DPM-Solver eq. 3.4 and
+    DPM-Solver++ eq. 9).
+
+    noise (D = eps):  a = alpha_u / alpha_s, b = -sigma_u (e^h - 1),
+                      c = -sigma_u ((e^h - 1) / h - 1)
+    data (D = x0):    a = sigma_u / sigma_s, b = -alpha_u (e^-h - 1),
+                      c = alpha_u ((e^-h - 1) / h + 1)
+    """
+    h = sch.lam(u) - sch.lam(s)
+    if data_prediction:
+        a_u = sch.alpha(u)
+        return sch.sigma(u) / sch.sigma(s), -a_u * math.expm1(-h), a_u * (math.expm1(-h) / h + 1)
+    sig_u = sch.sigma(u)
+    return (math.exp(sch.log_alpha(u) - sch.log_alpha(s)), -sig_u * math.expm1(h),
+            -sig_u * (math.expm1(h) / h - 1))
+
+
+def _singlestep(
+    predict: Callable[[torch.Tensor, float], torch.Tensor], sch: ContinuousSchedule,
+    x: torch.Tensor, step: FastStep, data_prediction: bool,
+) -> torch.Tensor:
+    """One singlestep DPM-Solver update (both release files, solver_type "dpm_solver").
+
+    With r_i = (lambda(s_i) - lambda(s)) / h the fractions of the intermediate points:
+    order 1: x_t = a x + b D_s;
+    order 2: u_1 first-order to s_1, x_t = a x + b D_s + b (D_1 - D_s) / (2 r_1);
+    order 3: u_1 first-order to s_1; u_2 = a_2 x + b_2 D_s + (r_2 / r_1) c_2 (D_1 - D_s)
+             (slope (D_1 - D_s) / (r_1 h) over r_2 h); x_t = a x + b D_s + c (D_2 - D_s) / r_2.
+    """
+    lam_s = sch.lam(step.s)
+    h = sch.lam(step.t) - lam_s
+    r = [(sch.lam(m) - lam_s) / h for m in step.mids]
+    a, b, c = _transfer(sch, step.s, step.t, data_prediction)
+    d_s = predict(x, step.s)
+    if step.order == 1:
+        return a * x + b * d_s
+    a1, b1, _ = _transfer(sch, step.s, step.mids[0], data_prediction)
+    d_1 = predict(a1 * x + b1 * d_s, step.mids[0])
+    if step.order == 2:
+        return a * x + b * d_s + (0.5 / r[0]) * b * (d_1 - d_s)
+    a2, b2, c2 = _transfer(sch, step.s, step.mids[1], data_prediction)
+    d_2 = predict(a2 * x + b2 * d_s + (r[1] / r[0]) * c2 * (d_1 - d_s), step.mids[1])
+    return a * x + b * d_s + (1.0 / r[1]) * c * (d_2 - d_s)
+
+
 @torch.inference_mode()
-def dpm_solver_fast(
-    eps_fn: EpsFn, diffusion: Diffusion, noise: torch.Tensor, steps: int = 50,
+def release_fast(
+    eps_fn: EpsFn, diffusion: Diffusion, noise: torch.Tensor, name: str, steps: int = 50,
     progress: bool = False,
 ) -> torch.Tensor:
-    """The release's `DPM_Solver(predict_x0=True).sample(x, steps, eps=1/N, T=1)` (method
-    "fast", order 3, time-uniform grid, no final denoising): singlestep DPM-Solver++ with
-    data prediction x0 = (x - sigma eps) / alpha. Coefficients in float64, x in float32."""
+    """Run the release's "fast" protocol `name` (`RELEASE_FAST`, see the comment above)
+    from x_1 = `noise` with `steps` evaluations of `eps_fn`. `dpm_solver_fast_logsnr`
+    updates with the noise prediction, `dpm_solver++_fast_time_uniform` with the data
+    prediction x0 = (x - sigma eps) / alpha. Coefficients in float64, x in float32."""
     sch = ContinuousSchedule(diffusion)
+    data_prediction = name == FAST_TIME_UNIFORM
     b = noise.shape[0]
-    x = noise.float()
 
-    def data_pred(x: torch.Tensor, t: float) -> torch.Tensor:
+    def predict(x: torch.Tensor, t: float) -> torch.Tensor:
         net_t = torch.full((b,), sch.net_time(t), dtype=torch.float32, device=x.device)
         eps = eps_fn(x, net_t).float()
-        return (x - sch.sigma(t) * eps) / math.exp(sch.log_alpha(t))
+        return (x - sch.sigma(t) * eps) / sch.alpha(t) if data_prediction else eps
 
-    orders = fast_orders(steps)
-    grid = torch.linspace(1.0, sch.t_end, len(orders) + 1, dtype=torch.float64).tolist()
-    for order, s, t in tqdm(list(zip(orders, grid[:-1], grid[1:])), desc="sampling",
-                            disable=not progress, leave=False):
-        lam_s = sch.lam(s)
-        h = sch.lam(t) - lam_s
-        a_t, sig_s, sig_t = math.exp(sch.log_alpha(t)), sch.sigma(s), sch.sigma(t)
-        phi_1 = math.expm1(-h)
-        m_s = data_pred(x, s)
-        if order == 1:
-            x = sig_t / sig_s * x - a_t * phi_1 * m_s
-            continue
-        r1 = 0.5 if order == 2 else 1.0 / 3.0
-        s1 = sch.inverse_lambda(lam_s + r1 * h)
-        x_s1 = sch.sigma(s1) / sig_s * x - math.exp(sch.log_alpha(s1)) * math.expm1(-r1 * h) * m_s
-        m_s1 = data_pred(x_s1, s1)
-        if order == 2:
-            x = sig_t / sig_s * x - a_t * phi_1 * m_s - (0.5 / r1) * a_t * phi_1 * (m_s1 - m_s)
-            continue
-        r2 = 2.0 / 3.0
-        s2 = sch.inverse_lambda(lam_s + r2 * h)
-        a_s2 = math.exp(sch.log_alpha(s2))
-        phi_22 = math.expm1(-r2 * h) / (r2 * h) + 1.0
-        x_s2 = (sch.sigma(s2) / sig_s * x - a_s2 * math.expm1(-r2 * h) * m_s
-                + (r2 / r1) * a_s2 * phi_22 * (m_s1 - m_s))
-        m_s2 = data_pred(x_s2, s2)
-        phi_2 = phi_1 / h + 1.0
-        x = sig_t / sig_s * x - a_t * phi_1 * m_s + (1.0 / r2) * a_t * phi_2 * (m_s2 - m_s)
+    x = noise.float()
+    for step in tqdm(fast_plan(diffusion, name, steps), desc="sampling", disable=not progress,
+                     leave=False):
+        x = _singlestep(predict, sch, x, step, data_prediction)
     return x

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from diffusers import DDPMScheduler
 from torch import Tensor, nn
 
-from uvic.config import DiffusionConfig, check_diffusion
+from uvic.config import DiffusionConfig
+from uvic.diffusion.checks import check_diffusion
 
 
 class Diffusion:

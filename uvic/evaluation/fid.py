@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from uvic.config import Config, to_dict, validate
+from uvic.config import Config, to_dict
 from uvic.data.datasets import MSCOCOFeatures, build_dataset
 from uvic.evaluation.protocols import SAMPLES_META, protocol_of
 from uvic.evaluation.reference import (
@@ -73,6 +73,7 @@ from uvic.run.weights import file_sha256
 from uvic.sampling.assets import is_latent
 from uvic.sampling.generate import distributed_state, effective_cfg_scale, sample_checkpoint
 from uvic.sampling.images import save_images
+from uvic.validation import validate
 
 if TYPE_CHECKING:
     from accelerate import PartialState

@@ -27,10 +27,10 @@ from PIL import Image
 
 from uvic.config import Config
 from uvic.data.datasets import SHAPES_SEEDS, CIFAR10Images, save_shapes_folder
+from uvic.evaluation.checks import check_mode
 from uvic.evaluation.statistics import (
     build_inception,
     cache_dir,
-    check_mode,
     crop_resize_array,
     extractor_tag,
     feature_statistics,

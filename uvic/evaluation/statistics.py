@@ -46,10 +46,10 @@ from cleanfid.utils import EXTENSIONS
 from PIL import Image
 from scipy import linalg
 
-from uvic.config import FID_MODES, Config
+from uvic.config import Config
 from uvic.data.datasets import center_crop_resize
+from uvic.evaluation.checks import check_mode
 
-MODES = FID_MODES
 INCEPTION_FILE = "inception-2015-12-05.pt"  # clean-fid's TorchScript Inception (clean mode)
 
 
@@ -194,12 +194,6 @@ def _linked_as(path: Path, name: str):
     with tempfile.TemporaryDirectory(prefix="uvic_inception_") as tmp:
         (Path(tmp) / name).symlink_to(path.resolve())
         yield Path(tmp)
-
-
-def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"eval.mode must be one of {MODES}, got {mode!r}")
-    return mode
 
 
 def extractor_tag(feat_extractor: Callable | None) -> str:

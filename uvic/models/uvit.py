@@ -25,22 +25,25 @@ E extra tokens (time, label or context), N = E + L tokens, D width, h heads.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import einops
 import torch
+import torch.nn.functional as F
 import torch.utils.checkpoint
 from timm.layers import Mlp
 from torch import Tensor, nn
 
 import uvic_kernels
 from uvic.config import Config, ModelConfig
-from uvic.models.embeddings import PatchEmbed, sincos_pos_embed_2d, timestep_embedding
-
-ATTENTION_MODES = ("softmax", "cog", "expressive")
-ATTENTION_PRESETS = ("uvit", "uvic", "uvie")
-ATTENTION_BACKENDS = {"auto": None, "triton": "triton", "torch": "torch", "sdpa": "sdpa"}
-POS_EMBED_INITS = ("normal", "sincos")
+from uvic.models.checks import (
+    ATTENTION_MODES,
+    check_arch,
+    check_backend_fits,
+    kernel_backend,
+    resolve_attention,
+)
 
 # Model sizes of the U-ViT paper (Table 1), as in the release configs:
 # small  = configs/cifar10_uvit.py, configs/mscoco_uvit.py        (13 blocks)
@@ -65,49 +68,34 @@ def uvit_size(name: str) -> dict[str, int]:
     return dict(UVIT_SIZES[key])
 
 
-def resolve_attention(spec: str | Sequence[str], depth: int) -> list[str]:
-    """Per-block attention modes, in order in_blocks..., mid_block, out_blocks....
+def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
+    """Sinusoidal embedding (B,) -> (B, dim): [cos(t f_i), sin(t f_i)], f_i = P^(-i/half).
 
-    `spec` is a preset ("uvit": all softmax; "uvic": cog except the first in-block and
-    the last out-block; "uvie": expressive attention, likewise keeping softmax first and
-    last) or an explicit comma-separated string / list of depth + 1 modes.
+    As in the release: cosines first, frequencies f_i = exp(-ln(max_period) i / half) for
+    i = 0..half-1, a zero column when dim is odd. Computed in float32 (as the release)
+    or in float64 when `t` is float64.
     """
-    num_blocks = depth + 1
-    if isinstance(spec, str):
-        name = spec.strip().lower()
-        if name == "uvit":
-            return ["softmax"] * num_blocks
-        if name in ("uvic", "uvie"):
-            inner = "cog" if name == "uvic" else "expressive"
-            return ["softmax"] + [inner] * (num_blocks - 2) + ["softmax"]
-        if "," not in name and name not in ATTENTION_MODES:
-            raise ValueError(
-                f"model.attention={spec!r}: expected a preset {ATTENTION_PRESETS} or a "
-                f"comma-separated list of {num_blocks} entries from {ATTENTION_MODES}"
-            )
-        modes = [m.strip().lower() for m in name.split(",")]
-    else:
-        modes = [str(m).strip().lower() for m in spec]
-    bad = [m for m in modes if m not in ATTENTION_MODES]
-    if bad:
-        raise ValueError(
-            f"model.attention={spec!r}: unknown mode {bad[0]!r}; each entry must be one of "
-            f"{ATTENTION_MODES}"
-        )
-    if len(modes) != num_blocks:
-        raise ValueError(
-            f"model.attention={spec!r}: has {len(modes)} entries but depth {depth} gives "
-            f"{num_blocks} blocks (in_blocks, mid_block, out_blocks)"
-        )
-    return modes
+    dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
+    half = dim // 2
+    i = torch.arange(half, dtype=dtype, device=t.device)
+    freqs = torch.exp(-math.log(max_period) * i / half)
+    args = t.to(dtype)[:, None] * freqs[None]
+    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+    if dim % 2:
+        emb = F.pad(emb, (0, 1))
+    return emb
 
 
-def _check_backend_fits(backend: str | None, modes: Sequence[str]) -> None:
-    """``sdpa`` (PyTorch's softmax attention) cannot run a Cog block: refuse it by name."""
-    cog = [i for i, mode in enumerate(modes) if mode != "softmax"]
-    if backend == "sdpa" and cog:
-        raise ValueError(f"model.attention_backend='sdpa' runs softmax attention only, but blocks "
-                         f"{cog} use {modes[cog[0]]!r}; use 'auto', 'triton' or 'torch'")
+class PatchEmbed(nn.Module):
+    """(B, C, H, W) -> (B, L, D) with a conv of kernel = stride = patch size."""
+
+    def __init__(self, patch_size: int, in_chans: int, embed_dim: int) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)
 
 
 class Attention(nn.Module):
@@ -197,14 +185,11 @@ class UViT(nn.Module):
         pos_embed_init: str = "normal",
     ) -> None:
         super().__init__()
-        _check_arch(img_size, patch_size, embed_dim, depth, num_heads, num_classes, clip_dim,
-                    num_clip_token, pos_embed_init)
-        if attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"model.attention_backend={attention_backend!r}: choose one of "
-                             f"{sorted(ATTENTION_BACKENDS)}")
+        check_arch(img_size, patch_size, embed_dim, depth, num_heads, num_classes, clip_dim,
+                   num_clip_token, pos_embed_init)
+        backend = kernel_backend(attention_backend)
         modes = resolve_attention(attention, depth)
-        _check_backend_fits(attention_backend, modes)
-        backend = ATTENTION_BACKENDS[attention_backend]
+        check_backend_fits(backend, modes)
 
         self.img_size, self.patch_size, self.in_chans = img_size, patch_size, in_chans
         self.embed_dim, self.depth = embed_dim, depth
@@ -260,15 +245,13 @@ class UViT(nn.Module):
         `backend`, if given, is "auto", "triton" or "torch" and is set on every block.
         """
         modes = resolve_attention(spec, self.depth)
-        if backend is not None and backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention backend {backend!r}: choose one of "
-                             f"{sorted(ATTENTION_BACKENDS)}")
-        current = next(iter(self.blocks())).attn.backend
-        _check_backend_fits(backend if backend is not None else current, modes)
+        kernel = (self.blocks()[0].attn.backend if backend is None
+                  else kernel_backend(backend, label="attention backend "))
+        check_backend_fits(kernel, modes)
         for blk, mode in zip(self.blocks(), modes):
             blk.attn.mode = mode
             if backend is not None:
-                blk.attn.backend = ATTENTION_BACKENDS[backend]
+                blk.attn.backend = kernel
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names one may exempt from weight decay. The release defines this too but
@@ -351,30 +334,23 @@ class UViT(nn.Module):
         return B
 
 
-def _check_arch(
-    img_size: int, patch_size: int, embed_dim: int, depth: int, num_heads: int,
-    num_classes: int, clip_dim: int, num_clip_token: int, pos_embed_init: str,
-) -> None:
-    if img_size % patch_size:
-        raise ValueError(f"model.img_size={img_size} is not divisible by "
-                         f"model.patch_size={patch_size}")
-    if embed_dim % num_heads:
-        raise ValueError(f"model.embed_dim={embed_dim} is not divisible by "
-                         f"model.num_heads={num_heads}")
-    if depth < 2 or depth % 2:
-        raise ValueError(f"model.depth={depth} must be even and >= 2 "
-                         "(depth/2 in-blocks + mid-block + depth/2 out-blocks)")
-    if num_classes > 0 and clip_dim > 0:
-        raise ValueError("model.num_classes and model.clip_dim are both set; U-ViT is either "
-                         "class- or text-conditional")
-    if clip_dim > 0 and num_clip_token < 1:
-        raise ValueError(f"model.num_clip_token={num_clip_token} must be >= 1")
-    if pos_embed_init not in POS_EMBED_INITS:
-        raise ValueError(f"model.pos_embed_init={pos_embed_init!r}: choose one of "
-                         f"{list(POS_EMBED_INITS)}")
-    if pos_embed_init == "sincos" and embed_dim % 4:
-        raise ValueError(f"model.pos_embed_init='sincos' needs model.embed_dim divisible "
-                         f"by 4, got {embed_dim}")
+def sincos_pos_embed_2d(grid: int, dim: int) -> Tensor:
+    """Fixed 2D sine-cosine position code of a (grid x grid) patch grid: (grid**2, dim).
+
+    Row-major patches, as `PatchEmbed` flattens them. The first dim/2 channels encode the
+    column, the last dim/2 the row, each as dim/4 sines then dim/4 cosines of the position
+    at frequencies 10000**(-k / (dim/4)), k = 0..dim/4-1 (the MAE/DiT code). Neighbouring
+    patches get similar codes from the first step, where a trunc-normal(0.02) init leaves
+    the position to be learned (`model.pos_embed_init`).
+    """
+    quarter = dim // 4
+    freqs = 10000.0 ** (-torch.arange(quarter, dtype=torch.float64) / quarter)  # (dim/4,)
+    pos = torch.arange(grid, dtype=torch.float64)
+    angles = pos[:, None] * freqs[None, :]  # (grid, dim/4)
+    code = torch.cat([angles.sin(), angles.cos()], dim=1)  # (grid, dim/2)
+    rows = code[:, None, :].expand(grid, grid, dim // 2)  # row index of each patch
+    cols = code[None, :, :].expand(grid, grid, dim // 2)  # column index of each patch
+    return torch.cat([cols, rows], dim=-1).reshape(grid * grid, dim).to(torch.float32)
 
 
 def _init_weights(m: nn.Module) -> None:

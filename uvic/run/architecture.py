@@ -32,6 +32,7 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 
 from uvic.config import Config, ConfigError, ModelConfig, from_dict, load_config
+from uvic.models.checks import resolve_attention
 from uvic.run.folder import RunFolder
 from uvic.run.weights import CheckpointError
 
@@ -145,8 +146,6 @@ def model_differences(a: ModelConfig, b: ModelConfig) -> list[str]:
 
 def _field_value(model: ModelConfig, name: str) -> object:
     if name == "attention":
-        from uvic.models.uvit import resolve_attention  # here: uvit imports the kernels
-
         with contextlib.suppress(ValueError):
             return resolve_attention(model.attention, model.depth)
     return getattr(model, name)

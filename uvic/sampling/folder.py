@@ -19,12 +19,13 @@ from pathlib import Path
 import torch
 from accelerate.utils import gather_object
 
-from uvic.config import Config, to_dict, validate
+from uvic.config import Config, to_dict
 from uvic.run.architecture import ModelChoice, check_same_inputs, resolve_model
 from uvic.run.files import write_json
 from uvic.sampling.assets import SamplingAssets, prompt_contexts, read_prompts, text_encoder
 from uvic.sampling.generate import distributed_state, effective_cfg_scale, sample_checkpoint
 from uvic.sampling.images import save_comparison_grid, save_grid, save_images, to_uint8
+from uvic.validation import validate
 
 
 def checkpoint_labels(

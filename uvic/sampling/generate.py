@@ -39,10 +39,11 @@ from uvic.diffusion.samplers import model_calls, run_sampler
 from uvic.diffusion.schedule import Diffusion
 from uvic.run.architecture import ModelChoice
 from uvic.sampling.assets import SamplingAssets, to_pixels
+from uvic.sampling.checks import PRECISIONS
 from uvic.sampling.load import load_guide, load_model
 from uvic.sampling.noise import make_noise, sample_generators
 
-PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+_AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}  # of PRECISIONS
 
 # --------------------------------------------------------------------------- guidance
 
@@ -151,13 +152,13 @@ def autocast(
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     device = torch.device(device)
-    if PRECISIONS[precision] is None:
+    if precision not in _AUTOCAST_DTYPES:  # fp32
         return contextlib.nullcontext()
     if device.type != "cuda":
         msg = f"precision {precision} is for CUDA; sampling on {device} in fp32"
         warnings.warn(msg, stacklevel=2)
         return contextlib.nullcontext()
-    return torch.autocast("cuda", dtype=PRECISIONS[precision])
+    return torch.autocast("cuda", dtype=_AUTOCAST_DTYPES[precision])
 
 
 class SampleGrid:
@@ -226,7 +227,7 @@ def generate(
     s = cfg.sample
     shape = (cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size)
     scale = effective_cfg_scale(cfg)
-    batch = s.batch_size  # >= 1: uvic.config.validate
+    batch = s.batch_size  # >= 1: uvic.validation
     chunks = [list(indices[i : i + batch]) for i in range(0, len(indices), batch)]
     per_batch = model_calls(diffusion, s.scheduler, s.steps, s.order, s.scheduler_kwargs)
     done = 0

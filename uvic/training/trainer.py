@@ -53,7 +53,7 @@ from accelerate.utils import broadcast_object_list, set_seed
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from uvic.config import Config, ConfigError, flat_dict, validate
+from uvic.config import Config, ConfigError, flat_dict
 from uvic.data.datasets import build_dataset, load_empty_context
 from uvic.data.order import seeded_loader
 from uvic.diffusion.schedule import Diffusion, diffusion_loss
@@ -74,6 +74,7 @@ from uvic.training.launch import (
     make_accelerator,
 )
 from uvic.training.optim import apply_optim_config, make_optimizer
+from uvic.validation import validate
 
 
 def train(cfg: Config, resume: str | None = None, overwrite: bool = False) -> Path:

@@ -1,0 +1,85 @@
+"""The rules on `diffusion.*` values and the sampler names `sample.scheduler` accepts.
+
+Read by `Diffusion`, by `uvic.diffusion.samplers` and by `uvic.validation`; no torch
+here (diffusers is imported only to look up a scheduler given by its class name), so the
+CLI can list the names without loading the samplers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from uvic.config import ConfigError, DiffusionConfig, require
+
+if TYPE_CHECKING:
+    from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+SCHEDULES = ("vp_continuous", "scaled_linear")
+# The U-ViT release's two DPM-Solver "fast" protocols, named after what they run
+# (`uvic.diffusion.samplers`): dpm_solver_pp.py's and dpm_solver_pytorch.py's.
+FAST_TIME_UNIFORM = "dpm_solver++_fast_time_uniform"
+FAST_LOGSNR = "dpm_solver_fast_logsnr"
+RELEASE_FAST = (FAST_LOGSNR, FAST_TIME_UNIFORM)
+# The names `sample.scheduler` understands besides diffusers class names
+# (`uvic.diffusion.samplers` says what each runs).
+NAMED = ("dpm_solver++", "dpm_solver", FAST_TIME_UNIFORM, FAST_LOGSNR, "euler_maruyama")
+# Names no longer run, and why; results recorded under them keep their own protocol label
+# (`uvic.evaluation.protocols.OLD_SAMPLERS`).
+RETIRED = {
+    "dpm_solver_fast": (
+        "sample.scheduler='dpm_solver_fast' is retired: it was not the release's MS-COCO "
+        f"protocol (issue 25); use {FAST_TIME_UNIFORM!r} (the release's dpm_solver_pp.py: "
+        f"MS-COCO, ImageNet H/2 and H/4) or {FAST_LOGSNR!r} (its dpm_solver_pytorch.py: "
+        "ImageNet 64, ImageNet L/2 and L/4)"),
+}
+DPM_SOLVER_NAMES = ("dpm_solver++", "dpm_solver")  # multistep DPM-Solver: sample.order 1-3
+# diffusers moves retired schedulers here; their classes still work (ScoreSdeVpScheduler).
+DEPRECATED_MODULES = (
+    "diffusers.schedulers.deprecated.scheduling_sde_vp",
+    "diffusers.schedulers.deprecated.scheduling_karras_ve",
+)
+
+
+def check_diffusion(diffusion: DiffusionConfig) -> None:
+    """The rules on `diffusion.*` values."""
+    require([
+        (diffusion.schedule in SCHEDULES,
+         f"diffusion.schedule={diffusion.schedule!r} must be one of {SCHEDULES}"),
+        (0.0 <= diffusion.p_uncond < 1.0,
+         f"diffusion.p_uncond={diffusion.p_uncond} must be in [0, 1)"),
+        (diffusion.min_snr_gamma >= 0.0,
+         f"diffusion.min_snr_gamma={diffusion.min_snr_gamma} must be >= 0 (0: off)"),
+    ])
+
+
+def check_scheduler(name: str, order: int) -> None:
+    """`sample.scheduler` is one of NAMED or a diffusers scheduler class; DPM-Solver's
+    `sample.order` is 1, 2 or 3."""
+    if name in DPM_SOLVER_NAMES:
+        if order not in (1, 2, 3):
+            raise ConfigError(f"sample.order={order} must be 1, 2 or 3 (DPM-Solver orders)")
+    elif name not in NAMED:
+        diffusers_class(name)
+
+
+def diffusers_class(name: str) -> type[SchedulerMixin]:
+    """A diffusers scheduler class by name, from diffusers or its deprecated schedulers
+    (a retired name of ours: why, and its replacements)."""
+    if name in RETIRED:
+        raise ConfigError(RETIRED[name])
+    import diffusers  # here: only a scheduler named by its class needs diffusers
+    from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+    cls = getattr(diffusers, name, None)
+    for module in DEPRECATED_MODULES:
+        if cls is not None:
+            break
+        try:
+            cls = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+    if not (isinstance(cls, type) and issubclass(cls, SchedulerMixin)):
+        raise ConfigError(f"sample.scheduler={name!r} is neither one of {list(NAMED)} "
+                          "nor a diffusers scheduler class name")
+    return cls

@@ -1,0 +1,248 @@
+"""Cog, expressive and softmax attention for diffusers models, on uvic's fused kernel.
+
+diffusers' ``Attention`` modules (DiT, PixArt, the UNets' transformer blocks, ...) hand
+their work to a *processor*: ``processor(attn, hidden_states, encoder_hidden_states,
+attention_mask, temb)``.  The processors here do what diffusers' default,
+``AttnProcessor2_0``, does (spatial and group norms, the q/k/v projections, q/k norms,
+cross-attention, 4-D inputs, the output projection, residual and output rescaling) with
+one change: the attention op is ``uvic_kernels.attention`` in Cog, expressive or softmax
+mode instead of ``scaled_dot_product_attention``.  The kernel is differentiable, so a
+model with these processors trains as it is; on a CPU it runs the kernel's PyTorch
+implementation.
+
+``set_cog_attention(model)`` puts a processor on every ``Attention`` module of a model,
+or on those of chosen transformer blocks (``keep_softmax="first_last"`` leaves the first
+and the last block as they are, as U-ViC keeps softmax there).  DiT has no
+``set_attn_processor`` of its own; this works on any ``nn.Module``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from diffusers.models.attention_processor import Attention
+from torch import nn
+
+import uvic_kernels
+from uvic_kernels.fused_attention import BACKENDS, MODES
+
+KEEP_SOFTMAX = ("first_last",)
+# diffusers processors that compute what AttnProcessor2_0 does (so ours can replace them)
+PLAIN_PROCESSORS = ("AttnProcessor2_0", "AttnProcessor", "XFormersAttnProcessor",
+                    "SlicedAttnProcessor", "AttnProcessorNPU")
+
+
+class KernelAttnProcessor:
+    """diffusers attention processor running ``uvic_kernels.attention(mode=mode)``.
+
+    Equal to diffusers' ``AttnProcessor2_0`` apart from the attention op; like it, the
+    scores are scaled by ``head_dim ** -0.5`` (``attn.scale`` is not read).  ``backend``
+    is passed to the kernel: None picks Triton on CUDA and PyTorch on a CPU.  Attention
+    masks are refused: the fused kernel has none.
+    """
+
+    def __init__(self, mode: str = "cog", backend: str | None = None) -> None:
+        name = type(self).__name__
+        if mode not in MODES:
+            raise ValueError(f"{name}: mode must be one of {MODES}, got {mode!r}")
+        if backend is not None and backend not in BACKENDS:
+            raise ValueError(f"{name}: backend must be one of {BACKENDS} or None, got {backend!r}")
+        if backend == "sdpa" and mode != "softmax":
+            raise ValueError(f"{name}: backend='sdpa' runs softmax only, not mode={mode!r}")
+        self.mode = mode
+        self.backend = backend
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(mode={self.mode!r}, backend={self.backend!r})"
+
+    def __call__(
+        self,
+        attn: Attention,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        temb: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention of ``attn`` over ``hidden_states`` (self-attention) or, given
+        ``encoder_hidden_states``, from them (cross-attention; any key length)."""
+        if attention_mask is not None:
+            raise ValueError(
+                f"{type(self).__name__}: attention masks are not supported (the fused kernel "
+                f"has none); got attention_mask of shape {tuple(attention_mask.shape)}"
+            )
+        residual = hidden_states
+        if attn.spatial_norm is not None:
+            hidden_states = attn.spatial_norm(hidden_states, temb)
+
+        input_ndim = hidden_states.ndim
+        if input_ndim == 4:
+            batch_size, channel, height, width = hidden_states.shape
+            hidden_states = hidden_states.view(batch_size, channel, height * width).transpose(1, 2)
+        batch_size = hidden_states.shape[0]
+
+        if attn.group_norm is not None:
+            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+
+        query = attn.to_q(hidden_states)
+        if encoder_hidden_states is None:
+            encoder_hidden_states = hidden_states
+        elif attn.norm_cross:
+            encoder_hidden_states = attn.norm_encoder_hidden_states(encoder_hidden_states)
+        key = attn.to_k(encoder_hidden_states)
+        value = attn.to_v(encoder_hidden_states)
+
+        head_dim = key.shape[-1] // attn.heads
+        # (B, N, H * D) -> (B, H, N, D) views; the kernel takes strided inputs.
+        query, key, value = (
+            x.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+            for x in (query, key, value)
+        )
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+
+        hidden_states = uvic_kernels.attention(query, key, value, self.mode, backend=self.backend)
+        hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
+        hidden_states = hidden_states.to(query.dtype)
+
+        hidden_states = attn.to_out[0](hidden_states)  # linear projection
+        hidden_states = attn.to_out[1](hidden_states)  # dropout
+        if input_ndim == 4:
+            hidden_states = hidden_states.transpose(-1, -2).reshape(
+                batch_size, channel, height, width)
+        if attn.residual_connection:
+            hidden_states = hidden_states + residual
+        return hidden_states / attn.rescale_output_factor
+
+
+class CogAttnProcessor(KernelAttnProcessor):
+    """Cog attention, ``sign(S) * softmax(|S|)``: weights of either sign."""
+
+    def __init__(self, backend: str | None = None) -> None:
+        super().__init__("cog", backend)
+
+
+class ExpressiveAttnProcessor(KernelAttnProcessor):
+    """Expressive attention, ``E / rowsum(E)`` with ``E = S^2 / (1 + S^2)``."""
+
+    def __init__(self, backend: str | None = None) -> None:
+        super().__init__("expressive", backend)
+
+
+class SoftmaxAttnProcessor(KernelAttnProcessor):
+    """Softmax attention through the same kernel (a baseline for the other two)."""
+
+    def __init__(self, backend: str | None = None) -> None:
+        super().__init__("softmax", backend)
+
+
+PROCESSORS: dict[str, type[KernelAttnProcessor]] = {
+    "cog": CogAttnProcessor,
+    "expressive": ExpressiveAttnProcessor,
+    "softmax": SoftmaxAttnProcessor,
+}
+
+
+def transformer_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's transformer blocks, in order, as ``(name, block)``.
+
+    A block is an entry of an ``nn.ModuleList`` that holds diffusers ``Attention``
+    modules and is not inside another such list: DiT's and PixArt's
+    ``transformer_blocks``, for example.
+    """
+    blocks: list[tuple[str, nn.Module]] = []
+    inside: list[str] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or any(
+            name.startswith(f"{outer}.") for outer in inside
+        ):
+            continue
+        entries = [
+            (f"{name}.{i}" if name else str(i), entry) for i, entry in enumerate(module)
+            if any(isinstance(m, Attention) for m in entry.modules())
+        ]
+        if entries:
+            inside.append(name)
+            blocks.extend(entries)
+    return blocks
+
+
+def _chosen_blocks(
+    model: nn.Module, blocks: Iterable[int] | None, keep_softmax: str | None
+) -> list[str] | None:
+    """Names of the chosen blocks, or None for the whole model."""
+    if blocks is None and keep_softmax is None:
+        return None
+    if blocks is not None and keep_softmax is not None:
+        raise ValueError("set_cog_attention: give blocks or keep_softmax, not both")
+    if keep_softmax is not None and keep_softmax not in KEEP_SOFTMAX:
+        raise ValueError(
+            f"set_cog_attention: keep_softmax must be one of {KEEP_SOFTMAX} or None, "
+            f"got {keep_softmax!r}"
+        )
+    found = transformer_blocks(model)
+    count = len(found)
+    if keep_softmax is not None:
+        if count < 3:
+            raise ValueError(
+                f"set_cog_attention: keep_softmax={keep_softmax!r} needs at least 3 transformer "
+                f"blocks; {type(model).__name__} has {count}"
+            )
+        indices = list(range(1, count - 1))
+    else:
+        indices = list(blocks)
+        bad = [i for i in indices if isinstance(i, bool) or not isinstance(i, int)
+               or not -count <= i < count]
+        if bad or not indices:
+            raise ValueError(
+                f"set_cog_attention: blocks={indices!r}: need block indices in "
+                f"[-{count}, {count}) ({type(model).__name__} has {count} transformer blocks)"
+            )
+    return [found[i][0] for i in indices]
+
+
+def set_cog_attention(
+    model: nn.Module,
+    mode: str = "cog",
+    *,
+    blocks: Iterable[int] | None = None,
+    keep_softmax: str | None = None,
+    backend: str | None = None,
+) -> dict[str, KernelAttnProcessor]:
+    """Run the ``Attention`` modules of ``model`` through uvic's kernel in ``mode``.
+
+    By default every diffusers ``Attention`` module gets the processor; ``blocks`` (indices
+    into :func:`transformer_blocks`, negative ones count from the end) or
+    ``keep_softmax="first_last"`` (every block but the first and the last, U-ViC's
+    pattern) restrict it to some transformer blocks, and the others keep the processor
+    they have.  Only modules running diffusers' plain attention (``AttnProcessor2_0`` and
+    its equivalents) or one of these processors are switched: a module whose processor
+    does more (rotary embeddings, joint text-image attention, adapters) is refused and
+    nothing is changed.  Returns ``{module name: processor}`` for the modules changed.
+    """
+    if mode not in PROCESSORS:
+        raise ValueError(
+            f"set_cog_attention: mode must be one of {tuple(PROCESSORS)}, got {mode!r}")
+    processor = PROCESSORS[mode](backend)
+    chosen = _chosen_blocks(model, blocks, keep_softmax)
+    targets = {
+        name: module for name, module in model.named_modules()
+        if isinstance(module, Attention)
+        and (chosen is None or any(name == block or name.startswith(f"{block}.")
+                                   for block in chosen))
+    }
+    if not targets:
+        raise ValueError(
+            f"set_cog_attention: {type(model).__name__} has no diffusers Attention modules")
+    for name, module in targets.items():
+        current = type(module.processor)
+        if not (issubclass(current, KernelAttnProcessor) or current.__name__ in PLAIN_PROCESSORS):
+            raise ValueError(
+                f"set_cog_attention: {name} runs {current.__name__}, not plain attention "
+                f"({', '.join(PLAIN_PROCESSORS)}); nothing was changed"
+            )
+    for module in targets.values():
+        module.set_processor(processor)
+    return dict.fromkeys(targets, processor)

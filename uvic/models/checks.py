@@ -1,0 +1,125 @@
+"""The rules on `model.*` values: attention pattern and backend, and the architecture.
+
+`UViT` checks its arguments with them, and `uvic.validation` checks a config's model
+section before any work starts, so both refuse the same values with the same message
+(a ConfigError, which is a ValueError). No torch here: the kernels' table of which
+backend runs which attention mode (`uvic_kernels.fused_attention.BACKEND_MODES`) is read
+only when a backend other than "auto" is checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from uvic.config import ConfigError, ModelConfig
+
+ATTENTION_MODES = ("softmax", "cog", "expressive")
+ATTENTION_PRESETS = ("uvit", "uvic", "uvie")
+AUTO_BACKEND = "auto"  # `model.attention_backend` that lets the kernel pick per device
+POS_EMBED_INITS = ("normal", "sincos")
+
+
+def check_model(model: ModelConfig) -> None:
+    """The rules on `model.*` values (those `UViT` applies to its arguments)."""
+    check_arch(model.img_size, model.patch_size, model.embed_dim, model.depth,
+               model.num_heads, model.num_classes, model.clip_dim, model.num_clip_token,
+               model.pos_embed_init)
+    backend = kernel_backend(model.attention_backend)
+    check_backend_fits(backend, resolve_attention(model.attention, model.depth))
+
+
+def resolve_attention(spec: str | Sequence[str], depth: int) -> list[str]:
+    """Per-block attention modes, in order in_blocks..., mid_block, out_blocks....
+
+    `spec` is a preset ("uvit": all softmax; "uvic": cog except the first in-block and
+    the last out-block; "uvie": expressive attention, likewise keeping softmax first and
+    last) or an explicit comma-separated string / list of depth + 1 modes.
+    """
+    num_blocks = depth + 1
+    if isinstance(spec, str):
+        name = spec.strip().lower()
+        if name == "uvit":
+            return ["softmax"] * num_blocks
+        if name in ("uvic", "uvie"):
+            inner = "cog" if name == "uvic" else "expressive"
+            return ["softmax"] + [inner] * (num_blocks - 2) + ["softmax"]
+        if "," not in name and name not in ATTENTION_MODES:
+            raise ConfigError(
+                f"model.attention={spec!r}: expected a preset {ATTENTION_PRESETS} or a "
+                f"comma-separated list of {num_blocks} entries from {ATTENTION_MODES}"
+            )
+        modes = [m.strip().lower() for m in name.split(",")]
+    else:
+        modes = [str(m).strip().lower() for m in spec]
+    bad = [m for m in modes if m not in ATTENTION_MODES]
+    if bad:
+        raise ConfigError(
+            f"model.attention={spec!r}: unknown mode {bad[0]!r}; each entry must be one of "
+            f"{ATTENTION_MODES}"
+        )
+    if len(modes) != num_blocks:
+        raise ConfigError(
+            f"model.attention={spec!r}: has {len(modes)} entries but depth {depth} gives "
+            f"{num_blocks} blocks (in_blocks, mid_block, out_blocks)"
+        )
+    return modes
+
+
+def kernel_backend(name: str, label: str = "model.attention_backend=") -> str | None:
+    """The kernels' backend for an `attention_backend` name: None for "auto" (the kernel
+    picks), else the name itself; an unknown name is refused, `label` starting the
+    message."""
+    if name == AUTO_BACKEND:
+        return None
+    from uvic_kernels.fused_attention import BACKEND_MODES  # here: the kernels import torch
+
+    if name not in BACKEND_MODES:
+        raise ConfigError(f"{label}{name!r}: choose one of "
+                          f"{sorted([AUTO_BACKEND, *BACKEND_MODES])}")
+    return name
+
+
+def check_backend_fits(backend: str | None, modes: Sequence[str]) -> None:
+    """A kernel backend that cannot run some blocks' modes (``sdpa``: softmax only, the
+    kernels' `BACKEND_MODES`) is refused, naming the blocks. None: the kernel picks."""
+    if backend is None:
+        return
+    from uvic_kernels.fused_attention import BACKEND_MODES  # here: the kernels import torch
+
+    runs = BACKEND_MODES[backend]
+    bad = [i for i, mode in enumerate(modes) if mode not in runs]
+    if bad:
+        able = [AUTO_BACKEND] + [b for b, ok in BACKEND_MODES.items() if set(modes) <= set(ok)]
+        names = [repr(b) for b in able]
+        raise ConfigError(
+            f"model.attention_backend={backend!r} runs {' and '.join(runs)} attention only, "
+            f"but blocks {bad} use {modes[bad[0]]!r}; use "
+            f"{', '.join(names[:-1])} or {names[-1]}")
+
+
+def check_arch(
+    img_size: int, patch_size: int, embed_dim: int, depth: int, num_heads: int,
+    num_classes: int, clip_dim: int, num_clip_token: int, pos_embed_init: str,
+) -> None:
+    """Sizes that fit together: patches tile the image, heads split the width, an even
+    depth (in-blocks, mid-block, out-blocks), one kind of condition."""
+    if img_size % patch_size:
+        raise ConfigError(f"model.img_size={img_size} is not divisible by "
+                          f"model.patch_size={patch_size}")
+    if embed_dim % num_heads:
+        raise ConfigError(f"model.embed_dim={embed_dim} is not divisible by "
+                          f"model.num_heads={num_heads}")
+    if depth < 2 or depth % 2:
+        raise ConfigError(f"model.depth={depth} must be even and >= 2 "
+                          "(depth/2 in-blocks + mid-block + depth/2 out-blocks)")
+    if num_classes > 0 and clip_dim > 0:
+        raise ConfigError("model.num_classes and model.clip_dim are both set; U-ViT is either "
+                          "class- or text-conditional")
+    if clip_dim > 0 and num_clip_token < 1:
+        raise ConfigError(f"model.num_clip_token={num_clip_token} must be >= 1")
+    if pos_embed_init not in POS_EMBED_INITS:
+        raise ConfigError(f"model.pos_embed_init={pos_embed_init!r}: choose one of "
+                          f"{list(POS_EMBED_INITS)}")
+    if pos_embed_init == "sincos" and embed_dim % 4:
+        raise ConfigError(f"model.pos_embed_init='sincos' needs model.embed_dim divisible "
+                          f"by 4, got {embed_dim}")

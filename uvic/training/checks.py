@@ -1,0 +1,46 @@
+"""The rules on `train.*` and `optim.*` values: loop lengths, precision, optimizer, LR
+schedule. Read by `uvic.validation` (the trainer validates its config before any step);
+no torch here.
+"""
+
+from __future__ import annotations
+
+import math
+
+from uvic.config import OptimConfig, TrainConfig, require
+
+MIXED_PRECISIONS = ("", "no", "fp16", "bf16")  # "": the launcher's
+LR_SCHEDULES = ("constant", "cosine")  # after warm-up (uvic.training.optim)
+
+
+def check_train(t: TrainConfig) -> None:
+    """The rules on `train.*` values."""
+    require([
+        (t.grad_accum >= 1, f"train.grad_accum={t.grad_accum} must be >= 1"),
+        (t.batch_size >= 1, f"train.batch_size={t.batch_size} must be >= 1"),
+        (t.max_steps >= 0, f"train.max_steps={t.max_steps} must be >= 0"),
+        (0.0 <= t.ema_decay <= 1.0, f"train.ema_decay={t.ema_decay} must be in [0, 1]"),
+        (t.keep_last >= 1, f"train.keep_last={t.keep_last} must be >= 1"),
+        (all(k >= 1 for k in t.keep_steps),
+         f"train.keep_steps={list(t.keep_steps)} must be steps >= 1"),
+        (t.mixed_precision in MIXED_PRECISIONS,
+         f"train.mixed_precision={t.mixed_precision!r} must be no, fp16, bf16 or empty "
+         "(the launcher's)"),
+        *[(getattr(t, k) >= 0, f"train.{k}={getattr(t, k)} must be >= 0 (0: never)")
+          for k in ("log_every", "ckpt_every", "sample_every")],
+        (t.n_grid >= 1 or t.sample_every == 0,
+         f"train.n_grid={t.n_grid} must be >= 1 (or train.sample_every=0: no grids)"),
+    ])
+
+
+def check_optim(o: OptimConfig) -> None:
+    """The rules on `optim.*` values."""
+    require([
+        (o.lr > 0 and math.isfinite(o.lr), f"optim.lr={o.lr} must be > 0"),
+        (all(0.0 <= b < 1.0 for b in o.betas), f"optim.betas={o.betas} must be in [0, 1)"),
+        (o.weight_decay >= 0, f"optim.weight_decay={o.weight_decay} must be >= 0"),
+        (o.warmup_steps >= 0, f"optim.warmup_steps={o.warmup_steps} must be >= 0"),
+        (o.grad_clip >= 0, f"optim.grad_clip={o.grad_clip} must be >= 0"),
+        (o.lr_schedule in LR_SCHEDULES,
+         f"optim.lr_schedule={o.lr_schedule!r} must be one of {LR_SCHEDULES}"),
+    ])

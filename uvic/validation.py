@@ -1,0 +1,32 @@
+"""One entry point that checks every value of a config before any work starts.
+
+`validate(cfg)` runs the rules of each section, which live with the code that uses the
+values (each domain's `checks` module: `uvic.data.checks`, `uvic.diffusion.checks`,
+`uvic.training.checks`, `uvic.evaluation.checks`, `uvic.sampling.checks`,
+`uvic.models.checks`). The trainer, the FID evaluator and the sampling CLI call it on
+their config; `Diffusion`, `build_dataset` and `UViT` apply the rules of their own
+section. Loading this module imports no torch.
+"""
+
+from __future__ import annotations
+
+from uvic.config import Config
+from uvic.data.checks import check_data
+from uvic.diffusion.checks import check_diffusion
+from uvic.evaluation.checks import check_eval
+from uvic.models.checks import check_model
+from uvic.sampling.checks import check_sample
+from uvic.training.checks import check_optim, check_train
+
+
+def validate(cfg: Config) -> Config:
+    """Check every value of `cfg`; returns `cfg` or raises a ConfigError naming the key and
+    the value (the first rule broken, sections in the order below)."""
+    check_data(cfg.data)
+    check_diffusion(cfg.diffusion)
+    check_train(cfg.train)
+    check_optim(cfg.optim)
+    check_eval(cfg.eval)
+    check_sample(cfg.sample)
+    check_model(cfg.model)
+    return cfg
