@@ -32,7 +32,6 @@ import torchvision
 from diffusers import AutoencoderKL
 from PIL import Image
 
-REPO = Path(__file__).resolve().parents[1]
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
                    "dog", "frog", "horse", "ship", "truck"]
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 from safetensors.torch import save_file
 
 from uvic.analysis import (
@@ -21,12 +21,12 @@ from uvic.analysis import (
     load_models,
     save_figures,
     spread_timesteps,
-    write_json,
 )
 from uvic.analysis import metrics as M
 from uvic.analysis.capture import TokenLayout, row_metrics, token_layout
 from uvic.config import load_config, save_config
 from uvic.models.uvit import Attention, build_model
+from uvic.run.files import write_json
 from uvic_kernels import reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,7 +197,7 @@ def test_pixel_models_end_to_end(pixel_result, tmp_path):
     # every model sees the same images and noise: equal weights give equal numbers
     assert pixel_result["models"]["U-ViC again"]["blocks"] == uvic["blocks"]
     # the JSON round-trips and the figures come from it
-    loaded = json.loads(write_json(pixel_result, tmp_path / "a.json").read_text())
+    loaded = json.loads(write_json(tmp_path / "a.json", pixel_result, indent=1).read_text())
     check_result(loaded)
     paths = save_figures(loaded, tmp_path / "figures", map_levels=[1])
     assert "overview" in paths and "heatmap_negative_mass" in paths
@@ -270,11 +270,7 @@ def test_release_format_checkpoint_and_expressive_pattern(tmp_path):
 
 
 def _cli():
-    spec = importlib.util.spec_from_file_location("analyze_attention",
-                                                  ROOT / "scripts/analyze_attention.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return load_script("scripts/analyze_attention.py").main
 
 
 def test_cli_on_tiny_checkpoints(tmp_path, capsys):

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_train.py"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_train", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_script("scripts/bench_train.py")
 
 
 def test_bench_train_smoke(tmp_path, capsys):

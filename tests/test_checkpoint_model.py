@@ -7,21 +7,22 @@ released .pth (no config) takes `--config`'s model. Tiny models on the CPU."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import load_script
 from PIL import Image
 
 from uvic.config import Config, ConfigError, DataConfig, ModelConfig, SampleConfig, save_config
 from uvic.diffusion.schedule import Diffusion
 from uvic.models.uvit import build_model
 from uvic.run.weights import load_weights, save_safetensors
-from uvic.sampling.generate import generate, load_guide
+from uvic.sampling.generate import generate
 from uvic.sampling.images import to_uint8
+from uvic.sampling.load import load_guide
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"img_size": 8, "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2,
@@ -56,7 +57,7 @@ def fake_run(folder: Path, cfg: Config, seed: int, metadata: bool = False) -> Pa
     torch.manual_seed(seed)
     meta = None
     if metadata:
-        from uvic.run.folder import model_metadata
+        from uvic.run.architecture import model_metadata
 
         meta = model_metadata(cfg.model)
     save_safetensors(build_model(cfg.model), folder / "ema.safetensors", metadata=meta)
@@ -79,10 +80,7 @@ def written(folder: Path, n: int = N) -> np.ndarray:
 
 
 def sample_main():
-    spec = importlib.util.spec_from_file_location("sample_cli", REPO / "scripts" / "sample.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return load_script("scripts/sample.py").main
 
 
 def sample(*args: str) -> int:

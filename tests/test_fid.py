@@ -4,7 +4,6 @@ and the Table 3 builder."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import urllib.request
@@ -13,12 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import load_script
 from datagen import make_cifar10, make_mscoco_features, patch_cifar10_checksums, tiny_vae_folder
 from PIL import Image
 from scipy import linalg
 from torch import nn
 
 import uvic.evaluation.fid as fid
+import uvic.evaluation.reference as fid_ref
 import uvic.evaluation.statistics as fid_stats
 from uvic.config import (
     Config,
@@ -34,7 +35,8 @@ from uvic.config import (
 from uvic.diffusion.schedule import Diffusion
 from uvic.evaluation.protocols import NOT_FID, RELEASE
 from uvic.models.uvit import build_model
-from uvic.run.folder import ModelChoice, checkpoint_step
+from uvic.run.architecture import ModelChoice
+from uvic.run.folder import checkpoint_step
 from uvic.run.weights import load_weights, save_safetensors
 from uvic.sampling.generate import generate
 from uvic.sampling.images import to_uint8
@@ -69,39 +71,40 @@ def test_frechet_distance_matches_scipy() -> None:
     mu1, s1 = fid_stats.feature_statistics(a)
     mu2, s2 = fid_stats.feature_statistics(b)
     np.testing.assert_allclose(mu1, a.mean(0)) and np.testing.assert_allclose(s1, np.cov(a.T))
-    got = fid.frechet_distance(mu1, s1, mu2, s2)
+    got = fid_stats.frechet_distance(mu1, s1, mu2, s2)
     assert got == pytest.approx(reference_fid(mu1, s1, mu2, s2), rel=1e-9, abs=1e-9)
-    assert got == pytest.approx(fid.frechet_distance(mu2, s2, mu1, s1), rel=1e-9)  # symmetric
+    assert got == pytest.approx(fid_stats.frechet_distance(mu2, s2, mu1, s1), rel=1e-9)  # symmetric
 
 
 def test_frechet_distance_self_and_shift() -> None:
     feats = gaussian_features(500, 16, seed=2)
     mu, sigma = fid_stats.feature_statistics(feats)
-    assert abs(fid.frechet_distance(mu, sigma, mu, sigma)) < 1e-9
+    assert abs(fid_stats.frechet_distance(mu, sigma, mu, sigma)) < 1e-9
     # a pure shift d leaves the covariance: FID = |d|^2 exactly
     mu_s, sigma_s = fid_stats.feature_statistics(feats + 0.5)
-    assert fid.frechet_distance(mu, sigma, mu_s, sigma_s) == pytest.approx(16 * 0.25, rel=1e-9)
+    shifted = fid_stats.frechet_distance(mu, sigma, mu_s, sigma_s)
+    assert shifted == pytest.approx(16 * 0.25, rel=1e-9)
     mu_w, sigma_w = fid_stats.feature_statistics(feats * 2.0)  # wider: also larger
-    assert fid.frechet_distance(mu, sigma, mu_w, sigma_w) > 1.0
+    assert fid_stats.frechet_distance(mu, sigma, mu_w, sigma_w) > 1.0
 
 
 def test_frechet_distance_singular_covariance() -> None:
     """Fewer samples than dimensions (rank-deficient covariances) stays finite and >= 0."""
     mu1, s1 = fid_stats.feature_statistics(gaussian_features(5, 32, seed=3))
     mu2, s2 = fid_stats.feature_statistics(gaussian_features(5, 32, seed=4))
-    value = fid.frechet_distance(mu1, s1, mu2, s2)
+    value = fid_stats.frechet_distance(mu1, s1, mu2, s2)
     assert np.isfinite(value) and value > 0
     assert value == pytest.approx(reference_fid(mu1, s1, mu2, s2), rel=1e-5)
     with pytest.raises(ValueError, match="do not match"):
-        fid.frechet_distance(mu1, s1, mu2[:3], s2[:3, :3])
+        fid_stats.frechet_distance(mu1, s1, mu2[:3], s2[:3, :3])
 
 
 def test_kid_is_seeded_and_keeps_global_rng() -> None:
     a, b = gaussian_features(60, 8, seed=5), gaussian_features(60, 8, seed=6, shift=1.0)
     np.random.seed(123)
     before = np.random.get_state()[1].copy()
-    k1, k2 = fid.kernel_distance(a, b, seed=0), fid.kernel_distance(a, b, seed=0)
-    assert k1 == k2 and k1 > fid.kernel_distance(a, a, seed=0)
+    k1, k2 = fid_stats.kernel_distance(a, b, seed=0), fid_stats.kernel_distance(a, b, seed=0)
+    assert k1 == k2 and k1 > fid_stats.kernel_distance(a, a, seed=0)
     np.testing.assert_array_equal(np.random.get_state()[1], before)
 
 
@@ -128,13 +131,6 @@ def run_eval(cfg: Config, tmp_path: Path, **kwargs) -> dict:
               "feat_extractor": tiny_features(), "stats_dir": tmp_path / "stats",
               "num_workers": 0, "progress": False, **kwargs}
     return fid.evaluate(cfg, tmp_path / "ema.safetensors", **kwargs)
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name.replace("/", "_"), REPO / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_evaluate_builds_the_checkpoint_architecture(tmp_path: Path) -> None:
@@ -345,11 +341,11 @@ def test_inception_weights_default_to_the_user_cache(tmp_path: Path, monkeypatch
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     expected = tmp_path / "home" / ".cache" / "uvic" / fid_stats.INCEPTION_FILE
     assert fid_stats.inception_weights_path(Config())[0] == expected
-    assert fid_stats.default_stats_dir() == tmp_path / "home" / ".cache" / "uvic" / "fid_stats"
+    assert fid_ref.default_stats_dir() == tmp_path / "home" / ".cache" / "uvic" / "fid_stats"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     expected = tmp_path / "xdg" / "uvic" / fid_stats.INCEPTION_FILE
     assert fid_stats.inception_weights_path(Config())[0] == expected
-    assert fid_stats.default_stats_dir() == tmp_path / "xdg" / "uvic" / "fid_stats"
+    assert fid_ref.default_stats_dir() == tmp_path / "xdg" / "uvic" / "fid_stats"
     with pytest.raises(fid_stats.InceptionWeightsMissing) as info:
         fid_stats.check_inception(Config())
     message = str(info.value)
@@ -416,13 +412,13 @@ def test_inception_from_configured_path(tmp_path: Path) -> None:
 def test_missing_reference_statistics(tmp_path: Path) -> None:
     cfg = Config(model=ModelConfig(img_size=32), data=DataConfig(root=str(tmp_path / "none")),
                  eval=EvalConfig(ref_stats="cifar10_uvic_test_missing", inception_path=""))
-    with pytest.raises(fid_stats.ReferenceStatsMissing) as info:
-        fid_stats.reference_statistics(cfg, stats_dir=tmp_path)
+    with pytest.raises(fid_ref.ReferenceStatsMissing) as info:
+        fid_ref.reference_statistics(cfg, stats_dir=tmp_path)
     message = str(info.value)
     assert "cifar10_uvic_test_missing_clean_train_32.npz" in message
-    assert fid_stats.STATS_URL in message and "eval.ref_images" in message
-    with pytest.raises(fid_stats.ReferenceStatsMissing, match="does not exist"):
-        fid_stats.reference_statistics(apply_overrides(cfg, [f"eval.ref_images={tmp_path}/x"]),
+    assert fid_ref.STATS_URL in message and "eval.ref_images" in message
+    with pytest.raises(fid_ref.ReferenceStatsMissing, match="does not exist"):
+        fid_ref.reference_statistics(apply_overrides(cfg, [f"eval.ref_images={tmp_path}/x"]),
                                  stats_dir=tmp_path)
 
 
@@ -571,7 +567,7 @@ def test_cifar10_reference_from_local_copy(tmp_path: Path, monkeypatch) -> None:
     patch_cifar10_checksums(monkeypatch, tmp_path / "cifar")
     cfg = Config(model=ModelConfig(img_size=32), data=DataConfig(root=str(tmp_path / "cifar")),
                  eval=EvalConfig(ref_stats="cifar10", ref_split="train", ref_res=32))
-    stats = fid_stats.reference_statistics(cfg, tiny_features(), stats_dir=tmp_path / "stats",
+    stats = fid_ref.reference_statistics(cfg, tiny_features(), stats_dir=tmp_path / "stats",
                                      progress=False)
     exported = fid_stats.list_images(tmp_path / "stats" / "cifar10_train_png")
     assert len(exported) == 10
@@ -579,7 +575,7 @@ def test_cifar10_reference_from_local_copy(tmp_path: Path, monkeypatch) -> None:
     assert stats.feats.shape == (10, 16) and "CIFAR-10 train" in stats.source
     # cached: the second call loads the file instead of recomputing features
     monkeypatch.setattr(fid, "files_features", lambda *a, **k: pytest.fail("recomputed"))
-    cached = fid_stats.reference_statistics(cfg, tiny_features(), stats_dir=tmp_path / "stats")
+    cached = fid_ref.reference_statistics(cfg, tiny_features(), stats_dir=tmp_path / "stats")
     np.testing.assert_allclose(cached.mu, stats.mu) and np.testing.assert_allclose(
         cached.sigma, stats.sigma)
 

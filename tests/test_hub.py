@@ -30,9 +30,11 @@ from uvic.models.text_encoder import ClipTextEncoder
 from uvic.models.uvit import UViT, build_model
 from uvic.pipelines import UViTPipeline
 from uvic.pipelines.export import export
-from uvic.run.folder import RUN_EMA, model_metadata
+from uvic.run.architecture import model_metadata
+from uvic.run.folder import RunFolder
 from uvic.run.weights import load_weights, read_state_dict, save_safetensors
-from uvic.sampling.generate import model_to_pixels, sample_images
+from uvic.sampling.assets import model_to_pixels
+from uvic.sampling.generate import sample_images
 from uvic.sampling.images import to_uint8
 from uvic.sampling.noise import make_noise, sample_generators
 
@@ -61,10 +63,10 @@ def write_run(folder: Path, cfg: Config, seed: int) -> Path:
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, output_dir=str(folder)))
     model = perturbed(cfg, seed)
     save_config(cfg, folder / "config.json")
-    save_safetensors(model, folder / RUN_EMA, metadata=model_metadata(cfg.model))
+    save_safetensors(model, folder / RunFolder.EMA, metadata=model_metadata(cfg.model))
     step = folder / "checkpoints" / "step_000002"
     step.mkdir(parents=True)
-    shutil.copyfile(folder / RUN_EMA, step / RUN_EMA)
+    shutil.copyfile(folder / RunFolder.EMA, step / RunFolder.EMA)
     return folder
 
 
@@ -104,7 +106,7 @@ def run_model(runs: dict[str, Path], kind: str) -> tuple[Config, UViT]:
     """The run's config and its EMA model, loaded the way uvic-sample loads it."""
     cfg = load_config(runs[kind] / "config.json")
     model = build_model(cfg.model).eval()
-    load_weights(model, runs[kind] / RUN_EMA)
+    load_weights(model, runs[kind] / RunFolder.EMA)
     return cfg, model
 
 
@@ -213,7 +215,7 @@ def test_unconditional_pipeline_equals_uvic_sample(runs, tmp_path: Path, sampler
     uvic-sample's PNGs with the same seed."""
     run = runs["pixels"]
     scheduler = sampler or "dpm_solver++"
-    assert sample_main(["--config", str(run / "config.json"), "--ckpt", str(run / RUN_EMA),
+    assert sample_main(["--config", str(run / "config.json"), "--ckpt", str(run / RunFolder.EMA),
                         "--n", "3", "--seed", "7", "--scheduler", scheduler,
                         "--save-individual", "--quiet", "--out", str(tmp_path / "s")]) == 0
     pipe = pipeline(runs, "pixels")
@@ -229,7 +231,7 @@ def test_text_to_image_pipeline_equals_uvic_sample(runs, tmp_path: Path) -> None
     against the empty caption, DPM-Solver "fast" (the MS-COCO protocol), VAE decoding."""
     run = runs["text"]
     (tmp_path / "prompts.txt").write_text("a red bus\na dog on a surfboard\n")
-    assert sample_main(["--config", str(run / "config.json"), "--ckpt", str(run / RUN_EMA),
+    assert sample_main(["--config", str(run / "config.json"), "--ckpt", str(run / RunFolder.EMA),
                         "--prompts", str(tmp_path / "prompts.txt"), "--n", "4", "--seed", "2",
                         "--cfg-scale", "1.0", "--save-individual", "--quiet",
                         "--out", str(tmp_path / "s")]) == 0
@@ -347,17 +349,17 @@ def loaded_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 def test_export_from_each_source(runs, tmp_path: Path) -> None:
     run = runs["pixels"]
-    expected = read_state_dict(run / RUN_EMA)
+    expected = read_state_dict(run / RunFolder.EMA)
     release_cfg = load_config(REPO / "configs/cifar10_uvit.py", PIXELS)
     release = perturbed(release_cfg, 5).state_dict()
     torch.save(release, tmp_path / "nnet_ema.pth")
-    shutil.copyfile(run / RUN_EMA, tmp_path / "copied.safetensors")
+    shutil.copyfile(run / RunFolder.EMA, tmp_path / "copied.safetensors")
     uvit_config = tmp_path / "uvit.json"
     save_config(release_cfg, uvit_config)
     sources = {  # source, --config, expected weights, expected attention
         "run": (run, None, expected, "uvic"),
         "checkpoint folder": (run / "checkpoints" / "step_000002", None, expected, "uvic"),
-        "checkpoint file": (run / "checkpoints" / "step_000002" / RUN_EMA, None, expected,
+        "checkpoint file": (run / "checkpoints" / "step_000002" / RunFolder.EMA, None, expected,
                             "uvic"),
         # a copied EMA knows its architecture: the uvit config gives only the schedule etc.
         "copied file": (tmp_path / "copied.safetensors", uvit_config, expected, "uvic"),

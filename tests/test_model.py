@@ -190,6 +190,24 @@ def ref_uvit(sd: dict[str, Tensor], arch: dict, modes: list[str], x, t, context=
 # --------------------------------------------------------------------------- architecture
 
 
+def test_build_model_takes_the_model_section_whole() -> None:
+    """Every ModelConfig field is a UViT argument of the same name (build_model passes the
+    section as it is): a new field cannot be left out of the network."""
+    import dataclasses
+    import inspect
+
+    from uvic.config import ModelConfig
+
+    fields = [f.name for f in dataclasses.fields(ModelConfig)]
+    assert sorted(fields) == sorted(inspect.signature(UViT).parameters)
+    cfg = ModelConfig(img_size=8, patch_size=2, embed_dim=16, depth=2, num_heads=2,
+                      attention="uvic", attention_backend="torch", mlp_ratio=2.0,
+                      pos_embed_init="sincos")
+    model = build_model(cfg)
+    assert model.attention_modes == ["softmax", "cog", "softmax"]
+    assert model.blocks()[0].mlp.fc1.out_features == 32  # mlp_ratio reached the blocks
+
+
 @pytest.mark.parametrize(("name", "count"), [
     ("cifar10_uvit", 44_255_328), ("cifar10_uvic", 44_255_328),
     ("mscoco_uvit", 44_692_644), ("mscoco_uvic", 44_692_644),

@@ -64,7 +64,7 @@ from readme_commands import (
 from uvic.config import Config, apply_overrides, from_dict, load_config
 from uvic.data.datasets import save_shapes_folder
 from uvic.models.uvit import build_model
-from uvic.run.folder import RUN_EMA, checkpoint_name
+from uvic.run.folder import RunFolder
 from uvic.validation import validate
 
 TEXT = " ".join(README.split())  # the README with line breaks as spaces, for its sentences
@@ -115,7 +115,7 @@ TRAIN = sets("train.mixed_precision=no", "data.num_workers=0", "train.max_steps=
 SAMPLE = ("--n", "4", "--steps", "3")
 # The runs the commands find (`needs`) keep step 1 as the autoguidance model.
 GUIDE_STEP = 1
-GUIDE = f"checkpoints/{checkpoint_name(GUIDE_STEP)}/{RUN_EMA}"
+GUIDE = str(RunFolder("").checkpoint(GUIDE_STEP) / RunFolder.EMA)
 
 
 # --------------------------------------------------------------------------- the table

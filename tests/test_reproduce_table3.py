@@ -15,7 +15,7 @@ from uvic.models.uvit import build_model
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load_script():
+def load_table3():
     """The program scripts/reproduce_table3.py runs."""
     from uvic.cli import table3
 
@@ -23,7 +23,7 @@ def load_script():
 
 
 def test_plan_of_the_paper_runs(capsys) -> None:
-    assert load_script().main(["--dry-run", "--out", "unused"]) == 0
+    assert load_table3().main(["--dry-run", "--out", "unused"]) == 0
     out = capsys.readouterr().out
     assert "cifar10 / uvit: train 500,000 of 500,000 steps x 128 images" in out
     assert "mscoco / uvic: train 1,000,000 of 1,000,000 steps x 256 images" in out
@@ -36,7 +36,7 @@ def test_plan_of_the_paper_runs(capsys) -> None:
 
 
 def test_smoke_chain_and_resume(tmp_path: Path, capsys) -> None:
-    script = load_script()
+    script = load_table3()
     out = tmp_path / "t3"
     assert script.main(["--smoke", "--out", str(out), "--quiet"]) == 0
     first = capsys.readouterr().out

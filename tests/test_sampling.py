@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import math
@@ -14,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import load_script
 from datagen import make_mscoco_features, tiny_clip_folder, tiny_vae, tiny_vae_folder
 from PIL import Image
 from torch import nn
@@ -31,8 +31,10 @@ from uvic.diffusion.samplers import make_scheduler
 from uvic.diffusion.schedule import Diffusion
 from uvic.models.uvit import build_model
 from uvic.run.weights import save_safetensors
-from uvic.sampling.generate import generate, guided_eps, load_guide, sample_images, to_pixels
+from uvic.sampling.assets import to_pixels
+from uvic.sampling.generate import generate, guided_eps, sample_images
 from uvic.sampling.images import MIN_GRID_WIDTH, grid_upscale, save_comparison_grid, save_grid
+from uvic.sampling.load import load_guide
 from uvic.sampling.noise import make_noise, sample_generators
 from uvic.validation import validate
 
@@ -522,13 +524,6 @@ def test_sample_cli_single_and_comparison(tmp_path: Path) -> None:
         other = np.asarray(Image.open(tmp_path / "two" / "U-ViC" / f"{i:06d}.png")).astype(int)
         assert np.abs(first - same).max() <= 1  # batch 3 vs 2: float rounding at most
         assert np.abs(first - other).max() > 10  # other weights, same noise
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name.replace("/", "_"), REPO / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_sample_cli_refuses_bad_upscale_and_clashing_labels(tmp_path: Path,

@@ -20,26 +20,33 @@ from pathlib import Path
 import numpy as np
 import pytest
 import readme_commands
+import record_batches
 import torch
+from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import set_seed
+from conftest import load_script
 from datagen import make_cifar10, make_mscoco_features, patch_cifar10_checksums, tiny_vae_folder
+from record_batches import read_records, recording_loss
 from safetensors.torch import load_file
 
+import uvic.training.checkpoints as checkpoints_module
 import uvic.training.trainer as train_module
 from uvic.config import Config, ConfigError, load_config
 from uvic.data.datasets import SHAPES_SEEDS, ShapesDataset, build_dataset, to_signed
-from uvic.data.order import DEBUG_ENV, EpochSampler, SeededItems
+from uvic.data.order import EpochSampler, SeededItems
 from uvic.diffusion.schedule import Diffusion, diffusion_loss
 from uvic.models.uvit import build_model
-from uvic.run.folder import checkpoint_problem, list_checkpoints, stored_model_config
+from uvic.run.architecture import stored_model_config
+from uvic.run.folder import RunFolder, checkpoint_problem
 from uvic.run.lock import LOCK_FILE
 from uvic.run.prepare import config_history
 from uvic.run.weights import load_weights
-from uvic.seeds import derive_seed
+from uvic.seeds import derive_seed, noise_seed
 from uvic.training.ema import EMA
+from uvic.training.launch import make_accelerator
 from uvic.training.optim import warmup_constant
-from uvic.training.trainer import Trainer, TrainError, make_accelerator, train
+from uvic.training.trainer import Trainer, TrainError, train
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -233,6 +240,25 @@ def test_min_snr_gamma_must_not_be_negative():
 # --------------------------------------------------------------------------- runs
 
 
+def test_run_folder_knows_where_a_file_belongs(tmp_path):
+    """RunFolder names every path of a run; the run of a weights file or checkpoint."""
+    run = RunFolder(tmp_path / "run")
+    assert (run.config, run.log, run.summary, run.ema) == tuple(
+        tmp_path / "run" / name for name in ("config.json", "log.jsonl", "summary.json",
+                                             "ema.safetensors"))
+    assert run.checkpoint(7) == tmp_path / "run" / "checkpoints" / "step_000007"
+    assert run.staging(7).name == "step_000007.tmp" and run.staging(7).parent == run.checkpoints_dir
+    assert run.sample_grid(7) == tmp_path / "run" / "samples" / "step_000007.png"
+    for weights in (run.ema, run.checkpoint(7) / RunFolder.EMA):
+        assert RunFolder.of_weights(weights).root == run.root
+    assert RunFolder.of_checkpoint(run.checkpoint(7)).root == run.root
+    loose = tmp_path / "checkpoints" / "nnet_ema.pth"  # a file in a folder named checkpoints
+    assert RunFolder.of_weights(loose).root == loose.parent
+    relative = RunFolder("").checkpoint(10) / RunFolder.EMA  # sample.autoguidance_ckpt's form
+    assert str(relative) == "checkpoints/step_000010/ema.safetensors"
+    assert run.checkpoints() == [] and run.latest_checkpoint() is None
+
+
 @pytest.mark.parametrize("attention", ["uvit", "uvic"])
 def test_trains_on_cifar10_files(tmp_path, monkeypatch, attention):
     make_cifar10(tmp_path / "cifar", n_per_batch=4)  # 20 training images
@@ -243,7 +269,14 @@ def test_trains_on_cifar10_files(tmp_path, monkeypatch, attention):
                         "train.ckpt_every=2", "train.keep_last=1", "train.sample_every=4")
     assert train(cfg) == out.resolve()
 
-    assert [c.name for c in list_checkpoints(out)] == ["step_000004"]  # keep_last=1
+    # what the run wrote is what RunFolder knows of, each where it says
+    run = RunFolder(out)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*RunFolder.OUTPUTS, LOCK_FILE])
+    assert [c.name for c in run.checkpoints()] == ["step_000004"]  # keep_last=1
+    assert run.latest_checkpoint() == run.checkpoint(4) and run.sample_grid(4).is_file()
+    assert sorted(p.name for p in run.checkpoint(4).iterdir()) == sorted(
+        [RunFolder.CONFIG, RunFolder.EMA, RunFolder.TRAINER_STATE, "model.safetensors",
+         "optimizer.bin", "random_states_0.pkl", "scheduler.bin", "custom_checkpoint_0.pkl"])
     log = read_log(out)
     assert [r["step"] for r in log] == [2, 4]
     assert all(np.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in log)
@@ -267,7 +300,7 @@ def test_trains_on_cifar10_files(tmp_path, monkeypatch, attention):
 
 @pytest.mark.parametrize("attention", ["uvit", "uvic"])
 def test_trains_on_mscoco_features(tmp_path, coco_features, attention, monkeypatch):
-    monkeypatch.setenv(DEBUG_ENV, str(tmp_path))
+    monkeypatch.setattr(train_module, "diffusion_loss", recording_loss(tmp_path))
     out = tmp_path / "run"
     # grad_accum=2: 2 micro-batches of 2 per optimizer step; p_uncond=0.5 drops captions
     cfg = coco_config(out, coco_features, f"model.attention={attention}", "train.max_steps=3",
@@ -279,10 +312,12 @@ def test_trains_on_mscoco_features(tmp_path, coco_features, attention, monkeypat
     assert [r["step"] for r in log] == [1, 2, 3]
     assert [r["lr"] for r in log] == pytest.approx([2e-4 * s / 4 for s in (1, 2, 3)])
     assert all(np.isfinite(r["loss"]) for r in log)
-    micro = [json.loads(line) for line in (tmp_path / "data_rank0.jsonl").read_text().splitlines()]
-    assert [(m["step"], m["micro"]) for m in micro] == [(s, m) for s in range(3) for m in (0, 1)]
+    # each optimizer step trains on 2 micro-batches of 2, each with its own noise
+    micro = read_records(tmp_path, rank=0)
+    assert [m["seed"] for m in micro] == [noise_seed(cfg.train.seed, 0, s, m)
+                                          for s in range(3) for m in (0, 1)]
     assert all(len(m["sums"]) == 2 for m in micro)
-    assert [c.name for c in list_checkpoints(out)] == ["step_000002", "step_000003"]
+    assert [c.name for c in RunFolder(out).checkpoints()] == ["step_000002", "step_000003"]
     assert (out / "samples" / "step_000002.png").is_file()  # CFG grid decoded by the VAE
     assert (out / "samples" / "step_000003.png").is_file()  # final grid
     load_weights(build_model(cfg.model), out / "ema.safetensors")
@@ -329,7 +364,8 @@ def test_resume_after_kill_reaches_the_same_weights(tmp_path):
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 240
-        while not list_checkpoints(killed) or list_checkpoints(killed)[-1].name < "step_000006":
+        while (not RunFolder(killed).checkpoints()
+               or RunFolder(killed).checkpoints()[-1].name < "step_000006"):
             assert proc.poll() is None, stderr.read_text()[-2000:]
             assert time.monotonic() < deadline, "no checkpoint within 240 s"
             time.sleep(0.02)
@@ -341,7 +377,7 @@ def test_resume_after_kill_reaches_the_same_weights(tmp_path):
     (killed / "checkpoints" / "step_999998").mkdir()
     with open(killed / "log.jsonl", "a") as f:
         f.write('{"step": 99999, "lo')  # a line cut short by the kill
-    latest = int(list_checkpoints(killed)[-1].name.split("_")[1])
+    latest = int(RunFolder(killed).checkpoints()[-1].name.split("_")[1])
     target = latest + 4  # crosses the next checkpoint and an epoch boundary
 
     # Resumed with 2 DataLoader workers, the reference with none: item randomness (flips)
@@ -376,25 +412,31 @@ def free_port() -> int:
 
 def test_two_processes_see_different_data(tmp_path):
     """The README's command for several CPU processes (gloo) starts two, which say so at
-    start and each get their own half of the data."""
+    start and each get their own half of the data.
+
+    The batches are recorded by tests/record_batches.py, launched in place of
+    scripts/train.py with the same launcher arguments; it runs scripts/train.py itself."""
     out, debug = tmp_path / "run", tmp_path / "debug"
     debug.mkdir()
     assert README_CPU_COMMAND in readme_commands.readme_commands()
     env_vars, words = readme_commands.split_env(shlex.split(README_CPU_COMMAND))
     assert env_vars == {"ACCELERATE_USE_CPU": "1"} and words[:2] == ["accelerate", "launch"]
+    script = words.index("scripts/train.py")
+    recorder = str(Path(record_batches.__file__).relative_to(REPO))
     # the README's command at test size; a free port, as other tests may launch at once
-    cmd = [ACCELERATE, "launch", "--main_process_port", str(free_port()), *words[2:],
+    cmd = [ACCELERATE, "launch", "--main_process_port", str(free_port()), *words[2:script],
+           recorder, *words[script + 1:],
            *[f"--set={o}" for o in shapes_overrides(out, "train.max_steps=4")],
            "--output-dir", str(out)]
-    env = {**os.environ, **env_vars, DEBUG_ENV: str(debug), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **env_vars, record_batches.FOLDER_ENV: str(debug),
+           "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     assert ("launch: 2 processes (MULTI_CPU, gloo) on 2 x cpu; mixed precision no "
             "(train.mixed_precision)") in done.stdout.splitlines()
 
     # 16 images, 2 processes x 2 per batch: 4 steps are one epoch, split without overlap.
-    ranks = [[json.loads(line) for line in (debug / f"data_rank{r}.jsonl").read_text().splitlines()]
-             for r in range(2)]
+    ranks = [read_records(debug, rank) for rank in range(2)]
     seen = [sorted(round(s, 4) for rec in recs for s in rec["sums"]) for recs in ranks]
     assert len(seen[0]) == len(seen[1]) == 8 and not set(seen[0]) & set(seen[1])
     images = ShapesDataset(16, size=32, seed=SHAPES_SEEDS["train"])
@@ -419,12 +461,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def load_cli():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_cli", REPO / "scripts" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/train.py")
 
 
 def test_cli_config_typo_is_one_line_error(tmp_path):
@@ -488,7 +525,7 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, nan
                         f"train.log_every={log_every}")
     with pytest.raises(TrainError, match=r"loss is nan .*step_000004 is kept"):
         train(cfg)
-    assert [c.name for c in list_checkpoints(out)] == ["step_000004"]
+    assert [c.name for c in RunFolder(out).checkpoints()] == ["step_000004"]
     assert not list((out / "checkpoints").glob("*.tmp"))
     weights = load_file(out / "checkpoints" / "step_000004" / "model.safetensors")
     assert all(torch.isfinite(v).all() for v in weights.values())
@@ -502,7 +539,7 @@ def test_keep_steps_are_saved_and_never_pruned(tmp_path):
     cfg = shapes_config(out, "train.max_steps=7", "train.keep_last=1", "train.keep_steps=[2]")
     assert cfg.train.keep_steps == (2,)
     train(cfg)
-    assert [c.name for c in list_checkpoints(out)] == ["step_000002", "step_000007"]
+    assert [c.name for c in RunFolder(out).checkpoints()] == ["step_000002", "step_000007"]
     assert load_config(out / "config.json").train.keep_steps == (2,)  # saved and read back
     with pytest.raises(ConfigError, match=r"train\.keep_steps=\[0\] must be steps >= 1"):
         train(shapes_config(tmp_path / "bad", "train.keep_steps=0"))
@@ -552,10 +589,10 @@ def test_a_users_own_master_addr_is_no_launch_of_several(tmp_path, monkeypatch):
         try:
             monkeypatch.setattr(os, "getppid", lambda pid=parent.pid: pid)
             if parent_has_it:
-                assert make_accelerator(cfg, tmp_path).num_processes == 1
+                assert make_accelerator(cfg, RunFolder(tmp_path)).num_processes == 1
             else:
                 with pytest.raises(TrainError, match="asked for several processes"):
-                    make_accelerator(cfg, tmp_path)
+                    make_accelerator(cfg, RunFolder(tmp_path))
         finally:
             parent.kill()
             parent.wait()
@@ -583,12 +620,12 @@ def test_precision_follows_the_launcher_unless_the_config_sets_it(tmp_path, monk
     """train.mixed_precision empty: the launcher's (ACCELERATE_MIXED_PRECISION); set: the
     config's, and a launcher setting it overrides is named."""
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
-    acc = make_accelerator(shapes_config(tmp_path, "train.mixed_precision="), tmp_path)
+    acc = make_accelerator(shapes_config(tmp_path, "train.mixed_precision="), RunFolder(tmp_path))
     assert acc.mixed_precision == "bf16"
     assert "overrides the launcher" not in capsys.readouterr().out
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
-    acc = make_accelerator(shapes_config(tmp_path, "train.mixed_precision=no"), tmp_path)
+    acc = make_accelerator(shapes_config(tmp_path, "train.mixed_precision=no"), RunFolder(tmp_path))
     assert acc.mixed_precision == "no"
     assert "train.mixed_precision=no overrides the launcher's --mixed_precision bf16" in (
         capsys.readouterr().out)
@@ -633,14 +670,14 @@ def test_kill_between_checkpoint_rename_and_ema_export_is_repaired(tmp_path, mon
     """Item 1: killed after step_000006 is renamed into place but before ema.safetensors is
     exported; a resume with nothing left to train makes the run-root EMA the latest one."""
     out = tmp_path / "run"
-    real_commit = train_module.commit_checkpoint
+    real_commit = checkpoints_module.commit_checkpoint
 
     def commit_then_die(tmp: Path, final: Path) -> None:
         real_commit(tmp, final)
         if final.name == "step_000006":
             raise KilledHere
 
-    monkeypatch.setattr(train_module, "commit_checkpoint", commit_then_die)
+    monkeypatch.setattr(checkpoints_module, "commit_checkpoint", commit_then_die)
     with pytest.raises(KilledHere):
         train(shapes_config(out, "train.max_steps=6"))
     monkeypatch.undo()
@@ -652,7 +689,7 @@ def test_kill_between_checkpoint_rename_and_ema_export_is_repaired(tmp_path, mon
     train(shapes_config(out, "train.max_steps=6"), resume="latest")  # nothing left to train
     assert same_tensors(load_file(out / "ema.safetensors"), load_file(latest))
     assert not list(out.glob(".ema.safetensors.tmp*"))
-    assert [c.name for c in list_checkpoints(out)] == ["step_000003", "step_000006"]
+    assert [c.name for c in RunFolder(out).checkpoints()] == ["step_000003", "step_000006"]
 
 
 def test_second_run_in_the_same_folder_is_refused(tmp_path, capsys):
@@ -675,7 +712,7 @@ def test_second_run_in_the_same_folder_is_refused(tmp_path, capsys):
     assert [r["step"] for r in read_log(out)] == [2, 3]
     # the lock ends with the run: continuing it is allowed
     train(shapes_config(out, "train.max_steps=4"), resume="latest")
-    assert list_checkpoints(out)[-1].name == "step_000004"
+    assert RunFolder(out).checkpoints()[-1].name == "step_000004"
 
 
 def test_fresh_start_over_a_previous_run_needs_overwrite(tmp_path, capsys):
@@ -701,7 +738,7 @@ def test_fresh_start_over_a_previous_run_needs_overwrite(tmp_path, capsys):
     assert load_cli().main(args) == 0
     assert load_config(out / "config.json").optim.lr == 5e-4
     assert [r["lr"] for r in read_log(out)] == pytest.approx([5e-4 * 2 / 5, 5e-4 * 3 / 5])
-    assert [c.name for c in list_checkpoints(out)] == ["step_000003"]
+    assert [c.name for c in RunFolder(out).checkpoints()] == ["step_000003"]
 
 
 def test_resume_applies_new_optimizer_settings_and_refuses_a_new_seed(tmp_path, capsys):
@@ -751,7 +788,7 @@ def test_resume_latest_needs_a_checkpoint(tmp_path, capsys):
             args += ["--set", o]
         assert load_cli().main(args) == 0
         assert said in capsys.readouterr().out
-    assert [c.name for c in list_checkpoints(typo)] == ["step_000003", "step_000006"]
+    assert [c.name for c in RunFolder(typo).checkpoints()] == ["step_000003", "step_000006"]
 
 
 def test_resume_records_every_change_in_config_json(tmp_path):
@@ -865,7 +902,7 @@ def test_truncated_latest_checkpoint_is_named_and_can_be_skipped(
     said = capsys.readouterr().out
     assert f"note: skipped step_000006: {path}: truncated or corrupt" in said
     assert "resumed from" in said and "step_000003 at step 3" in said
-    assert [c.name for c in list_checkpoints(out)] == ["step_000006", "step_000009"]
+    assert [c.name for c in RunFolder(out).checkpoints()] == ["step_000006", "step_000009"]
     assert checkpoint_problem(out / "checkpoints" / "step_000006") is None  # rewritten
 
 
@@ -902,7 +939,7 @@ def test_disk_full_or_read_only_run_folder_is_one_line(tmp_path, capsys, monkeyp
     GradientState._reset_state()
     good = out / "checkpoints" / "step_000003"
     kept = snapshot(good)
-    real_save_state = train_module.Accelerator.save_state
+    real_save_state = Accelerator.save_state
 
     def full_disk(self, output_dir=None, **kwargs):
         partial = Path(output_dir) / "model.safetensors"
@@ -910,15 +947,15 @@ def test_disk_full_or_read_only_run_folder_is_one_line(tmp_path, capsys, monkeyp
         partial.write_bytes(b"\0" * 100)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(partial))
 
-    monkeypatch.setattr(train_module.Accelerator, "save_state", full_disk)
+    monkeypatch.setattr(Accelerator, "save_state", full_disk)
     err = cli_error(capsys, out, "train.max_steps=6", resume="latest")
     partial = out / "checkpoints" / "step_000006.tmp" / "model.safetensors"
     assert err.startswith(f"error: cannot write checkpoint {partial}: "
                           f"{os.strerror(errno.ENOSPC)} (a checkpoint needs about ")
     assert err.endswith(f"MiB); the last good checkpoint {good.resolve()} is kept")
-    assert snapshot(good) == kept and list_checkpoints(out) == [good.resolve()]
+    assert snapshot(good) == kept and RunFolder(out).checkpoints() == [good.resolve()]
     assert not (out / "checkpoints" / "step_000006.tmp").exists()
-    monkeypatch.setattr(train_module.Accelerator, "save_state", real_save_state)
+    monkeypatch.setattr(Accelerator, "save_state", real_save_state)
 
     # Still full at the resume: the leftover of a killed save is cleared, then one line.
     (out / "checkpoints" / "step_000006.tmp").mkdir()

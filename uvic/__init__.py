@@ -37,9 +37,9 @@ _API = {
     "preset_path": "uvic.presets",
     "resolve_config": "uvic.presets",
     "build_model": "uvic.models.uvit",
-    "load_model": "uvic.sampling.generate",
+    "load_model": "uvic.sampling.load",
     "train": "uvic.training.trainer",
-    "sample_to_folder": "uvic.cli.sample",
+    "sample_to_folder": "uvic.sampling.folder",
     "generate": "uvic.sampling.generate",
     "evaluate": "uvic.evaluation.fid",
 }

@@ -174,7 +174,7 @@ class SampleConfig:
     # architecture, e.g. an early EMA of the same run (train.keep_steps). 0: off.
     autoguidance_scale: float = 0.0
     # The weaker model's weights; a relative path is taken from the sampled checkpoint's
-    # run folder (see uvic.sampling.generate.load_guide).
+    # run folder (see uvic.sampling.load.load_guide).
     autoguidance_ckpt: str = ""
     batch_size: int = 500
     decode_batch_size: int = 50

@@ -1,7 +1,7 @@
 """Attention analysis of U-ViT / U-ViC diffusion models (softmax, Cog and other modes).
 
     result = analyze({"U-ViT": uvit, "U-ViC": uvic}, cfg, images)   # JSON-ready dict
-    write_json(result, "analysis/attention.json")
+    write_json("analysis/attention.json", result, indent=1)          # uvic.run.files
     save_figures(result, "analysis/")                                # {name: png path}
 
 `metrics` holds the measures on plain attention matrices, `capture` recovers each
@@ -16,7 +16,6 @@ from uvic.analysis.core import (
     load_inputs,
     load_models,
     spread_timesteps,
-    write_json,
 )
 from uvic.analysis.figures import save_figures
 
@@ -31,5 +30,4 @@ __all__ = [
     "load_models",
     "save_figures",
     "spread_timesteps",
-    "write_json",
 ]

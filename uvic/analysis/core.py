@@ -27,7 +27,6 @@ the predicted noise); "maps" are rows of image 0, averaged over heads, on patch 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,9 +37,8 @@ from uvic.analysis.capture import HEAD_METRICS, BlockRecorder, TokenLayout, toke
 from uvic.analysis.metrics import sink_share
 from uvic.config import Config
 from uvic.diffusion.schedule import Diffusion
-from uvic.models.uvit import build_model
-from uvic.run.folder import ModelChoice, resolve_model
-from uvic.run.weights import load_weights
+from uvic.run.architecture import ModelChoice, resolve_model
+from uvic.sampling.load import load_model
 
 SCHEMA_VERSION = 1
 
@@ -232,14 +230,6 @@ def _check_result(result: dict) -> None:
                 raise ValueError(f"{where}.maps is not {list(shape)}")
 
 
-def write_json(result: dict, path: str | Path) -> Path:
-    """Write `result` as indented JSON (creating the folder); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    return path
-
-
 # --------------------------------------------------------------------------- loading
 
 
@@ -247,10 +237,11 @@ def load_models(cfg: Config, checkpoints: dict[str, str | Path],
                 attention: dict[str, str] | None = None,
                 device: str | torch.device = "cpu", choice: ModelChoice | None = None,
                 say: Callable[[str], None] | None = None) -> dict[str, nn.Module]:
-    """Build and load one model per checkpoint (strict), in eval mode.
+    """Build and load one model per checkpoint (`uvic.sampling.load.load_model`: strict,
+    eval mode).
 
     Each model is the architecture its checkpoint was trained with
-    (`uvic.run.folder.resolve_model`: the model config stored in the file or its run's
+    (`uvic.run.architecture.resolve_model`: the model config stored in the file or its run's
     `config.json`; `cfg.model` for a file that records none, such as a released
     `nnet_ema.pth`, or with `choice.from_config`); `attention[label]` then runs it under
     another attention pattern, as asked. `say` gets one note per checkpoint.
@@ -264,9 +255,7 @@ def load_models(cfg: Config, checkpoints: dict[str, str | Path],
             note += f"; run with attention {attention[label]} as asked"
         if say is not None:
             say(f"{label}: {note}")
-        model = build_model(model_cfg)
-        load_weights(model, path, strict=True)
-        models[label] = model.to(device).eval().requires_grad_(False)
+        models[label] = load_model(model_cfg, path, device)
     return models
 
 

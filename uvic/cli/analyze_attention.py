@@ -92,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the program; returns the exit status."""
     args = parse_args(argv)
     # torch and the models: once the arguments parse
-    from uvic.analysis import analyze, load_inputs, load_models, save_figures, write_json
-    from uvic.run.folder import ModelChoice
+    from uvic.analysis import analyze, load_inputs, load_models, save_figures
+    from uvic.run.architecture import ModelChoice
+    from uvic.run.files import write_json
     from uvic.run.weights import CheckpointError
 
     try:
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    print(f"json: {write_json(result, out / 'attention.json')}")
+    print(f"json: {write_json(out / 'attention.json', result, indent=1)}")
     for name, path in save_figures(result, out).items():
         print(f"{name}: {path}")
     return 0

@@ -39,13 +39,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from uvic.cli.sample import sampler_overrides
-from uvic.config import ConfigError, load_config
+from uvic.cli.sampler_options import sampler_overrides
 from uvic.evaluation.checks import FID_FEATURES, FID_MODES
-from uvic.evaluation.fid import evaluate
-from uvic.evaluation.protocols import NOT_FID, protocol_from_result
-from uvic.run.folder import ModelChoice
-from uvic.run.weights import CheckpointError
+from uvic.evaluation.protocols import NOT_FID
 from uvic.sampling.checks import PRECISIONS
 
 
@@ -98,7 +94,13 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv)  # the library (torch) is imported from here on
+    from uvic.config import ConfigError, load_config
+    from uvic.evaluation.fid import evaluate
+    from uvic.evaluation.protocols import protocol_from_result
+    from uvic.run.architecture import ModelChoice
+    from uvic.run.weights import CheckpointError
+
     try:
         cfg = load_config(args.config, [*args.set, *overrides(args)])
         result = evaluate(

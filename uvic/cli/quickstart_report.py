@@ -8,12 +8,13 @@ import json
 from pathlib import Path
 
 from uvic.config import Config, DiffusionConfig, SampleConfig
-from uvic.run.folder import checkpoint_step
+from uvic.run.files import write_json
+from uvic.run.folder import RunFolder, checkpoint_step
 
 
 def read_log(run_dir: Path) -> list[dict]:
     """The training log (one JSON object per logging step)."""
-    path = run_dir / "log.jsonl"
+    path = RunFolder(run_dir).log
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
@@ -151,5 +152,5 @@ def write_report(base: Config, rows: list[dict], real_quality: dict, analysis: d
     (out / "results.md").write_text(report)
     results = {"rows": rows, "real_heldout": real_quality, "notes": lines,
                "attention": attention_summary(analysis), "timing": timing}
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_json(out / "results.json", results)
     return report

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from uvic.analysis import analyze, save_figures, write_json
+from uvic.analysis import analyze, save_figures
 from uvic.cli.quickstart_report import (
     guide_record,
     objective_name,
@@ -42,9 +42,12 @@ from uvic.data.datasets import build_dataset
 from uvic.diffusion.schedule import Diffusion
 from uvic.evaluation.quality import quality_figures
 from uvic.presets import preset_path
-from uvic.run.folder import RUN_EMA, checkpoint_name
-from uvic.sampling.generate import generate, load_guide, load_model, to_pixels
+from uvic.run.files import write_json
+from uvic.run.folder import RunFolder
+from uvic.sampling.assets import to_pixels
+from uvic.sampling.generate import sample_checkpoint
 from uvic.sampling.images import save_comparison_grid
+from uvic.sampling.load import load_model
 from uvic.training.trainer import diffusion_loss, train
 
 MODELS = {"U-ViT": "uvit", "U-ViC": "uvic"}  # display name -> attention preset
@@ -82,7 +85,7 @@ def check_guide(cfg: Config) -> None:
     s, t = cfg.sample, cfg.train
     if s.autoguidance_scale == 0:
         return
-    kept = {f"checkpoints/{checkpoint_name(step)}/{RUN_EMA}": step for step in t.keep_steps}
+    kept = {str(RunFolder("").checkpoint(step) / RunFolder.EMA): step for step in t.keep_steps}
     step = kept.get(s.autoguidance_ckpt)
     fix = ("point it at checkpoints/step_N/ema.safetensors for a step N in train.keep_steps "
            "below train.max_steps, or set sample.autoguidance_scale=0")
@@ -123,12 +126,9 @@ def train_and_sample(cfg: Config, n_samples: int, threads: int) -> dict:
     make_deterministic(threads)
     run_dir = train(cfg, overwrite=True)  # the quickstart's own folder: a rerun replaces it
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    ema = run_dir / RUN_EMA
-    model = load_model(cfg, ema, device)
-    guide = load_guide(cfg, ema, device)  # None without autoguidance
-    images = torch.cat([batch for _, batch in generate(
-        model, Diffusion(cfg.diffusion), cfg, range(n_samples), seed=cfg.train.seed,
-        device=device, guide=guide)])
+    # its own run's EMA: the model is cfg.model (and the guide, if any, a kept checkpoint)
+    images = torch.cat([batch for _, batch in sample_checkpoint(
+        cfg, RunFolder(run_dir).ema, range(n_samples), seed=cfg.train.seed, device=device)])
     return {"run_dir": run_dir, "samples": images}
 
 
@@ -189,7 +189,7 @@ def show_progress(configs: dict[str, Config], futures: dict[str, Future]) -> Non
     while not all(f.done() for f in futures.values()):
         time.sleep(1.0)
         for name, cfg in configs.items():
-            path = Path(cfg.train.output_dir) / "log.jsonl"
+            path = RunFolder(cfg.train.output_dir).log
             try:
                 if path.stat().st_mtime < started:  # the previous run's, not yet replaced
                     continue
@@ -296,8 +296,8 @@ def score_models(configs: dict[str, Config], trained: dict[str, dict], real: Rea
     scores = Scores()
     for name, cfg in configs.items():
         run_dir = Path(trained[name]["run_dir"])
-        summary = json.loads((run_dir / "summary.json").read_text())
-        ckpt = run_dir / RUN_EMA
+        summary = json.loads(RunFolder(run_dir).summary.read_text())
+        ckpt = RunFolder(run_dir).ema
         scores.logs[name] = read_log(run_dir)
         model = scores.models[name] = load_model(cfg, ckpt, device)
         images = trained[name]["samples"]
@@ -343,7 +343,7 @@ def write_figures(base: Config, scores: Scores, real: RealImages, args: argparse
     # noise level, on held-out images (uvic.analysis); one overview figure beside the grid.
     print("\n=== attention analysis ===", flush=True)
     analysis = analyze(scores.models, base, real.heldout[:args.n_analysis].to(device))
-    write_json(analysis, out / "attention" / "attention.json")
+    write_json(out / "attention" / "attention.json", analysis, indent=1)
     figures = save_figures(analysis, out / "attention", map_levels=[0])
     (out / "attention.png").write_bytes(figures["overview"].read_bytes())
     return analysis

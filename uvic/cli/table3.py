@@ -54,15 +54,21 @@ class Job:
 
     @property
     def ckpt(self) -> Path:
-        return self.run_dir / "ema.safetensors"
+        from uvic.run.folder import RunFolder
+
+        return RunFolder(self.run_dir).ema
 
     def trained_steps(self) -> int:
-        summary = self.run_dir / "summary.json"
+        from uvic.run.folder import RunFolder
+
+        summary = RunFolder(self.run_dir).summary
         return int(json.loads(summary.read_text())["steps"]) if summary.is_file() else 0
 
     def step_time(self) -> float | None:
         """Measured seconds per training step of this run so far, if any."""
-        summary = self.run_dir / "summary.json"
+        from uvic.run.folder import RunFolder
+
+        summary = RunFolder(self.run_dir).summary
         if not summary.is_file():
             return None
         value = json.loads(summary.read_text()).get("mean_step_time_s")

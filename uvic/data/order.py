@@ -16,10 +16,7 @@ is the same image whatever the batch size, the number of processes or the device
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -79,25 +76,3 @@ def seeded_loader(dataset: Dataset, seed: int, batch_size: int, num_workers: int
                       sampler=EpochSampler(len(dataset), seed), drop_last=True,
                       num_workers=num_workers, persistent_workers=num_workers > 0,
                       pin_memory=pin_memory)
-
-
-# If set, every training process appends the per-sample sums of its batches to
-# $UVIC_TRAIN_DEBUG_DIR/data_rank{r}.jsonl (the tests check the data sharding with it).
-DEBUG_ENV = "UVIC_TRAIN_DEBUG_DIR"
-
-
-def record_batches(
-    batches: Iterator[dict[str, Tensor]], rank: int, grad_accum: int, position: Callable[[], dict]
-) -> Iterator[dict[str, Tensor]]:
-    """`batches` unchanged; with $UVIC_TRAIN_DEBUG_DIR set, each batch's per-sample sums are
-    appended there with `position()` (step, epoch) and the micro-batch index."""
-    folder = os.environ.get(DEBUG_ENV)
-    if not folder:
-        yield from batches
-        return
-    path = Path(folder) / f"data_rank{rank}.jsonl"
-    for count, batch in enumerate(batches):
-        sums = batch["x"].double().flatten(1).sum(1).tolist()
-        with open(path, "a") as f:
-            f.write(json.dumps({**position(), "micro": count % grad_accum, "sums": sums}) + "\n")
-        yield batch

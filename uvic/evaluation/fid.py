@@ -7,16 +7,16 @@ copy); MS-COCO 256, 30,000 samples whose captions are drawn from the val split, 
 release's DPM-Solver "fast" 50 steps with guidance `eps = c + 1.0 (c - u)`, against val2014
 at 256x256 (center crop, resize). `evaluate` does all of it and writes a result JSON; every
 result names its protocol (`uvic.evaluation.protocols.protocol_of`), and `eval/fid_table.py` turns a
-folder of results into the paper's Table 3. Inception features and reference statistics
-come from `uvic.evaluation.statistics`. eval.features=projection swaps Inception for a download-free
-stand-in (reference statistics built with it from local images): the pipeline runs end to
-end offline, and every result and table says its number is not comparable with FID.
+folder of results into the paper's Table 3. Inception features come from
+`uvic.evaluation.statistics`, reference statistics from `uvic.evaluation.reference`.
+eval.features=projection swaps Inception for a download-free stand-in (reference statistics
+built with it from local images): the pipeline runs end to end offline, and every result
+and table says its number is not comparable with FID.
 
-Frechet distance: our own float64 implementation. clean-fid 0.1.35 computes it with
-`scipy.linalg.sqrtm(..., disp=False)`, and SciPy 1.18 removed `disp`, so
-`cleanfid.fid.compute_fid` / `frechet_distance` fail there. We never call them.
+Frechet distance and KID: `uvic.evaluation.statistics` (our own float64 Frechet distance:
+clean-fid's fails with SciPy 1.18).
 
-The model is the architecture the checkpoint was trained with (`uvic.run.folder.
+The model is the architecture the checkpoint was trained with (`uvic.run.architecture.
 resolve_model`: its stored model config; the config's for a released nnet_ema.pth, or with
 `ModelChoice(from_config=True)`); the result (its `model`, `attention` and `config`) and
 the sample folder's settings describe that model, not the given config's `model.*`.
@@ -37,88 +37,50 @@ import platform
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from cleanfid.fid import kernel_distance as cleanfid_kid
-from scipy import linalg
 
 from uvic.config import Config, to_dict
 from uvic.data.datasets import MSCOCOFeatures, build_dataset
-from uvic.diffusion.schedule import Diffusion
 from uvic.evaluation.protocols import SAMPLES_META, protocol_of
+from uvic.evaluation.reference import (
+    ReferenceStats,
+    default_stats_dir,
+    reference_statistics,
+    stats_plan,
+)
+from uvic.evaluation.reference import ReferenceStatsMissing as ReferenceStatsMissing
 from uvic.evaluation.statistics import InceptionWeightsMissing as InceptionWeightsMissing
-from uvic.evaluation.statistics import ReferenceStatsMissing as ReferenceStatsMissing
 from uvic.evaluation.statistics import (
     build_inception,
     check_inception,
-    default_stats_dir,
     extractor_tag,
     feature_statistics,
     files_features,
-    reference_statistics,
+    frechet_distance,
+    kernel_distance,
     stand_in_features,
-    stats_plan,
 )
+from uvic.run.architecture import ModelChoice, ResolvedModel, resolve_model
 from uvic.run.files import write_json
-from uvic.run.folder import ModelChoice, checkpoint_step, resolve_model
+from uvic.run.folder import checkpoint_step
 from uvic.run.weights import file_sha256
-from uvic.sampling.generate import (
-    SamplingAssets,
-    build_loaded,
-    distributed_state,
-    effective_cfg_scale,
-    generate,
-    is_latent,
-    load_guide,
-)
+from uvic.sampling.assets import is_latent
+from uvic.sampling.generate import distributed_state, effective_cfg_scale, sample_checkpoint
 from uvic.sampling.images import save_images
 from uvic.validation import validate
+
+if TYPE_CHECKING:
+    from accelerate import PartialState
 
 SAMPLE_NAME = re.compile(r"^(\d+)\.png$")
 VAE_FACTOR = 8  # the Stable Diffusion KL-f8 autoencoder: 32x32 latents -> 256x256 pixels
 PROTOCOL_N = {"cifar10": 50_000, "mscoco": 30_000}  # the paper's sample counts
-
-
-# --------------------------------------------------------------------------- distances
-
-
-def frechet_distance(
-    mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray
-) -> float:
-    """||mu1 - mu2||^2 + Tr(S1 + S2 - 2 (S1 S2)^(1/2)), in float64.
-
-    Tr((S1 S2)^(1/2)) is the sum of the square roots of the eigenvalues of S1 S2, which
-    are those of the symmetric PSD matrix S1^(1/2) S2 S1^(1/2): two `eigh` calls, no
-    complex arithmetic, and no `scipy.linalg.sqrtm(disp=...)` (removed in SciPy 1.18).
-    """
-    mu1 = np.atleast_1d(np.asarray(mu1, dtype=np.float64))
-    mu2 = np.atleast_1d(np.asarray(mu2, dtype=np.float64))
-    s1 = np.atleast_2d(np.asarray(sigma1, dtype=np.float64))
-    s2 = np.atleast_2d(np.asarray(sigma2, dtype=np.float64))
-    if mu1.shape != mu2.shape or s1.shape != s2.shape or s1.shape != (mu1.size, mu1.size):
-        raise ValueError(f"FID statistics do not match: mu {mu1.shape} vs {mu2.shape}, "
-                         f"sigma {s1.shape} vs {s2.shape}")
-    w, v = linalg.eigh((s1 + s1.T) / 2)
-    s1_half = (v * np.sqrt(np.clip(w, 0, None))) @ v.T
-    m = s1_half @ s2 @ s1_half
-    tr_covmean = np.sqrt(np.clip(linalg.eigvalsh((m + m.T) / 2), 0, None)).sum()
-    diff = mu1 - mu2
-    return float(diff @ diff + np.trace(s1) + np.trace(s2) - 2.0 * tr_covmean)
-
-
-def kernel_distance(feats1: np.ndarray, feats2: np.ndarray, seed: int = 0) -> float:
-    """KID with clean-fid's estimator (100 subsets of up to 1000), seeded: clean-fid draws
-    the subsets from NumPy's global RNG, which we seed and then restore."""
-    state = np.random.get_state()
-    try:
-        np.random.seed(seed)
-        return float(cleanfid_kid(np.asarray(feats1, np.float64), np.asarray(feats2, np.float64)))
-    finally:
-        np.random.set_state(state)
 
 
 # --------------------------------------------------------------------------- samples on disk
@@ -159,8 +121,7 @@ def _check_samples_meta(folder: Path, meta: dict[str, Any], write: bool) -> None
         if existing_samples(folder):
             raise ValueError(f"{folder} holds samples but no {SAMPLES_META}; "
                              "use another --samples-dir or empty it")
-        folder.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(meta, indent=2) + "\n")
+        write_json(path, meta)
 
 
 # --------------------------------------------------------------------------- text contexts
@@ -243,7 +204,67 @@ def evaluate(
     if feat_extractor is None:
         feat_extractor = stand_in_features(cfg)  # None: Inception
     state = distributed_state()
-    mode = cfg.eval.mode
+    say = say if state.is_main_process else None
+    job = _job(cfg, ckpt_path, n, out_json, samples_dir, stats_dir, choice, say)
+    extractor = _check_protocol(job, feat_extractor, allow_download, state)
+    ckpt_sha = file_sha256(job.ckpt)
+    generated, t_sampling = _generate(job, ckpt_sha, seed, precision, progress, choice, say,
+                                      state)
+    state.wait_for_everyone()
+    if not state.is_main_process:
+        return {}
+
+    t0 = time.perf_counter()
+    workers = num_workers if num_workers is not None else min(8, os.cpu_count() or 1)
+    ref, feats = _features(job, feat_extractor, extractor, allow_download, feature_batch_size,
+                           workers, progress, state.device)
+    mu, sigma = feature_statistics(feats)
+    fid = frechet_distance(mu, sigma, ref.mu, ref.sigma)
+    kid = kernel_distance(ref.feats, feats, seed=seed) if ref.feats is not None else None
+    times = {"total": time.perf_counter() - t_start, "sampling": t_sampling,
+             "features": time.perf_counter() - t0}
+    result = {
+        **_describe(job, ckpt_sha, config_path, extractor_tag(feat_extractor), precision, seed),
+        "n": job.n,
+        "fid": fid,
+        "kid": kid,
+        "mode": job.cfg.eval.mode,
+        "feature_extractor": extractor_tag(feat_extractor),
+        "reference": ref.source,
+        "samples_dir": str(job.samples_dir),
+        "result_json": str(job.out_json),
+        "generated": generated,
+        "reused": job.n - generated,
+        "wall_time_s": times,
+        "device": _device_name(state.device),
+        "num_processes": state.num_processes,
+        "versions": versions(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "config": to_dict(job.cfg),
+    }
+    write_json(job.out_json, result)
+    return result
+
+
+@dataclass
+class _Job:
+    """One evaluation: the config with the checkpoint's model, the checkpoint, where its
+    samples, result and reference statistics go."""
+
+    cfg: Config
+    ckpt: Path
+    resolved: ResolvedModel
+    n: int
+    out_json: Path
+    samples_dir: Path
+    stats_dir: Path
+
+
+def _job(cfg: Config, ckpt_path: str | Path, n: int | None, out_json: str | Path | None,
+         samples_dir: str | Path | None, stats_dir: str | Path | None,
+         choice: ModelChoice | None, say: Callable[[str], None] | None) -> _Job:
+    """What `evaluate` was asked, with its defaults, and the checkpoint's architecture
+    (`say` gets its note)."""
     n = int(n if n is not None else cfg.eval.n_samples)
     if n < 2:
         raise ValueError(f"FID needs at least 2 samples, got n={n}")
@@ -251,7 +272,6 @@ def evaluate(
     if not ckpt_path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {ckpt_path}")
     resolved = resolve_model(cfg, ckpt_path, choice)
-    say = say if state.is_main_process else None
     if say is not None:
         say(resolved.note)
     cfg = dataclasses.replace(cfg, model=resolved.model)  # what the samples come from
@@ -260,109 +280,97 @@ def evaluate(
     samples_dir = (Path(samples_dir) if samples_dir is not None
                    else out_json.with_name(f"{out_json.stem}_samples"))
     stats_dir = Path(stats_dir) if stats_dir is not None else default_stats_dir()
-    workers = num_workers if num_workers is not None else min(8, os.cpu_count() or 1)
+    return _Job(cfg, ckpt_path, resolved, n, out_json, samples_dir, stats_dir)
 
-    # Fail fast (before hours of sampling) on a wrong resolution, missing Inception
-    # weights or missing statistics.
+
+def _check_protocol(job: _Job, feat_extractor: Callable | None, allow_download: bool,
+                    state: PartialState) -> Callable | None:
+    """Fail fast (before hours of sampling) on a wrong resolution, missing Inception
+    weights or missing statistics; the feature extractor to score the samples with."""
+    cfg, mode = job.cfg, job.cfg.eval.mode
     res = cfg.model.img_size * (VAE_FACTOR if is_latent(cfg) else 1)
     if cfg.eval.ref_res != res:
         raise ValueError(f"eval.ref_res={cfg.eval.ref_res} but the samples are {res}x{res} "
                          "pixels; the reference must have the samples' resolution")
     if feat_extractor is None and not allow_download:
         check_inception(cfg, mode)
-    stats_plan(cfg, mode, feat_extractor, stats_dir, allow_download)
+    stats_plan(cfg, mode, feat_extractor, job.stats_dir, allow_download)
     # Load the Inception network now, not after sampling: a corrupt weights file must
     # stop the evaluation before hours of sampling (InceptionWeightsCorrupt).
     extractor = feat_extractor
     if extractor is None and (state.is_main_process or not allow_download):
         extractor = build_inception(cfg, mode, state.device, allow_download)
+    return extractor
 
-    ckpt_sha = file_sha256(ckpt_path)
-    meta = _samples_meta(cfg, ckpt_sha, seed, precision)
+
+def _generate(job: _Job, ckpt_sha: str, seed: int, precision: str, progress: bool,
+              choice: ModelChoice | None, say: Callable[[str], None] | None,
+              state: PartialState) -> tuple[int, float]:
+    """Sample what the sample folder lacks (each process every num_processes-th missing
+    index) after checking that its samples were made with the same settings; returns the
+    number of samples that were missing (made by all processes) and the sampling time."""
+    meta = _samples_meta(job.cfg, ckpt_sha, seed, precision)
     if state.is_main_process:
-        _check_samples_meta(samples_dir, meta, write=True)
+        _check_samples_meta(job.samples_dir, meta, write=True)
     state.wait_for_everyone()
-    _check_samples_meta(samples_dir, meta, write=False)
-
-    # Sampling: each process takes every num_processes-th missing index.
-    done = existing_samples(samples_dir)
-    todo = [i for i in range(n) if i not in done]
+    _check_samples_meta(job.samples_dir, meta, write=False)
+    done = existing_samples(job.samples_dir)
+    todo = [i for i in range(job.n) if i not in done]
     mine = todo[state.process_index :: state.num_processes]
     t0 = time.perf_counter()
     if mine:
-        device = state.device
-        model = build_loaded(cfg.model, ckpt_path, device)
-        guide = load_guide(cfg, ckpt_path, device, choice, say=say)
-        diffusion = Diffusion(cfg.diffusion)
-        assets = SamplingAssets.from_config(cfg, device)
+        cfg = job.cfg
         context_fn = caption_context_fn(cfg, seed) if cfg.model.clip_dim > 0 else None
-        for indices, images in generate(
-            model, diffusion, cfg, mine, seed=seed, context_fn=context_fn,
-            uncond_context=assets.uncond, vae=assets.vae, device=device, precision=precision,
-            progress=progress and state.is_main_process, guide=guide,
+        for indices, images in sample_checkpoint(
+            cfg, job.ckpt, mine, seed=seed, device=state.device, precision=precision,
+            context_fn=context_fn, progress=progress and state.is_main_process,
+            choice=choice, say=say,
         ):
-            save_images(images, samples_dir, indices)
-        del model, guide, assets
-    t_sampling = time.perf_counter() - t0
-    state.wait_for_everyone()
-    if not state.is_main_process:
-        return {}
+            save_images(images, job.samples_dir, indices)
+    return len(todo), time.perf_counter() - t0
 
-    # Features and distances (main process).
-    missing = [i for i in range(n) if i not in existing_samples(samples_dir)]
+
+def _features(job: _Job, feat_extractor: Callable | None, extractor: Callable | None,
+              allow_download: bool, batch_size: int, workers: int, progress: bool,
+              device: torch.device) -> tuple[ReferenceStats, np.ndarray]:
+    """The reference statistics and the features of the samples (main process)."""
+    missing = [i for i in range(job.n) if i not in existing_samples(job.samples_dir)]
     if missing:
-        raise RuntimeError(f"{samples_dir}: samples {missing[:5]} missing after generation")
-    t0 = time.perf_counter()
-    device = state.device
+        raise RuntimeError(f"{job.samples_dir}: samples {missing[:5]} missing after generation")
+    mode = job.cfg.eval.mode
     ref = reference_statistics(
-        cfg, feat_extractor, mode=mode, device=device, stats_dir=stats_dir,
-        allow_download=allow_download, batch_size=feature_batch_size, num_workers=workers,
+        job.cfg, feat_extractor, mode=mode, device=device, stats_dir=job.stats_dir,
+        allow_download=allow_download, batch_size=batch_size, num_workers=workers,
         progress=progress,
     )
-    files = [samples_dir / f"{i:06d}.png" for i in range(n)]
+    files = [job.samples_dir / f"{i:06d}.png" for i in range(job.n)]
     feats = files_features(files, extractor, mode=mode, device=device,
-                           batch_size=feature_batch_size, num_workers=workers,
-                           description=f"samples {samples_dir.name}", progress=progress)
-    mu, sigma = feature_statistics(feats)
-    fid = frechet_distance(mu, sigma, ref.mu, ref.sigma)
-    kid = kernel_distance(ref.feats, feats, seed=seed) if ref.feats is not None else None
-    t_features = time.perf_counter() - t0
+                           batch_size=batch_size, num_workers=workers,
+                           description=f"samples {job.samples_dir.name}", progress=progress)
+    return ref, feats
 
-    result = {
+
+def _describe(job: _Job, ckpt_sha: str, config_path: str | Path | None, features: str,
+              precision: str, seed: int) -> dict[str, Any]:
+    """The result's account of what was evaluated: model, data, checkpoint, protocol,
+    sampler."""
+    cfg = job.cfg
+    return {
         "name": cfg.name,
         "model": model_label(cfg),
         "attention": cfg.model.attention,
-        "model_source": resolved.source,
+        "model_source": job.resolved.source,
         "dataset": cfg.data.name,
         "config_path": str(config_path) if config_path is not None else None,
-        "checkpoint": str(ckpt_path),
+        "checkpoint": str(job.ckpt),
         "checkpoint_sha256": ckpt_sha,
-        "step": checkpoint_step(ckpt_path),
-        "protocol": protocol_of(cfg, n, extractor_tag(feat_extractor)).as_dict(),
+        "step": checkpoint_step(job.ckpt),
+        "protocol": protocol_of(cfg, job.n, features).as_dict(),
         "sampler": {"scheduler": cfg.sample.scheduler, "steps": cfg.sample.steps,
                     "order": cfg.sample.order, "scheduler_kwargs": cfg.sample.scheduler_kwargs,
                     "precision": precision, "seed": seed},
         "guidance": effective_cfg_scale(cfg),
-        "n": n,
-        "fid": fid,
-        "kid": kid,
-        "mode": mode,
-        "feature_extractor": extractor_tag(feat_extractor),
-        "reference": ref.source,
-        "samples_dir": str(samples_dir),
-        "result_json": str(out_json),
-        "generated": len(todo),
-        "reused": n - len(todo),
-        "wall_time_s": {"total": time.perf_counter() - t_start, "sampling": t_sampling,
-                        "features": t_features},
-        "device": _device_name(device),
-        "num_processes": state.num_processes,
-        "versions": versions(),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "config": to_dict(cfg),
     }
-    write_json(out_json, result)
-    return result
 
 
 def _device_name(device: torch.device) -> str:

@@ -24,6 +24,7 @@ E extra tokens (time, label or context), N = E + L tokens, D width, h heads.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -391,13 +392,7 @@ def _init_weights(m: nn.Module) -> None:
 
 
 def build_model(cfg: ModelConfig | Config) -> UViT:
-    """Build the U-ViT/U-ViC described by `cfg.model` (or a ModelConfig)."""
+    """Build the U-ViT/U-ViC described by `cfg.model` (or a ModelConfig): every ModelConfig
+    field is a `UViT` argument of the same name."""
     m = cfg.model if isinstance(cfg, Config) else cfg
-    return UViT(
-        img_size=m.img_size, patch_size=m.patch_size, in_chans=m.in_chans,
-        embed_dim=m.embed_dim, depth=m.depth, num_heads=m.num_heads, mlp_ratio=m.mlp_ratio,
-        qkv_bias=m.qkv_bias, mlp_time_embed=m.mlp_time_embed, num_classes=m.num_classes,
-        clip_dim=m.clip_dim, num_clip_token=m.num_clip_token, conv=m.conv, skip=m.skip,
-        attention=m.attention, attention_backend=m.attention_backend,
-        grad_checkpointing=m.grad_checkpointing, pos_embed_init=m.pos_embed_init,
-    )
+    return UViT(**dataclasses.asdict(m))

@@ -38,8 +38,11 @@ from uvic.diffusion.schedule import Diffusion
 from uvic.models.autoencoder import load_vae
 from uvic.models.uvit import UViT
 from uvic.pipelines.pipeline_uvit import UViTPipeline
-from uvic.run.folder import RUN_EMA, ModelChoice, resolve_model
-from uvic.sampling.generate import build_loaded, effective_cfg_scale, is_latent
+from uvic.run.architecture import ModelChoice, resolve_model
+from uvic.run.folder import RunFolder
+from uvic.sampling.assets import is_latent
+from uvic.sampling.generate import effective_cfg_scale
+from uvic.sampling.load import load_model
 from uvic.validation import validate
 
 # sample.scheduler values that are saved as dpm_solver++ (see the module docstring)
@@ -56,11 +59,11 @@ def export_source(source: str | Path, config: str | Path | None = None) -> tuple
     """(weights file, config file) of an export source (module docstring), or ExportError."""
     source = Path(source)
     if source.is_dir():
-        weights = source / RUN_EMA
+        weights = source / RunFolder.EMA
         if not weights.is_file():
-            raise ExportError(f"{source} is not a uvic run or checkpoint folder (no {RUN_EMA}); "
-                              "give a run folder, a .safetensors checkpoint or a released .pth "
-                              "with --config")
+            raise ExportError(f"{source} is not a uvic run or checkpoint folder (no "
+                              f"{RunFolder.EMA}); give a run folder, a .safetensors "
+                              "checkpoint or a released .pth with --config")
     elif source.is_file():
         if source.suffix.lower() not in WEIGHT_SUFFIXES:
             raise ExportError(f"{source} is not a checkpoint (.safetensors, or a released .pth "
@@ -74,12 +77,10 @@ def export_source(source: str | Path, config: str | Path | None = None) -> tuple
         raise ExportError(f"{source} records no model config (a released state dict): pass "
                           "--config with the config it was trained under, e.g. "
                           "configs/cifar10_uvit.py")
-    folders = [weights.parent]
-    if weights.parent.parent.name == "checkpoints":
-        folders.append(weights.parent.parent.parent)
-    for folder in folders:
-        if (folder / "config.json").is_file():
-            return weights, folder / "config.json"
+    # a checkpoint folder's own config.json, else its run's
+    for folder in dict.fromkeys([weights.parent, RunFolder.of_weights(weights).root]):
+        if (folder / RunFolder.CONFIG).is_file():
+            return weights, folder / RunFolder.CONFIG
     raise ExportError(f"{source}: no config.json beside it or in its run folder, and the "
                       "weights record the model but not its noise schedule, VAE or text "
                       "encoder: pass --config")
@@ -138,7 +139,7 @@ def export(
     resolved = resolve_model(cfg, weights, choice)
     runtime = dataclasses.replace(resolved.model, attention_backend="auto",
                                   grad_checkpointing=False)
-    model = build_loaded(runtime, weights)
+    model = load_model(runtime, weights)
     if say is not None:
         say(resolved.note)
     pipe, note = build_pipeline(dataclasses.replace(cfg, model=runtime), model,

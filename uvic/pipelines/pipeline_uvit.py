@@ -47,7 +47,8 @@ from uvic.diffusion.samplers import model_calls
 from uvic.diffusion.schedule import Diffusion
 from uvic.models.autoencoder import SCALE_FACTOR
 from uvic.models.uvit import UViT
-from uvic.sampling.generate import model_to_pixels, sample_images
+from uvic.sampling.assets import model_to_pixels
+from uvic.sampling.generate import sample_images
 from uvic.sampling.images import to_uint8
 from uvic.sampling.noise import SampleGenerator, make_noise
 

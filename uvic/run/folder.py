@@ -1,71 +1,39 @@
-"""Model weights and training checkpoints on disk.
+"""A run folder (`train.output_dir`): `RunFolder` owns the path of everything in it.
 
-Weights: load `.pth`/`.pt` (incl. the released `nnet_ema.pth`) and `.safetensors`, save
-`.safetensors` atomically. Checkpoints: the `checkpoints/step_N/` folders of a run (listed,
-resolved for `--resume`, committed by an atomic rename, pruned safely), and the training
-step a weights file belongs to.
+    config.json            the run's config and what each resume changed (uvic.run.prepare)
+    log.jsonl              one line per log step: step, loss, lr, grad_norm, images/s, time
+    tensorboard/           the tracker's logging folder
+    samples/step_N.png     sample grids of the EMA model
+    checkpoints/step_N/    complete checkpoints: Accelerate's state, trainer_state.json (the
+                           data position), config.json and ema.safetensors
+    ema.safetensors        the EMA weights of the latest checkpoint (what sampling loads)
+    summary.json           written at the end of a session
+    .run.lock              held while a run uses the folder (`uvic.run.lock`)
 
-Loading is strict by default and every mismatch is reported by name: missing keys,
-unexpected keys and shape mismatches. Prefixes added by wrappers (`_orig_mod.` from
-torch.compile, `module.` from DistributedDataParallel) are stripped from the file's keys,
-and the target model is unwrapped the same way.
-
-A checkpoint carries its architecture. Weights are read together with the model config
-they were trained with (`stored_model_config`): the `uvic.model` entry of the
-safetensors metadata (written into every weights file a run exports, `model_metadata`,
-so a file copied out of its run folder still knows it), else the `config.json` of the
-file's folder (a `checkpoints/step_N/` folder holds one), else that of its run folder
-(above `checkpoints/step_N/`). `resolve_model` decides what to build, for sampling, FID,
-autoguidance and the attention analysis alike:
-
-* a checkpoint with a stored model config is built as stored; a given config's `model.*`
-  is only a template there, and where it differs the one-line note says so;
-* a `model.*` value the user set explicitly (`--set model.attention=uvic`) that differs
-  from the stored one is refused with one line naming the key, both values and both
-  sources, unless `ModelChoice.from_config` (`--model-from-config`) builds the config's
-  model instead;
-* a file without a stored config (a released `nnet_ema.pth`) is built from the config.
-
-`model.attention_backend` and `model.grad_checkpointing` choose how the same function
-is computed, not which function: they always come from the given config.
+Checkpoints are written to `checkpoints/step_N.tmp/` and committed by an atomic rename
+(`commit_checkpoint`); folders are deleted by renaming them out of the checkpoint
+namespace first (`remove_tree`), so a kill never leaves a folder that looks like a
+complete checkpoint. `RunFolder.resolve_resume` picks the checkpoint of `--resume`,
+`checkpoint_problem` checks that a checkpoint's files read back, `checkpoint_step` finds
+the training step a weights file belongs to.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import re
 import shutil
 import zipfile
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError, safe_open
-
-from uvic.config import (
-    Config,
-    ConfigError,
-    ModelConfig,
-    config_changes,
-    config_diff,
-    from_dict,
-    load_config,
-)
 from uvic.run.files import atomic_write, fsync, fsync_tree
+from uvic.run.lock import RunLock
 from uvic.run.weights import CheckpointError, file_sha256
 
 CHECKPOINT_PREFIX = "step_"  # checkpoints/step_000123/
-TRAINER_STATE = "trainer_state.json"  # in every complete checkpoint folder
-RUN_EMA = "ema.safetensors"  # a run's EMA weights, at its root and in every checkpoint
-
-
-# What a run writes into its folder (besides the lock): a fresh start refuses to overwrite it.
-RUN_OUTPUTS = ("checkpoints", RUN_EMA, "log.jsonl", "summary.json", "samples", "tensorboard",
-               "config.json")
 
 
 # besides a checkpoint or run folder path; "latest-or-new" starts the run if it has no
@@ -73,242 +41,216 @@ RUN_OUTPUTS = ("checkpoints", RUN_EMA, "log.jsonl", "summary.json", "samples", "
 RESUME_CHOICES = ("latest", "latest-intact", "latest-or-new")
 
 
-MODEL_METADATA_KEY = "uvic.model"  # safetensors metadata: the model config, as JSON
-
-
-# model.* fields that choose how the same function is computed: taken from the given config
-RUNTIME_MODEL_FIELDS = ("attention_backend", "grad_checkpointing")
-
-
-# model.* fields that fix what a model takes and returns (same noise, same contexts)
-INPUT_MODEL_FIELDS = ("img_size", "in_chans", "num_classes", "clip_dim", "num_clip_token")
-
-
-def model_metadata(model: ModelConfig) -> dict[str, str]:
-    """Safetensors metadata recording the model config of the weights in the file
-    (`save_safetensors(..., metadata=model_metadata(cfg.model))`), read back by
-    `stored_model_config`."""
-    return {MODEL_METADATA_KEY: json.dumps(dataclasses.asdict(model), sort_keys=True)}
-
-
-@dataclass(frozen=True)
-class ModelChoice:
-    """How the model of a weights file is chosen (`resolve_model`).
-
-    set_keys: the `model.*` fields the user set explicitly (`model_keys(--set values)`):
-    one that differs from the checkpoint's is refused. from_config: build the given
-    config's model even where the checkpoint records another (`--model-from-config`).
-    config_name: how notes and errors name the given config (its path).
-    """
-
-    set_keys: tuple[str, ...] = ()
-    from_config: bool = False
-    config_name: str = "the config"
-
-    @classmethod
-    def from_overrides(cls, overrides: Sequence[str], from_config: bool = False,
-                       config_name: str = "the config") -> ModelChoice:
-        """The choice of a command line: its `--set` values, flag and `--config` path."""
-        return cls(tuple(model_keys(overrides)), from_config, str(config_name))
-
-
-@dataclass(frozen=True)
-class ResolvedModel:
-    """The model config to build for a weights file, where it came from, and one line
-    stating the architecture and its source (printed once per checkpoint)."""
-
-    model: ModelConfig
-    source: str
-    note: str
-
-
-def model_keys(overrides: Sequence[str]) -> list[str]:
-    """The `model.*` fields named by `section.field=value` overrides, e.g. ["attention"]."""
-    keys = []
-    for item in overrides:
-        section, _, name = item.split("=", 1)[0].strip().partition(".")
-        if section == "model" and name and name not in keys:
-            keys.append(name)
-    return keys
-
-
-def stored_model_config(path: str | Path) -> tuple[ModelConfig, str] | None:
-    """The model config the weights at `path` were trained with, and where it was found.
-
-    A `.safetensors` file: its `uvic.model` metadata, else `config.json` in its folder (a
-    run folder beside its `ema.safetensors`, or a `checkpoints/step_N/` folder), else the
-    run folder's above `checkpoints/step_N/`. None for other formats (a released
-    `nnet_ema.pth` records no config) and for a file with none of these. A stored config
-    that cannot be read is a ConfigError naming it.
-    """
-    path = Path(path)
-    if path.suffix.lower() != ".safetensors":
-        return None
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            stored = (f.metadata() or {}).get(MODEL_METADATA_KEY)
-    except (SafetensorError, OSError) as err:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from err
-    if stored is not None:
-        source = f"metadata of {path}"
-        try:
-            data = json.loads(stored)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{source}: {MODEL_METADATA_KEY} is not JSON ({err})") from err
-        return from_dict({"model": data}, source=source).model, source
-    folders = [path.parent]
-    if path.parent.parent.name == "checkpoints":
-        folders.append(path.parent.parent.parent)
-    for folder in folders:
-        saved = folder / "config.json"
-        if saved.is_file():
-            return load_config(saved).model, str(saved)
-    return None
-
-
-def describe_model(model: ModelConfig) -> str:
-    """A short account of an architecture: attention (per block: S softmax, C cog,
-    E expressive), depth, width, image and patch size."""
-    modes = _field_value(model, "attention")
-    pattern = f" ({''.join(m[0].upper() for m in modes)})" if isinstance(modes, list) else ""
-    return (f"attention {model.attention}{pattern}, depth {model.depth}, embed_dim "
-            f"{model.embed_dim}, {model.img_size}x{model.img_size}x{model.in_chans} in "
-            f"patches of {model.patch_size}")
-
-
-def model_differences(a: ModelConfig, b: ModelConfig) -> list[str]:
-    """The architecture fields (all but RUNTIME_MODEL_FIELDS) where `a` and `b` differ;
-    attention patterns are compared block by block ("uvit" = "softmax,softmax,...")."""
-    names = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in RUNTIME_MODEL_FIELDS]
-    return [name for name in names if _field_value(a, name) != _field_value(b, name)]
-
-
-def _field_value(model: ModelConfig, name: str) -> object:
-    if name == "attention":
-        from uvic.models.uvit import resolve_attention  # here: uvit imports the kernels
-
-        with contextlib.suppress(ValueError):
-            return resolve_attention(model.attention, model.depth)
-    return getattr(model, name)
-
-
-def _values(model: ModelConfig, keys: Sequence[str]) -> str:
-    return ", ".join(f"model.{k}={getattr(model, k)!r}" for k in keys)
-
-
-def resolve_model(cfg: Config, ckpt: str | Path, choice: ModelChoice | None = None
-                  ) -> ResolvedModel:
-    """The model config to build for the weights `ckpt` under `cfg` (rules in the module
-    docstring): the checkpoint's stored one (with cfg's RUNTIME_MODEL_FIELDS), or cfg's
-    for a file without one or under `choice.from_config`.
-
-    Raises ConfigError, one line, when a `model.*` field in `choice.set_keys` differs from
-    the checkpoint's, naming the keys, both values and both sources.
-    """
-    choice = choice or ModelChoice()
-    given, name = cfg.model, choice.config_name
-    if not Path(ckpt).is_file():
-        raise CheckpointError(f"checkpoint not found: {ckpt}")
-    stored = stored_model_config(ckpt)
-    if stored is None:
-        return ResolvedModel(given, name, f"{ckpt}: {describe_model(given)}, from {name} "
-                                          "(the file records no model config)")
-    saved, source = stored
-    diffs = model_differences(given, saved)
-    if choice.from_config:
-        note = f"{ckpt}: {describe_model(given)}, from {name} (--model-from-config)"
-        if diffs:
-            note += f"; the checkpoint's own ({source}) has {_values(saved, diffs)}"
-        return ResolvedModel(given, name, note)
-    conflicts = [k for k in choice.set_keys if k in diffs]
-    if conflicts:
-        raise ConfigError(
-            f"refusing to build {ckpt} with {_values(given, conflicts)} (--set): it was "
-            f"trained with {_values(saved, conflicts)} ({source}); drop the --set to use "
-            "the checkpoint's model, or pass --model-from-config to build the config's")
-    model = dataclasses.replace(saved, **{k: getattr(given, k) for k in RUNTIME_MODEL_FIELDS})
-    note = f"{ckpt}: {describe_model(model)}, from {source}"
-    if diffs:
-        note += f"; {name} has {_values(given, diffs)}, not used for this checkpoint"
-    return ResolvedModel(model, source, note)
-
-
-def check_same_inputs(models: Mapping[str, ModelConfig]) -> None:
-    """Refuse (ConfigError, one line) models that do not take the same inputs
-    (INPUT_MODEL_FIELDS): sampled from the same noise or guiding each other, they must."""
-    (first, a), *others = models.items()
-    for other, b in others:
-        diffs = [k for k in INPUT_MODEL_FIELDS if getattr(a, k) != getattr(b, k)]
-        if diffs:
-            raise ConfigError(f"{first} and {other} take different inputs ({_values(a, diffs)} "
-                              f"vs {_values(b, diffs)}); they cannot share the same noise")
-
-
 def checkpoint_name(step: int) -> str:
     """Folder name of the checkpoint of `step` (also the name of its sample grid)."""
     return f"{CHECKPOINT_PREFIX}{step:06d}"
 
 
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run (`checkpoints/step_N/` with a trainer state), oldest first.
+class RunFolder:
+    """The paths of one run folder (layout in the module docstring), and what is done to
+    the folder as a whole: its checkpoints listed and resolved for `--resume`, a previous
+    run's outputs found or cleared, the leftovers of a kill removed."""
 
-    Folders still being written (`.tmp`) or deleted are ignored.
-    """
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    found = []
-    for path in root.iterdir():
-        number = path.name[len(CHECKPOINT_PREFIX):]
-        if (path.name.startswith(CHECKPOINT_PREFIX) and number.isdigit()
-                and (path / TRAINER_STATE).is_file()):
-            found.append((int(number), path))
-    return [path for _, path in sorted(found)]
+    CONFIG = "config.json"
+    LOG = "log.jsonl"
+    SUMMARY = "summary.json"
+    SAMPLES = "samples"
+    TENSORBOARD = "tensorboard"
+    CHECKPOINTS = "checkpoints"
+    EMA = "ema.safetensors"  # at the root and in every checkpoint
+    TRAINER_STATE = "trainer_state.json"  # in every complete checkpoint
+    # what a run writes (besides the lock): a fresh start refuses to overwrite it
+    OUTPUTS = (CHECKPOINTS, EMA, LOG, SUMMARY, SAMPLES, TENSORBOARD, CONFIG)
 
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
 
-def resolve_resume(run_dir: str | Path, resume: str | None,
-                   skipped: list[str] | None = None) -> Path | None:
-    """The checkpoint folder to resume from: None (fresh), "latest", "latest-intact" (the
-    newest checkpoint whose files all read back; each one passed over is appended to
-    `skipped` with the reason), "latest-or-new" (as "latest", or None if the run has no
-    checkpoint yet), a checkpoint folder, or a run folder (its latest checkpoint).
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.root)!r})"
 
-    "latest" and "latest-intact" refuse a run without checkpoints (CheckpointError naming
-    the folder: a mistyped folder must not start a new run); "latest", "latest-or-new" and
-    a path refuse a checkpoint with an unreadable file (naming the file and the
-    "latest-intact" way out).
-    """
-    if resume is None:
+    @classmethod
+    def of_checkpoint(cls, checkpoint: str | Path) -> RunFolder:
+        """The run folder of the checkpoint folder `<run>/checkpoints/step_N`."""
+        return cls(Path(checkpoint).parent.parent)
+
+    @classmethod
+    def of_weights(cls, path: str | Path) -> RunFolder:
+        """The run a weights file belongs to: the run above `checkpoints/step_N/` for a
+        checkpoint's file, else the file's own folder (a run's `ema.safetensors`)."""
+        folder = Path(path).parent
+        if folder.parent.name == cls.CHECKPOINTS:
+            return cls.of_checkpoint(folder)
+        return cls(folder)
+
+    # ------------------------------------------------------------------ paths
+
+    @property
+    def config(self) -> Path:
+        return self.root / self.CONFIG
+
+    @property
+    def log(self) -> Path:
+        return self.root / self.LOG
+
+    @property
+    def summary(self) -> Path:
+        return self.root / self.SUMMARY
+
+    @property
+    def samples(self) -> Path:
+        return self.root / self.SAMPLES
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / self.TENSORBOARD
+
+    @property
+    def ema(self) -> Path:
+        return self.root / self.EMA
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / self.CHECKPOINTS
+
+    def checkpoint(self, step: int) -> Path:
+        """The folder of the checkpoint of `step` (complete once it exists)."""
+        return self.checkpoints_dir / checkpoint_name(step)
+
+    def staging(self, step: int) -> Path:
+        """Where the checkpoint of `step` is written before `commit_checkpoint` renames it."""
+        final = self.checkpoint(step)
+        return final.with_name(final.name + ".tmp")
+
+    def sample_grid(self, step: int) -> Path:
+        """The sample grid of `step`."""
+        return self.samples / f"{checkpoint_name(step)}.png"
+
+    def lock(self) -> RunLock:
+        """The folder's lock (not yet taken): one run at a time."""
+        return RunLock(self.root)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints (`checkpoints/step_N/` with a trainer state), oldest first.
+
+        Folders still being written (`.tmp`) or deleted are ignored.
+        """
+        root = self.checkpoints_dir
+        if not root.is_dir():
+            return []
+        found = []
+        for path in root.iterdir():
+            number = path.name[len(CHECKPOINT_PREFIX):]
+            if (path.name.startswith(CHECKPOINT_PREFIX) and number.isdigit()
+                    and (path / self.TRAINER_STATE).is_file()):
+                found.append((int(number), path))
+        return [path for _, path in sorted(found)]
+
+    def latest_checkpoint(self) -> Path | None:
+        """The newest complete checkpoint, None before the first."""
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def resolve_resume(self, resume: str | None,
+                       skipped: list[str] | None = None) -> Path | None:
+        """The checkpoint folder to resume from: None (fresh), "latest", "latest-intact" (the
+        newest checkpoint whose files all read back; each one passed over is appended to
+        `skipped` with the reason), "latest-or-new" (as "latest", or None if the run has no
+        checkpoint yet), a checkpoint folder, or a run folder (its latest checkpoint).
+
+        "latest" and "latest-intact" refuse a run without checkpoints (CheckpointError naming
+        the folder: a mistyped folder must not start a new run); "latest", "latest-or-new" and
+        a path refuse a checkpoint with an unreadable file (naming the file and the
+        "latest-intact" way out).
+        """
+        if resume is None:
+            return None
+        if resume in RESUME_CHOICES:
+            checkpoints = self.checkpoints()
+            if not checkpoints and resume != "latest-or-new":
+                raise CheckpointError(f"--resume {resume}: no checkpoint in {self.root} to "
+                                      "resume (check train.output_dir; --resume latest-or-new "
+                                      "starts a new run where there is none)")
+        else:
+            path = Path(resume)
+            checkpoints = ([path] if (path / self.TRAINER_STATE).is_file()
+                           else RunFolder(path).checkpoints())
+            if not checkpoints:
+                raise CheckpointError(f"--resume {resume}: not a checkpoint folder (no "
+                                      f"{self.TRAINER_STATE}) nor a run folder with checkpoints")
+        for newest_first, checkpoint in enumerate(reversed(checkpoints)):
+            problem = checkpoint_problem(checkpoint)
+            if problem is None:
+                return checkpoint
+            if resume != "latest-intact":
+                older = [c.name for c in checkpoints[:len(checkpoints) - newest_first - 1]]
+                fallback = ("--resume latest-intact falls back to the newest intact one" if
+                            resume in RESUME_CHOICES else "pass an older checkpoint folder")
+                way_out = (f"; {fallback} (of {', '.join(older)})" if older
+                           else "; no older checkpoint to fall back to")
+                raise CheckpointError(f"cannot resume from {problem}{way_out}")
+            if skipped is not None:
+                skipped.append(f"skipped {checkpoint.name}: {problem}")
+        if checkpoints:
+            raise CheckpointError(f"--resume {resume}: no intact checkpoint in {self.root} "
+                                  f"(newest: {checkpoint_problem(checkpoints[-1])})")
         return None
-    if resume in RESUME_CHOICES:
-        checkpoints = list_checkpoints(run_dir)
-        if not checkpoints and resume != "latest-or-new":
-            raise CheckpointError(f"--resume {resume}: no checkpoint in {run_dir} to resume "
-                                  "(check train.output_dir; --resume latest-or-new starts a "
-                                  "new run where there is none)")
-    else:
-        path = Path(resume)
-        checkpoints = [path] if (path / TRAINER_STATE).is_file() else list_checkpoints(path)
-        if not checkpoints:
-            raise CheckpointError(f"--resume {resume}: not a checkpoint folder (no "
-                                  f"{TRAINER_STATE}) nor a run folder with checkpoints")
-    for newest_first, checkpoint in enumerate(reversed(checkpoints)):
-        problem = checkpoint_problem(checkpoint)
-        if problem is None:
-            return checkpoint
-        if resume != "latest-intact":
-            older = [c.name for c in checkpoints[:len(checkpoints) - newest_first - 1]]
-            fallback = ("--resume latest-intact falls back to the newest intact one" if
-                        resume in RESUME_CHOICES else "pass an older checkpoint folder")
-            way_out = (f"; {fallback} (of {', '.join(older)})" if older
-                       else "; no older checkpoint to fall back to")
-            raise CheckpointError(f"cannot resume from {problem}{way_out}")
-        if skipped is not None:
-            skipped.append(f"skipped {checkpoint.name}: {problem}")
-    if checkpoints:
-        raise CheckpointError(f"--resume {resume}: no intact checkpoint in {run_dir} (newest: "
-                              f"{checkpoint_problem(checkpoints[-1])})")
-    return None
+
+    def prune(self, keep_last: int, keep_steps: tuple[int, ...] | list[int]) -> None:
+        """Delete all but the newest `keep_last` (at least one) checkpoints, never those
+        of `keep_steps`."""
+        kept = {checkpoint_name(step) for step in keep_steps}
+        rotating = [c for c in self.checkpoints() if c.name not in kept]
+        for old in rotating[:-max(keep_last, 1)]:
+            remove_tree(old)
+
+    # ------------------------------------------------------------------ the folder as a whole
+
+    def previous_outputs(self) -> list[str]:
+        """The names of OUTPUTS present (a previous run's results)."""
+        return [name for name in self.OUTPUTS if (self.root / name).exists()]
+
+    def clear_outputs(self) -> None:
+        """Delete a previous run's outputs (OUTPUTS): `--overwrite`."""
+        for name in self.previous_outputs():
+            path = self.root / name
+            if path.is_dir():
+                remove_tree(path)
+            else:
+                path.unlink()
+
+    def remove_leftovers(self) -> None:
+        """Delete checkpoint folders whose write or deletion a kill cut short, and the
+        temporary files of an EMA export a kill cut short (`uvic.run.files.atomic_write`
+        names)."""
+        for pattern in (f"{CHECKPOINT_PREFIX}*.tmp", f"{CHECKPOINT_PREFIX}*.deleting"):
+            for leftover in self.checkpoints_dir.glob(pattern):
+                shutil.rmtree(leftover)
+        for leftover in self.root.glob(f".{self.EMA}.tmp*"):
+            leftover.unlink()
+
+    def sync_ema(self) -> bool:
+        """Make `ema.safetensors` a copy of the latest checkpoint's EMA if it is not one (a
+        kill between a checkpoint's rename and the EMA export leaves it one behind).
+        Returns True when it was refreshed."""
+        latest = self.latest_checkpoint()
+        if latest is None:
+            return False
+        source, target = latest / self.EMA, self.ema
+        if target.is_file() and same_file_content(source, target):
+            return False
+        with atomic_write(target) as tmp:
+            shutil.copyfile(source, tmp)
+        return True
+
+
+# --------------------------------------------------------------------------- one checkpoint
+
+
+def trainer_state(checkpoint: Path) -> dict[str, Any]:
+    """The `trainer_state.json` of a checkpoint folder (step, data position, launch)."""
+    return json.loads((checkpoint / RunFolder.TRAINER_STATE).read_text())
 
 
 def checkpoint_problem(checkpoint: Path) -> str | None:
@@ -360,29 +302,11 @@ def _check_zip(path: Path) -> None:
 
 def resume_config_path(checkpoint: Path) -> Path:
     """The config.json a checkpoint was written with: its own, else its run folder's."""
-    for path in (checkpoint / "config.json", checkpoint.parent.parent / "config.json"):
+    for path in (checkpoint / RunFolder.CONFIG, RunFolder.of_checkpoint(checkpoint).config):
         if path.is_file():
             return path
     raise CheckpointError(f"cannot resume from {checkpoint}: no config.json in it or its "
                           "run folder")
-
-
-def check_resume_config(checkpoint: Path, saved: Config,
-                        cfg: Config) -> dict[str, tuple[Any, Any]]:
-    """Refuse to resume `checkpoint` (written with `saved`) under a different model or
-    train.seed (ConfigError naming the fields); returns every other changed field,
-    "section.field" -> (old, new), which the resume applies (the trainer sets the new
-    optim values on the restored optimizer) and records in config.json."""
-    diffs = config_changes(saved, cfg, "model")
-    if diffs:
-        raise ConfigError(f"refusing to resume from {checkpoint}: the model differs from "
-                          f"the checkpoint's ({'; '.join(diffs)})")
-    if saved.train.seed != cfg.train.seed:
-        # The seed fixed the initial weights and fixes the data order and noise: a run
-        # continued under another seed would be recorded as a run that never happened.
-        raise ConfigError(f"refusing to resume from {checkpoint}: train.seed={cfg.train.seed} "
-                          f"but the run was started with train.seed={saved.train.seed}")
-    return config_diff(saved, cfg)
 
 
 def commit_checkpoint(tmp: Path, final: Path) -> None:
@@ -404,49 +328,9 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(doomed)
 
 
-def remove_leftovers(run_dir: Path) -> None:
-    """Delete checkpoint folders whose write or deletion a kill cut short, and the
-    temporary files of an EMA export a kill cut short (`uvic.run.files.atomic_write` names)."""
-    for pattern in (f"{CHECKPOINT_PREFIX}*.tmp", f"{CHECKPOINT_PREFIX}*.deleting"):
-        for leftover in (run_dir / "checkpoints").glob(pattern):
-            shutil.rmtree(leftover)
-    for leftover in run_dir.glob(f".{RUN_EMA}.tmp*"):
-        leftover.unlink()
-
-
-def sync_run_ema(run_dir: Path) -> bool:
-    """Make `<run>/ema.safetensors` a copy of the latest checkpoint's EMA if it is not one
-    (a kill between a checkpoint's rename and the EMA export leaves it one behind).
-    Returns True when it was refreshed."""
-    checkpoints = list_checkpoints(run_dir)
-    if not checkpoints:
-        return False
-    source, target = checkpoints[-1] / RUN_EMA, run_dir / RUN_EMA
-    if target.is_file() and same_file_content(source, target):
-        return False
-    with atomic_write(target) as tmp:
-        shutil.copyfile(source, tmp)
-    return True
-
-
 def same_file_content(a: Path, b: Path) -> bool:
     """Whether two files hold the same bytes (sizes first, then SHA-256)."""
     return a.stat().st_size == b.stat().st_size and file_sha256(a) == file_sha256(b)
-
-
-def previous_run_outputs(run_dir: Path) -> list[str]:
-    """The names of RUN_OUTPUTS present in `run_dir` (a previous run's results)."""
-    return [name for name in RUN_OUTPUTS if (run_dir / name).exists()]
-
-
-def clear_run_outputs(run_dir: Path) -> None:
-    """Delete a previous run's outputs (RUN_OUTPUTS) from `run_dir`: `--overwrite`."""
-    for name in previous_run_outputs(run_dir):
-        path = run_dir / name
-        if path.is_dir():
-            remove_tree(path)
-        else:
-            path.unlink()
 
 
 def checkpoint_step(ckpt: str | Path) -> int | None:
@@ -454,12 +338,12 @@ def checkpoint_step(ckpt: str | Path) -> int | None:
     checkpoint `checkpoints/step_N/` holding the same file (a run's top-level
     ema.safetensors), or a `step_N` in its folder or file name."""
     ckpt = Path(ckpt)
-    state = ckpt.parent / TRAINER_STATE
+    state = ckpt.parent / RunFolder.TRAINER_STATE
     if state.is_file():
         with contextlib.suppress(ValueError, KeyError, TypeError):
             return int(json.loads(state.read_text())["step"])
     size, digest = ckpt.stat().st_size, None
-    for other in reversed(list_checkpoints(ckpt.parent)):
+    for other in reversed(RunFolder(ckpt.parent).checkpoints()):
         copy = other / ckpt.name
         if not copy.is_file() or copy.stat().st_size != size:
             continue

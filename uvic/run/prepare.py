@@ -1,10 +1,10 @@
 """What a run folder holds and how a run may use it: the checks and repairs of a start,
 and the one-line account of a checkpoint write that failed.
 
-A run folder (`train.output_dir`) holds `config.json`, `log.jsonl`, `checkpoints/step_N/`,
-`ema.safetensors` (the latest checkpoint's EMA weights) and `summary.json`; `.run.lock`
-(`uvic.run.lock`) keeps a second run out while one uses it. Each function returns a
-message or raises OSError; the trainer turns them into its one-line errors.
+The folder's layout is `uvic.run.folder.RunFolder`'s; `.run.lock` (`uvic.run.lock`) keeps a
+second run out while one uses it. Each function returns a message or raises OSError (a
+resume under a changed model or seed: ConfigError); the trainer turns them into its
+one-line errors.
 
 `config.json` (the run's, and each checkpoint's copy) is the config the run is at now,
 with every change a resume made listed under `resumes`, oldest first:
@@ -27,16 +27,18 @@ from typing import Any
 
 from torch import nn
 
-from uvic.config import RESUMES_KEY, Config, ConfigError, from_dict, load_config, to_dict
-from uvic.run.files import truncate_log, write_json
-from uvic.run.folder import (
-    RUN_EMA,
-    clear_run_outputs,
-    list_checkpoints,
-    previous_run_outputs,
-    remove_leftovers,
-    sync_run_ema,
+from uvic.config import (
+    RESUMES_KEY,
+    Config,
+    ConfigError,
+    config_changes,
+    config_diff,
+    from_dict,
+    load_config,
+    to_dict,
 )
+from uvic.run.files import truncate_log, write_json
+from uvic.run.folder import RunFolder
 
 try:  # safetensors reports a full disk as its own error
     from safetensors import SafetensorError
@@ -44,40 +46,40 @@ except ImportError:  # pragma: no cover - older safetensors
     SafetensorError = RuntimeError
 
 
-def fresh_start_problem(run_dir: Path, resume: str | None, overwrite: bool) -> str | None:
-    """Why a start from step 0 into `run_dir` would overwrite a previous run (None: fine).
+def fresh_start_problem(run: RunFolder, resume: str | None, overwrite: bool) -> str | None:
+    """Why a start from step 0 into `run` would overwrite a previous run (None: fine).
 
     `--resume latest` without a checkpoint may restart a run killed before its first
     checkpoint (config.json, log lines), never one that exported weights or finished;
     `overwrite` allows any fresh start.
     """
-    found = previous_run_outputs(run_dir)
+    found = run.previous_outputs()
     if resume is not None:
-        found = [name for name in found if name in (RUN_EMA, "summary.json")]
+        found = [name for name in found if name in (run.EMA, run.SUMMARY)]
     if not found or overwrite:
         return None
-    existing = list_checkpoints(run_dir)
-    what = (f"already has checkpoints (latest {existing[-1].name})" if existing
+    latest = run.latest_checkpoint()
+    what = (f"already has checkpoints (latest {latest.name})" if latest is not None
             else f"already holds a previous run ({', '.join(found)})")
-    return (f"{run_dir} {what}; pass --resume latest to continue it, --overwrite to "
+    return (f"{run.root} {what}; pass --resume latest to continue it, --overwrite to "
             "replace it, or set train.output_dir to a new folder")
 
 
-def prepare_run_dir(run_dir: Path, cfg: Config, resumes: list[dict[str, Any]], step: int,
+def prepare_run_dir(run: RunFolder, cfg: Config, resumes: list[dict[str, Any]], step: int,
                     overwrite: bool, say: Callable[[str], None]) -> None:
     """The run folder before the first step (main process): leftovers of a write or
     deletion a kill cut short removed, a previous run's outputs removed (`overwrite`),
     config.json written (`cfg` and its resume history), log.jsonl cut back to `step`,
     ema.safetensors equal to the latest checkpoint's. Raises OSError when the folder
     cannot be written."""
-    remove_leftovers(run_dir)  # first: frees the space a kill left taken
+    run.remove_leftovers()  # first: frees the space a kill left taken
     if overwrite:
-        clear_run_outputs(run_dir)
-    save_run_config(cfg, run_dir / "config.json", resumes)
+        run.clear_outputs()
+    save_run_config(cfg, run.config, resumes)
     # drop the lines of steps that will be redone (or cut short by a kill)
-    truncate_log(run_dir / "log.jsonl", step)
-    if sync_run_ema(run_dir):
-        say(f"note: {run_dir / RUN_EMA} was behind the latest checkpoint (a kill during "
+    truncate_log(run.log, step)
+    if run.sync_ema():
+        say(f"note: {run.ema} was behind the latest checkpoint (a kill during "
             "its export); refreshed")
 
 
@@ -96,6 +98,24 @@ def read_run_config(path: Path) -> tuple[Config, list[dict[str, Any]]]:
             and isinstance(r.get("changes"), dict) for r in resumes)):
         raise ConfigError(f"{path}: {RESUMES_KEY} must be a list of {{step, changes, time}}")
     return cfg, resumes
+
+
+def check_resume_config(checkpoint: Path, saved: Config,
+                        cfg: Config) -> dict[str, tuple[Any, Any]]:
+    """Refuse to resume `checkpoint` (written with `saved`) under a different model or
+    train.seed (ConfigError naming the fields); returns every other changed field,
+    "section.field" -> (old, new), which the resume applies (the trainer sets the new
+    optim values on the restored optimizer) and records in config.json."""
+    diffs = config_changes(saved, cfg, "model")
+    if diffs:
+        raise ConfigError(f"refusing to resume from {checkpoint}: the model differs from "
+                          f"the checkpoint's ({'; '.join(diffs)})")
+    if saved.train.seed != cfg.train.seed:
+        # The seed fixed the initial weights and fixes the data order and noise: a run
+        # continued under another seed would be recorded as a run that never happened.
+        raise ConfigError(f"refusing to resume from {checkpoint}: train.seed={cfg.train.seed} "
+                          f"but the run was started with train.seed={saved.train.seed}")
+    return config_diff(saved, cfg)
 
 
 def resume_record(step: int, changes: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
@@ -121,16 +141,16 @@ def config_history(path: Path) -> list[tuple[int, Config]]:
     return history
 
 
-def checkpoint_bytes(run_dir: Path, model: nn.Module) -> int:
+def checkpoint_bytes(run: RunFolder, model: nn.Module) -> int:
     """Size of the latest checkpoint, else 4 float32 copies of the weights (model, EMA,
     two Adam moments)."""
-    last = list_checkpoints(run_dir)
-    if last:
-        return sum(f.stat().st_size for f in last[-1].rglob("*") if f.is_file())
+    latest = run.latest_checkpoint()
+    if latest is not None:
+        return sum(f.stat().st_size for f in latest.rglob("*") if f.is_file())
     return 4 * sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def write_failure(err: Exception, tmp: Path, run_dir: Path, needed: int) -> str | None:
+def write_failure(err: Exception, tmp: Path, run: RunFolder, needed: int) -> str | None:
     """One line for a failed checkpoint write into `tmp`: the path, why, and (disk full)
     the space a checkpoint needs; None if `err` is not a write failure (a bug: keep its
     traceback).
@@ -140,7 +160,7 @@ def write_failure(err: Exception, tmp: Path, run_dir: Path, needed: int) -> str 
     """
     if isinstance(err, OSError):
         where, why = err.filename or tmp, err.strerror or str(err)
-    elif shutil.disk_usage(tmp.parent if tmp.parent.exists() else run_dir).free < needed:
+    elif shutil.disk_usage(tmp.parent if tmp.parent.exists() else run.root).free < needed:
         where, why = tmp, os.strerror(errno.ENOSPC)
     elif isinstance(err, SafetensorError):
         where, why = tmp, str(err).strip().splitlines()[0]
@@ -149,5 +169,5 @@ def write_failure(err: Exception, tmp: Path, run_dir: Path, needed: int) -> str 
     message = f"cannot write checkpoint {where}: {why}"
     if why == os.strerror(errno.ENOSPC):
         message += f" (a checkpoint needs about {needed / 2**20:.0f} MiB)"
-    last = list_checkpoints(run_dir)
-    return message + (f"; the last good checkpoint {last[-1]} is kept" if last else "")
+    latest = run.latest_checkpoint()
+    return message + (f"; the last good checkpoint {latest} is kept" if latest else "")

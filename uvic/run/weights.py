@@ -1,33 +1,13 @@
-"""Model weights and training checkpoints on disk.
-
-Weights: load `.pth`/`.pt` (incl. the released `nnet_ema.pth`) and `.safetensors`, save
-`.safetensors` atomically. Checkpoints: the `checkpoints/step_N/` folders of a run (listed,
-resolved for `--resume`, committed by an atomic rename, pruned safely), and the training
-step a weights file belongs to.
+"""Model weights on disk: load `.pth`/`.pt` (incl. the released `nnet_ema.pth`) and
+`.safetensors`, save `.safetensors` atomically.
 
 Loading is strict by default and every mismatch is reported by name: missing keys,
 unexpected keys and shape mismatches. Prefixes added by wrappers (`_orig_mod.` from
 torch.compile, `module.` from DistributedDataParallel) are stripped from the file's keys,
 and the target model is unwrapped the same way.
 
-A checkpoint carries its architecture. Weights are read together with the model config
-they were trained with (`stored_model_config`): the `uvic.model` entry of the
-safetensors metadata (written into every weights file a run exports, `model_metadata`,
-so a file copied out of its run folder still knows it), else the `config.json` of the
-file's folder (a `checkpoints/step_N/` folder holds one), else that of its run folder
-(above `checkpoints/step_N/`). `resolve_model` decides what to build, for sampling, FID,
-autoguidance and the attention analysis alike:
-
-* a checkpoint with a stored model config is built as stored; a given config's `model.*`
-  is only a template there, and where it differs the one-line note says so;
-* a `model.*` value the user set explicitly (`--set model.attention=uvic`) that differs
-  from the stored one is refused with one line naming the key, both values and both
-  sources, unless `ModelChoice.from_config` (`--model-from-config`) builds the config's
-  model instead;
-* a file without a stored config (a released `nnet_ema.pth`) is built from the config.
-
-`model.attention_backend` and `model.grad_checkpointing` choose how the same function
-is computed, not which function: they always come from the given config.
+Which architecture a weights file is built as: `uvic.run.architecture`; the checkpoint
+folders of a run: `uvic.run.folder`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,21 @@
 """Sampling: DPM-Solver (or any diffusers scheduler) on a U-ViT / U-ViC noise predictor.
 
-The core pieces, reused by `uvic-sample` (`uvic.cli.sample`), the training loop's periodic
-grids, the quickstart and the FID evaluator:
+The one generate path, used by `uvic-sample` (`uvic.sampling.folder`), the FID evaluator,
+the quickstart and the training loop's periodic grids:
 
 * `sample_images`: the reverse process for a batch of initial noises x_T, with
   classifier-free guidance `eps = c + s (c - u)` (the U-ViT release's convention) and
-  optional autoguidance by a weaker model (`load_guide`).
-* `sample_generators` / `make_noise` (from `uvic.data.order`): per-sample seeding from
+  optional autoguidance by a weaker model (`uvic.sampling.load.load_guide`).
+* `sample_generators` / `make_noise` (from `uvic.sampling.noise`): per-sample seeding from
   (seed, index), so sample `i` of a run is the same image whatever the batch size, the
   number of processes or the device.
 * `generate`: batches of (global indices, images in [0, 1]) for a list of sample indices,
   including text contexts, mixed precision and VAE decoding; its progress bar counts
   solver steps (network evaluations x batches) and the images done.
-* `load_model` / `load_guide`: a checkpoint built as the architecture it was trained with
-  (`uvic.run.folder.resolve_model`: the model config stored with the weights; the given
-  config's only for files that record none, such as a released `nnet_ema.pth`, or when
-  asked for with `ModelChoice(from_config=True)`).
-* `SamplingAssets`: the VAE and empty-prompt context a config needs, loaded once;
-  `to_pixels` turns model outputs into images in [0, 1] (`uvic.sampling.images` writes them).
+* `sample_checkpoint`: `generate` for a checkpoint: its network and autoguidance guide
+  (`uvic.sampling.load`: built as the architecture the checkpoint was trained with), the
+  VAE and empty-prompt context (`uvic.sampling.assets.SamplingAssets`).
+* `SampleGrid`: fixed noise sampled again and again (the training grids).
 
 Time conventions (see `uvic.diffusion.schedule`): a diffusers timestep k is fed to the network as
 `diffusion.net_time(k)`: 999 (k + 1) / 1000 for the continuous VP schedule (CIFAR-10),
@@ -27,10 +25,8 @@ k + 1 for the discrete scaled-linear one (MS-COCO).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,18 +34,16 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from torch import nn
 from tqdm.auto import tqdm
 
-from uvic.config import Config, ConfigError, ModelConfig
-from uvic.data.datasets import load_empty_context, load_sample_prompts
+from uvic.config import Config
+from uvic.data.datasets import load_sample_prompts
 from uvic.diffusion.samplers import model_calls, run_sampler
 from uvic.diffusion.schedule import Diffusion
-from uvic.models.autoencoder import decode_latents, load_vae
-from uvic.models.uvit import build_model
-from uvic.run.folder import ModelChoice, check_same_inputs, resolve_model, same_file_content
-from uvic.run.weights import load_weights
+from uvic.run.architecture import ModelChoice
+from uvic.sampling.assets import SamplingAssets, to_pixels
 from uvic.sampling.checks import PRECISIONS
+from uvic.sampling.load import load_guide, load_model
 from uvic.sampling.noise import make_noise, sample_generators
 
-LATENT_DATASETS = ("mscoco",)  # data whose model space is VAE latents, not pixels
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}  # of PRECISIONS
 
 # --------------------------------------------------------------------------- guidance
@@ -186,177 +180,6 @@ def autocast(
     return torch.autocast("cuda", dtype=_AUTOCAST_DTYPES[precision])
 
 
-# --------------------------------------------------------------------------- model space -> pixels
-
-
-def is_latent(cfg: Config) -> bool:
-    """Whether the model works on VAE latents (decoded before viewing)."""
-    return cfg.data.name in LATENT_DATASETS
-
-
-def to_pixels(cfg: Config, x0: torch.Tensor, vae: nn.Module | None = None) -> torch.Tensor:
-    """Model-space samples -> images in [0, 1] (N, 3, H, W), float32.
-
-    Pixel data (cifar10, shapes) is in [-1, 1]; MS-COCO latents are decoded with the
-    Stable Diffusion VAE (scale factor cfg.data.scale_factor) in chunks of
-    cfg.sample.decode_batch_size.
-    """
-    if is_latent(cfg):
-        if vae is None:
-            raise ValueError(
-                f"data.name={cfg.data.name!r} samples are VAE latents: pass the VAE "
-                f"(uvic.models.autoencoder.load_vae({cfg.data.vae!r}, device))"
-            )
-        return model_to_pixels(x0, vae, cfg.data.scale_factor, cfg.sample.decode_batch_size)
-    return model_to_pixels(x0)
-
-
-def model_to_pixels(x0: torch.Tensor, vae: nn.Module | None = None, scale_factor: float = 1.0,
-                    decode_batch_size: int = 50) -> torch.Tensor:
-    """Model-space samples -> images in [0, 1], float32: pixels in [-1, 1] as they are,
-    latents (with their `vae`) decoded `decode_batch_size` at a time (`to_pixels`, and the
-    pipelines of `uvic.pipelines`, which have no Config)."""
-    if vae is not None:
-        x0 = decode_latents(vae, x0, scale_factor, decode_batch_size)
-    return ((x0.float() + 1.0) / 2.0).clamp(0.0, 1.0)
-
-
-# --------------------------------------------------------------------------- checkpoints and text
-
-
-def load_model(cfg: Config, ckpt: str | Path, device: torch.device | str = "cpu",
-               choice: ModelChoice | None = None) -> nn.Module:
-    """Build the architecture the checkpoint (our EMA .safetensors or a released U-ViT
-    `nnet_ema.pth`) was trained with and load it; eval mode, without gradients.
-
-    The architecture is `resolve_model(cfg, ckpt, choice).model`: the model config stored
-    with the weights, cfg.model for a file that records none (or with
-    `choice.from_config`); a conflicting explicit `model.*` value is a ConfigError.
-    """
-    return build_loaded(resolve_model(cfg, _existing(ckpt), choice).model, ckpt, device)
-
-
-def build_loaded(model: ModelConfig, ckpt: str | Path,
-                 device: torch.device | str = "cpu") -> nn.Module:
-    """The network of `model` with the weights of `ckpt` (strict), eval mode, no gradients."""
-    net = build_model(model)
-    load_weights(net, _existing(ckpt), strict=True)
-    return net.to(device).eval().requires_grad_(False)
-
-
-def _existing(ckpt: str | Path) -> Path:
-    ckpt = Path(ckpt)
-    if not ckpt.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {ckpt}")
-    return ckpt
-
-
-def load_guide(cfg: Config, ckpt: str | Path, device: torch.device | str = "cpu",
-               choice: ModelChoice | None = None,
-               say: Callable[[str], None] | None = None) -> nn.Module | None:
-    """The weaker model of autoguidance for sampling checkpoint `ckpt`, or None when
-    `sample.autoguidance_scale` is 0.
-
-    A relative `sample.autoguidance_ckpt` is taken from the run folder of `ckpt`: the
-    folder of a run's `ema.safetensors`, the run above `checkpoints/step_N/`. `cfg.model`
-    is the sampled model's (`resolve_model(cfg, ckpt).model`); the guide is built as its
-    own checkpoint records (`resolve_model`, compared with the sampled model's), and must
-    take the same inputs. `say` gets the guide's one-line note.
-    """
-    s = cfg.sample
-    if s.autoguidance_scale == 0.0:
-        return None
-    path = Path(s.autoguidance_ckpt)
-    if not path.is_absolute():
-        base = Path(ckpt).parent
-        if base.parent.name == "checkpoints":
-            base = base.parent.parent
-        path = base / path
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r}: weights not found at {path} "
-            "(keep an early checkpoint with train.keep_steps, or set "
-            "sample.autoguidance_scale=0)")
-    if Path(ckpt).is_file() and same_file_content(path, Path(ckpt)):  # e.g. the last step's
-        raise ConfigError(
-            f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r}: {path} holds the same weights "
-            f"as the sampled {ckpt}, and a model guided by itself samples as unguided, at "
-            "twice the cost (guide with an earlier checkpoint, or set "
-            "sample.autoguidance_scale=0)")
-    choice = dataclasses.replace(choice or ModelChoice(), config_name="the sampled model")
-    resolved = resolve_model(cfg, path, choice)
-    check_same_inputs({f"the model of {ckpt}": cfg.model,
-                       f"its guide {path}": resolved.model})
-    if say is not None:
-        say(f"guide {resolved.note}")
-    return build_loaded(resolved.model, path, device)
-
-
-def read_prompts(path: str | Path) -> list[str]:
-    """Prompts file: one prompt per line; blank lines are skipped."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"prompts file not found: {path}")
-    prompts = [line.strip() for line in path.read_text().splitlines() if line.strip()]
-    if not prompts:
-        raise ValueError(f"prompts file {path} has no prompts")
-    return prompts
-
-
-def text_encoder(cfg: Config, device: torch.device | str):
-    """The CLIP text encoder of the config (open_clip, the release's padding)."""
-    from uvic.models.text_encoder import ClipTextEncoder
-
-    return ClipTextEncoder(cfg.data.clip_model, cfg.data.clip_pretrained, device)
-
-
-def empty_context(cfg: Config, device: torch.device | str = "cpu", encoder=None) -> torch.Tensor:
-    """The empty-prompt context (L, D) used for guidance: the feature folder's
-    `empty_context.npy` when present (exactly what training dropped captions to),
-    otherwise the text encoder's encoding of ""."""
-    if (Path(cfg.data.root) / "empty_context.npy").is_file() or encoder is None:
-        return load_empty_context(cfg).to(device)
-    return encoder.encode([""])[0].to(device)
-
-
-def prompt_contexts(cfg: Config, prompts_file: str | Path | None,
-                    encoder=None) -> tuple[list[str], torch.Tensor]:
-    """Prompts and their contexts (n, L, D) on the CPU for a text-to-image config: from a
-    prompts file (encoded with `encoder`, by default `text_encoder(cfg)`) or, without one,
-    the feature folder's sample prompts (`uvic.data.datasets.load_sample_prompts`)."""
-    if prompts_file is None:
-        prompts, contexts = load_sample_prompts(cfg)
-        return list(prompts), contexts.cpu()
-    prompts = read_prompts(prompts_file)
-    encoder = encoder or text_encoder(cfg, "cpu")
-    return prompts, encoder.encode(prompts).cpu()
-
-
-@dataclass
-class SamplingAssets:
-    """What sampling a config needs besides the network, loaded once from the config: the
-    VAE that decodes latents (latent data) and the empty-prompt context for guidance
-    (text-to-image). The training grids, `scripts/sample.py` and the FID evaluator all
-    build it with `from_config`."""
-
-    cfg: Config
-    vae: nn.Module | None = None
-    uncond: torch.Tensor | None = None  # (L, D)
-
-    @classmethod
-    def from_config(cls, cfg: Config, device: torch.device | str = "cpu",
-                    encoder=None) -> SamplingAssets:
-        """Load what `cfg` needs; `encoder` encodes "" when the feature folder has no
-        empty context."""
-        vae = load_vae(cfg.data.vae, device) if is_latent(cfg) else None
-        uncond = empty_context(cfg, device, encoder) if cfg.model.clip_dim > 0 else None
-        return cls(cfg, vae, uncond)
-
-    def to_pixels(self, x0: torch.Tensor) -> torch.Tensor:
-        """Model-space samples -> images in [0, 1] (`to_pixels` with this VAE)."""
-        return to_pixels(self.cfg, x0, self.vae)
-
-
 class SampleGrid:
     """Fixed initial noises (and prompts) sampled again and again: the training loop's
     periodic grids. Sample i is sample i of `uvic-sample` with the same seed (without
@@ -447,6 +270,36 @@ def generate(
             done += len(chunk)
             bar.set_postfix_str(f"images {done}/{len(indices)}")
             yield chunk, images.cpu()
+
+
+def sample_checkpoint(
+    cfg: Config,
+    ckpt: str | Path,
+    indices: Sequence[int],
+    *,
+    seed: int,
+    device: torch.device | str = "cpu",
+    precision: str = "fp32",
+    context_fn: Callable[[list[int]], torch.Tensor] | None = None,
+    assets: SamplingAssets | None = None,
+    progress: bool = False,
+    choice: ModelChoice | None = None,
+    say: Callable[[str], None] | None = None,
+) -> Iterator[tuple[list[int], torch.Tensor]]:
+    """`generate` the samples `indices` of the checkpoint `ckpt`, built as `cfg.model` (the
+    architecture `resolve_model` chose for it), guided by its autoguidance model
+    (`load_guide`, resolved under `choice`; `say` gets its note) when
+    `sample.autoguidance_scale` is set. `assets` (the VAE and empty context) are loaded
+    from `cfg` unless given. Nothing is loaded before the first batch is asked for; the
+    networks are freed when the last one is done.
+    """
+    model = load_model(cfg.model, ckpt, device)
+    guide = load_guide(cfg, ckpt, device, choice, say=say)
+    assets = assets or SamplingAssets.from_config(cfg, device)
+    yield from generate(
+        model, Diffusion(cfg.diffusion), cfg, indices, seed=seed, context_fn=context_fn,
+        uncond_context=assets.uncond, vae=assets.vae, device=device, precision=precision,
+        progress=progress, guide=guide)
 
 
 # --------------------------------------------------------------------------- processes

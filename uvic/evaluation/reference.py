@@ -1,0 +1,246 @@
+"""Reference statistics for FID: where they come from and how they are built, with
+clean-fid.
+
+In order (`stats_plan`): eval.ref_stats as a local .npz (built there from the images if
+missing); clean-fid's named statistics (`cifar10`) in its package folder; statistics we
+build once from local images (eval.ref_images, center-cropped and resized to eval.ref_res;
+Shapes renders a held-out set; CIFAR-10 from a torchvision copy) and cache in
+`default_stats_dir()`; clean-fid's download, only with `allow_download=True`. Missing
+statistics raise `ReferenceStatsMissing` naming the file, where, and the URL, before any
+sampling. The features are `uvic.evaluation.statistics`'.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import cleanfid
+import numpy as np
+import torch
+from cleanfid.features import get_reference_statistics
+from PIL import Image
+
+from uvic.config import Config
+from uvic.data.datasets import SHAPES_SEEDS, CIFAR10Images, save_shapes_folder
+from uvic.evaluation.checks import check_mode
+from uvic.evaluation.statistics import (
+    build_inception,
+    cache_dir,
+    crop_resize_array,
+    extractor_tag,
+    feature_statistics,
+    files_features,
+    list_images,
+)
+from uvic.run.files import atomic_write
+
+STATS_URL = "https://www.cs.cmu.edu/~clean-fid/stats"  # clean-fid's get_reference_statistics
+
+
+class ReferenceStatsMissing(FileNotFoundError):
+    """Reference statistics are neither on disk nor buildable from local images."""
+
+
+@dataclass
+class ReferenceStats:
+    """Reference mean/covariance, features for KID when available, and where they came from."""
+
+    mu: np.ndarray
+    sigma: np.ndarray
+    feats: np.ndarray | None
+    source: str
+
+
+def default_stats_dir() -> Path:
+    """Cache of reference statistics we build: $UVIC_FID_STATS or `cache_dir()`/fid_stats."""
+    stats = os.environ.get("UVIC_FID_STATS")
+    return Path(stats).expanduser() if stats else cache_dir() / "fid_stats"
+
+
+def _cleanfid_stats_path(name: str, mode: str, split: str, res: int, kid: bool = False) -> Path:
+    suffix = "_kid" if kid else ""
+    file = f"{name}_{mode}_{split}_{res}{suffix}.npz".lower()
+    return Path(os.path.dirname(cleanfid.__file__)) / "stats" / file
+
+
+@dataclass
+class ReferenceImages:
+    """Local images to build reference statistics from: `key` names the set in cache files,
+    `prepare()` returns the folder (rendering or exporting it first if needed), `check()`
+    raises before any sampling if `prepare()` could not work."""
+
+    key: str
+    description: str
+    prepare: Callable[[], Path]
+    check: Callable[[], None] = lambda: None
+
+
+def reference_images(cfg: Config, stats_dir: Path) -> ReferenceImages | None:
+    """Local images the reference statistics can be built from, or None.
+
+    eval.ref_images: a folder of images, or a torchvision CIFAR-10 root (exported to PNGs
+    once). Without it: Shapes renders a held-out set (the "val" seed, eval.n_samples
+    images); CIFAR-10 uses data.root when it holds the torchvision copy.
+    """
+    ev = cfg.eval
+    if ev.ref_images:
+        src = Path(ev.ref_images).expanduser()
+        if not src.exists():
+            raise ReferenceStatsMissing(f"eval.ref_images={ev.ref_images!r}: {src} does not exist")
+        if (src / "cifar-10-batches-py").is_dir():
+            return _cifar10_images(src, ev.ref_split, stats_dir)
+        digest = hashlib.sha256(str(src.resolve()).encode()).hexdigest()[:8]
+        return ReferenceImages(f"{src.name}-{digest}", str(src), lambda: src)
+    if cfg.data.name == "shapes":
+        n, seed, size = cfg.eval.n_samples, SHAPES_SEEDS["val"], cfg.model.img_size
+        key = f"shapes_seed{seed}_n{n}_{size}px"
+        folder = stats_dir / key
+
+        def prepare() -> Path:
+            if not (folder / ".complete").is_file():
+                save_shapes_folder(folder, n, seed=seed, size=size)
+                (folder / ".complete").touch()
+            return folder
+
+        return ReferenceImages(key, f"Shapes held-out set (seed {seed})", prepare)
+    if cfg.data.name == "cifar10" and (Path(cfg.data.root) / "cifar-10-batches-py").is_dir():
+        return _cifar10_images(Path(cfg.data.root), ev.ref_split, stats_dir)
+    return None
+
+
+def _cifar10_images(root: Path, split: str, stats_dir: Path) -> ReferenceImages:
+    """The torchvision CIFAR-10 copy in `root`, exported as PNGs once (cached). It is read
+    with uvic.data's loader (torchvision's MD5 check): a missing or corrupt copy is one
+    `DatasetError` line, raised by `check()` before an evaluation samples anything."""
+    folder = stats_dir / f"cifar10_{split}_png"
+    loaded: list[np.ndarray] = []  # the arrays, once read
+
+    def check() -> None:
+        if not loaded and not (folder / ".complete").is_file():
+            loaded.append(CIFAR10Images(root, "train" if split == "train" else "test").data.data)
+
+    def prepare() -> Path:
+        if not (folder / ".complete").is_file():
+            check()
+            folder.mkdir(parents=True, exist_ok=True)
+            for i, array in enumerate(loaded[0]):
+                Image.fromarray(array).save(folder / f"{i:06d}.png")
+            (folder / ".complete").touch()
+        return folder
+
+    return ReferenceImages(f"cifar10_{split}", f"CIFAR-10 {split} from {root}", prepare, check)
+
+
+def stats_plan(
+    cfg: Config, mode: str, feat_extractor: Callable | None, stats_dir: Path,
+    allow_download: bool,
+) -> tuple[str, Path, ReferenceImages | None]:
+    """Decide where the reference statistics come from, without heavy work (a CIFAR-10 copy
+    still to be exported is read once, to check it before any sampling).
+
+    Returns (kind, path, images): "file" (load `path`), "build" (features of `images`,
+    saved to `path`) or "download" (clean-fid fetches its named statistics). In order:
+    eval.ref_stats as a local .npz (built there from the images if missing); clean-fid's
+    named statistics in its package folder; our cache of statistics built from local
+    images (stats_dir, one file per image set, mode and extractor); clean-fid's download.
+    A stand-in extractor never uses Inception statistics. Raises ReferenceStatsMissing.
+    """
+    ev = cfg.eval
+    tag = extractor_tag(feat_extractor)
+    is_file = ev.ref_stats.endswith(".npz")
+    named = _cleanfid_stats_path(ev.ref_stats or cfg.data.name, mode, ev.ref_split, ev.ref_res)
+    images = reference_images(cfg, stats_dir)
+    if feat_extractor is None and is_file:
+        path = Path(ev.ref_stats).expanduser()
+        if path.is_file():
+            return "file", path, None
+        if images is not None:
+            images.check()
+            return "build", path, images
+        raise ReferenceStatsMissing(
+            f"FID reference statistics not found at {path} (eval.ref_stats): set "
+            "eval.ref_images to the reference images to build them there")
+    if feat_extractor is None and not is_file and named.is_file():
+        return "file", named, None
+    if images is not None:
+        path = stats_dir / f"{images.key}_{mode}_{tag}_{ev.ref_res}.npz"
+        if path.is_file():
+            return "file", path, images
+        images.check()
+        return "build", path, images
+    if feat_extractor is None and allow_download:
+        return "download", named, None
+    hint = "set eval.ref_images to a folder of reference images to build them"
+    if cfg.data.name == "cifar10":
+        hint += " (or data.root to a torchvision CIFAR-10 copy)"
+    if feat_extractor is not None:
+        raise ReferenceStatsMissing(f"no reference images for the {tag} features: {hint}")
+    raise ReferenceStatsMissing(
+        f"FID reference statistics not found at {named}: download {STATS_URL}/{named.name} "
+        f"there (and {named.stem}_kid.npz for KID), pass --download, or {hint}")
+
+
+def reference_statistics(
+    cfg: Config, feat_extractor: Callable | None = None, *, mode: str | None = None,
+    device: torch.device | str = "cpu", stats_dir: str | Path | None = None,
+    allow_download: bool = False, batch_size: int = 64, num_workers: int = 0,
+    progress: bool = True,
+) -> ReferenceStats:
+    """Reference statistics for cfg.eval: clean-fid named statistics (`cifar10`), a local
+    .npz (eval.ref_stats), or statistics built once from local images (eval.ref_images,
+    center-cropped and resized to eval.ref_res; Shapes renders a held-out set) and cached.
+
+    With a custom (stand-in) feature extractor the statistics are always built from the
+    images and cached under the extractor's name.
+    """
+    mode = check_mode(mode or cfg.eval.mode)
+    stats_dir = Path(stats_dir) if stats_dir is not None else default_stats_dir()
+    kind, path, images = stats_plan(cfg, mode, feat_extractor, stats_dir, allow_download)
+    if kind == "download":
+        ev = cfg.eval
+        name, res, split = ev.ref_stats or cfg.data.name, ev.ref_res, ev.ref_split
+        mu, sigma = get_reference_statistics(name, res, mode=mode, split=split)
+        feats = get_reference_statistics(name, res, mode=mode, split=split, metric="KID")
+        return ReferenceStats(mu, sigma, feats, f"clean-fid {path.name} (downloaded)")
+    if kind == "file":
+        return _load_stats(path)
+    folder = images.prepare()
+    files = list_images(folder)
+    if len(files) < 2:
+        raise ReferenceStatsMissing(f"reference images {folder}: found {len(files)} images")
+    extractor = feat_extractor or build_inception(cfg, mode, device)
+    feats = files_features(
+        files, extractor, mode=mode, device=device, batch_size=batch_size,
+        num_workers=num_workers, description=f"reference {Path(folder).name}",
+        image_transform=functools.partial(crop_resize_array, size=cfg.eval.ref_res),
+        progress=progress,
+    )
+    mu, sigma = feature_statistics(feats)
+    source = f"{images.description}, {len(files)} images"
+    with atomic_write(path, suffix=".npz") as tmp:
+        np.savez_compressed(tmp, mu=mu, sigma=sigma, feats=feats.astype(np.float32),
+                            source=np.array(source))
+    return ReferenceStats(mu, sigma, feats, f"{source} ({path})")
+
+
+def _load_stats(path: Path) -> ReferenceStats:
+    """mu/sigma from a clean-fid style .npz; KID features from its `feats` or `<stem>_kid.npz`."""
+    try:
+        data = np.load(path)
+        mu, sigma = data["mu"], data["sigma"]
+    except (KeyError, OSError, ValueError) as err:
+        msg = f"{path}: not a statistics file with mu and sigma ({err})"
+        raise ReferenceStatsMissing(msg) from err
+    feats = data.get("feats")
+    kid_path = path.with_name(f"{path.stem}_kid.npz")
+    if feats is None and kid_path.is_file():
+        feats = np.load(kid_path)["feats"]
+    source = str(data["source"]) if "source" in data else str(path)
+    return ReferenceStats(mu, sigma, feats, source if source == str(path) else f"{source} ({path})")
+
+

@@ -1,0 +1,203 @@
+"""The architecture a weights file records, and which model to build for it.
+
+A checkpoint carries its architecture. Weights are read together with the model config
+they were trained with (`stored_model_config`): the `uvic.model` entry of the
+safetensors metadata (written into every weights file a run exports, `model_metadata`,
+so a file copied out of its run folder still knows it), else the `config.json` of the
+file's folder (a `checkpoints/step_N/` folder holds one), else that of its run folder
+(above `checkpoints/step_N/`, `uvic.run.folder.RunFolder.of_weights`). `resolve_model`
+decides what to build, for sampling, FID, autoguidance and the attention analysis alike:
+
+* a checkpoint with a stored model config is built as stored; a given config's `model.*`
+  is only a template there, and where it differs the one-line note says so;
+* a `model.*` value the user set explicitly (`--set model.attention=uvic`) that differs
+  from the stored one is refused with one line naming the key, both values and both
+  sources, unless `ModelChoice.from_config` (`--model-from-config`) builds the config's
+  model instead;
+* a file without a stored config (a released `nnet_ema.pth`) is built from the config.
+
+`model.attention_backend` and `model.grad_checkpointing` choose how the same function
+is computed, not which function: they always come from the given config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+
+from uvic.config import Config, ConfigError, ModelConfig, from_dict, load_config
+from uvic.models.checks import resolve_attention
+from uvic.run.folder import RunFolder
+from uvic.run.weights import CheckpointError
+
+MODEL_METADATA_KEY = "uvic.model"  # safetensors metadata: the model config, as JSON
+
+
+# model.* fields that choose how the same function is computed: taken from the given config
+RUNTIME_MODEL_FIELDS = ("attention_backend", "grad_checkpointing")
+
+
+# model.* fields that fix what a model takes and returns (same noise, same contexts)
+INPUT_MODEL_FIELDS = ("img_size", "in_chans", "num_classes", "clip_dim", "num_clip_token")
+
+
+def model_metadata(model: ModelConfig) -> dict[str, str]:
+    """Safetensors metadata recording the model config of the weights in the file
+    (`save_safetensors(..., metadata=model_metadata(cfg.model))`), read back by
+    `stored_model_config`."""
+    return {MODEL_METADATA_KEY: json.dumps(dataclasses.asdict(model), sort_keys=True)}
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """How the model of a weights file is chosen (`resolve_model`).
+
+    set_keys: the `model.*` fields the user set explicitly (`model_keys(--set values)`):
+    one that differs from the checkpoint's is refused. from_config: build the given
+    config's model even where the checkpoint records another (`--model-from-config`).
+    config_name: how notes and errors name the given config (its path).
+    """
+
+    set_keys: tuple[str, ...] = ()
+    from_config: bool = False
+    config_name: str = "the config"
+
+    @classmethod
+    def from_overrides(cls, overrides: Sequence[str], from_config: bool = False,
+                       config_name: str = "the config") -> ModelChoice:
+        """The choice of a command line: its `--set` values, flag and `--config` path."""
+        return cls(tuple(model_keys(overrides)), from_config, str(config_name))
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """The model config to build for a weights file, where it came from, and one line
+    stating the architecture and its source (printed once per checkpoint)."""
+
+    model: ModelConfig
+    source: str
+    note: str
+
+
+def model_keys(overrides: Sequence[str]) -> list[str]:
+    """The `model.*` fields named by `section.field=value` overrides, e.g. ["attention"]."""
+    keys = []
+    for item in overrides:
+        section, _, name = item.split("=", 1)[0].strip().partition(".")
+        if section == "model" and name and name not in keys:
+            keys.append(name)
+    return keys
+
+
+def stored_model_config(path: str | Path) -> tuple[ModelConfig, str] | None:
+    """The model config the weights at `path` were trained with, and where it was found.
+
+    A `.safetensors` file: its `uvic.model` metadata, else `config.json` in its folder (a
+    run folder beside its `ema.safetensors`, or a `checkpoints/step_N/` folder), else the
+    run folder's above `checkpoints/step_N/`. None for other formats (a released
+    `nnet_ema.pth` records no config) and for a file with none of these. A stored config
+    that cannot be read is a ConfigError naming it.
+    """
+    path = Path(path)
+    if path.suffix.lower() != ".safetensors":
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            stored = (f.metadata() or {}).get(MODEL_METADATA_KEY)
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from err
+    if stored is not None:
+        source = f"metadata of {path}"
+        try:
+            data = json.loads(stored)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{source}: {MODEL_METADATA_KEY} is not JSON ({err})") from err
+        return from_dict({"model": data}, source=source).model, source
+    # its own folder's, then (a checkpoint's file) its run's
+    for saved in dict.fromkeys([path.parent / RunFolder.CONFIG,
+                                RunFolder.of_weights(path).config]):
+        if saved.is_file():
+            return load_config(saved).model, str(saved)
+    return None
+
+
+def describe_model(model: ModelConfig) -> str:
+    """A short account of an architecture: attention (per block: S softmax, C cog,
+    E expressive), depth, width, image and patch size."""
+    modes = _field_value(model, "attention")
+    pattern = f" ({''.join(m[0].upper() for m in modes)})" if isinstance(modes, list) else ""
+    return (f"attention {model.attention}{pattern}, depth {model.depth}, embed_dim "
+            f"{model.embed_dim}, {model.img_size}x{model.img_size}x{model.in_chans} in "
+            f"patches of {model.patch_size}")
+
+
+def model_differences(a: ModelConfig, b: ModelConfig) -> list[str]:
+    """The architecture fields (all but RUNTIME_MODEL_FIELDS) where `a` and `b` differ;
+    attention patterns are compared block by block ("uvit" = "softmax,softmax,...")."""
+    names = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in RUNTIME_MODEL_FIELDS]
+    return [name for name in names if _field_value(a, name) != _field_value(b, name)]
+
+
+def _field_value(model: ModelConfig, name: str) -> object:
+    if name == "attention":
+        with contextlib.suppress(ValueError):
+            return resolve_attention(model.attention, model.depth)
+    return getattr(model, name)
+
+
+def _values(model: ModelConfig, keys: Sequence[str]) -> str:
+    return ", ".join(f"model.{k}={getattr(model, k)!r}" for k in keys)
+
+
+def resolve_model(cfg: Config, ckpt: str | Path, choice: ModelChoice | None = None
+                  ) -> ResolvedModel:
+    """The model config to build for the weights `ckpt` under `cfg` (rules in the module
+    docstring): the checkpoint's stored one (with cfg's RUNTIME_MODEL_FIELDS), or cfg's
+    for a file without one or under `choice.from_config`.
+
+    Raises ConfigError, one line, when a `model.*` field in `choice.set_keys` differs from
+    the checkpoint's, naming the keys, both values and both sources.
+    """
+    choice = choice or ModelChoice()
+    given, name = cfg.model, choice.config_name
+    if not Path(ckpt).is_file():
+        raise CheckpointError(f"checkpoint not found: {ckpt}")
+    stored = stored_model_config(ckpt)
+    if stored is None:
+        return ResolvedModel(given, name, f"{ckpt}: {describe_model(given)}, from {name} "
+                                          "(the file records no model config)")
+    saved, source = stored
+    diffs = model_differences(given, saved)
+    if choice.from_config:
+        note = f"{ckpt}: {describe_model(given)}, from {name} (--model-from-config)"
+        if diffs:
+            note += f"; the checkpoint's own ({source}) has {_values(saved, diffs)}"
+        return ResolvedModel(given, name, note)
+    conflicts = [k for k in choice.set_keys if k in diffs]
+    if conflicts:
+        raise ConfigError(
+            f"refusing to build {ckpt} with {_values(given, conflicts)} (--set): it was "
+            f"trained with {_values(saved, conflicts)} ({source}); drop the --set to use "
+            "the checkpoint's model, or pass --model-from-config to build the config's")
+    model = dataclasses.replace(saved, **{k: getattr(given, k) for k in RUNTIME_MODEL_FIELDS})
+    note = f"{ckpt}: {describe_model(model)}, from {source}"
+    if diffs:
+        note += f"; {name} has {_values(given, diffs)}, not used for this checkpoint"
+    return ResolvedModel(model, source, note)
+
+
+def check_same_inputs(models: Mapping[str, ModelConfig]) -> None:
+    """Refuse (ConfigError, one line) models that do not take the same inputs
+    (INPUT_MODEL_FIELDS): sampled from the same noise or guiding each other, they must."""
+    (first, a), *others = models.items()
+    for other, b in others:
+        diffs = [k for k in INPUT_MODEL_FIELDS if getattr(a, k) != getattr(b, k)]
+        if diffs:
+            raise ConfigError(f"{first} and {other} take different inputs ({_values(a, diffs)} "
+                              f"vs {_values(b, diffs)}); they cannot share the same noise")
