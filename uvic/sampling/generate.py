@@ -38,6 +38,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from uvic.config import Config, ConfigError, ModelConfig
+from uvic.data.checks import LATENT_DATASETS
 from uvic.data.datasets import load_empty_context, load_sample_prompts
 from uvic.diffusion.samplers import model_calls, run_sampler
 from uvic.diffusion.schedule import Diffusion
@@ -48,7 +49,6 @@ from uvic.run.weights import load_weights
 from uvic.sampling.checks import PRECISIONS
 from uvic.sampling.noise import make_noise, sample_generators
 
-LATENT_DATASETS = ("mscoco",)  # data whose model space is VAE latents, not pixels
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}  # of PRECISIONS
 
 # --------------------------------------------------------------------------- guidance
