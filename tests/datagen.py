@@ -13,6 +13,11 @@ tests/ on sys.path). Nothing here downloads anything.
   `*_folder` variants save them where `load_vae` / ``local-dir:`` open_clip loading find them.
 * `make_mscoco_features(root)` runs the real extraction on a tiny COCO with the tiny models
   (64 px images -> 4 x 8 x 8 latents, contexts 77 x 32).
+* `make_imagenet(root)` writes ILSVRC-2012's class-folder layout
+  (``<root>/train/<wnid>/<wnid>_<n>.JPEG``, mixed sizes, a grayscale and a PNG image);
+  `make_imagenet_features(root)` runs the real ImageNet extraction on it with the tiny VAE.
+* `make_celeba(root)` writes CelebA's ``img_align_celeba/*.jpg`` (178 x 218) and
+  ``list_eval_partition.txt``.
 """
 
 from __future__ import annotations
@@ -237,3 +242,94 @@ def make_mscoco_features(root: str | Path, n_images: dict[str, int] | None = Non
                             vae_name="tiny-vae", clip_model="tiny-clip", clip_pretrained="",
                             resolution=resolution, **kwargs)
     return root / "features"
+
+
+# --------------------------------------------------------------------------- ImageNet
+
+# (width, height): wide and tall, below and above twice a 16 or 64 px crop (ADM's BOX
+# halving), odd sides (its rounding and floored offsets)
+IMAGENET_SIZES = [(80, 60), (45, 71), (133, 131), (64, 64), (300, 129), (17, 23)]
+IMAGENET_WNIDS = ["n01440764", "n01443537", "n01484850", "n01491361", "n01494475"]
+
+
+def _picture(rng: np.random.Generator, width: int, height: int, k: int) -> Image.Image:
+    """A smooth random colour pattern with some noise (JPEG-friendly, not constant)."""
+    yy, xx = np.mgrid[0:height, 0:width]
+    base = rng.integers(0, 256, size=3)
+    pixels = (base + 70 * np.sin(xx[..., None] / (2 + k % 5) + yy[..., None] / 4 + k)
+              + rng.normal(0, 12, size=(height, width, 3)))
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+
+
+def make_imagenet(root: str | Path, per_class: tuple[int, ...] = (3, 2, 4), split: str = "train",
+                  seed: int = 0) -> dict[str, Any]:
+    """Write ``<root>/<split>/<wnid>/<wnid>_<n>.JPEG`` for ``len(per_class)`` classes (real
+    wnids, in shuffled creation order) with `per_class[c]` images each; the second image of
+    the first class is grayscale and one image of the last class is a ``.png``. A stray file
+    at the split level (``LOC_synset_mapping.txt``) is not a class.
+
+    Returns {"classes": wnids sorted, "files": paths in the release's order (class, then
+    file name), "labels": class index of each}.
+    """
+    rng = np.random.default_rng(seed)
+    folder = Path(root) / split
+    wnids = IMAGENET_WNIDS[:len(per_class)]
+    files: dict[str, list[Path]] = {}
+    k = 0
+    for c in rng.permutation(len(wnids)):
+        wnid = wnids[c]
+        (folder / wnid).mkdir(parents=True, exist_ok=True)
+        numbers = sorted(int(v) for v in rng.choice(np.arange(1, 20000), size=per_class[c],
+                                                           replace=False))
+        for j, number in enumerate(numbers):
+            width, height = IMAGENET_SIZES[k % len(IMAGENET_SIZES)]
+            image = _picture(rng, width, height, k)
+            suffix = ".png" if (c == len(wnids) - 1 and j == per_class[c] - 1) else ".JPEG"
+            if c == 0 and j == 1:
+                image = image.convert("L")
+            path = folder / wnid / f"{wnid}_{number}{suffix}"
+            image.save(path, **({"quality": 90} if suffix == ".JPEG" else {}))
+            files.setdefault(wnid, []).append(path)
+            k += 1
+    (folder / "LOC_synset_mapping.txt").write_text("\n".join(wnids) + "\n")
+    ordered = [(label, p) for label, wnid in enumerate(wnids)
+               for p in sorted(files[wnid], key=lambda p: p.name)]
+    return {"classes": wnids, "files": [p for _, p in ordered],
+            "labels": [label for label, _ in ordered]}
+
+
+def make_imagenet_features(root: str | Path, resolution: int = 64, seed: int = 0,
+                           imagenet: str | Path | None = None, **kwargs: Any) -> Path:
+    """The complete feature folder ``<root>/features`` of a tiny ImageNet (`imagenet`, else
+    `make_imagenet(<root>/imagenet, seed=seed)`) from the real extraction with
+    `tiny_vae(seed)`: latents 4 x res/8 x res/8. Extra kwargs go to `extract_features`."""
+    from uvic.data.imagenet_extraction import extract_features, list_splits
+
+    root = Path(root)
+    if imagenet is None:
+        imagenet = root / "imagenet"
+        make_imagenet(imagenet, seed=seed)
+    kwargs = {"chunk_size": 4, "batch_size": 2, "progress": False, **kwargs}
+    assert extract_features(list_splits(imagenet, ["train"]), root / "features",
+                            tiny_vae(seed), vae_name="tiny-vae", resolution=resolution,
+                            **kwargs)
+    return root / "features"
+
+
+# --------------------------------------------------------------------------- CelebA
+
+
+def make_celeba(root: str | Path, partitions: tuple[int, ...] = (0, 0, 1, 0, 2, 0),
+                seed: int = 0) -> list[str]:
+    """Write CelebA's ``<root>/img_align_celeba/<000001>.jpg`` (178 x 218, the aligned size)
+    and ``<root>/list_eval_partition.txt`` ("000001.jpg 0" per line), image i in partition
+    `partitions[i]` (0 train, 1 val, 2 test). Returns the file names."""
+    rng = np.random.default_rng(seed)
+    folder = Path(root) / "img_align_celeba"
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [f"{i + 1:06d}.jpg" for i in range(len(partitions))]
+    for k, name in enumerate(names):
+        _picture(rng, 178, 218, k).save(folder / name, quality=90)
+    lines = [f"{name} {part}" for name, part in zip(names, partitions)]
+    (Path(root) / "list_eval_partition.txt").write_text("\n".join(lines) + "\n")
+    return names

@@ -114,7 +114,7 @@ def test_dataset_shape_must_fit_the_model(cifar: SimpleNamespace) -> None:
         build_dataset(make_cfg("data.name=cifar10", f"data.root={cifar.root}",
                                "model.img_size=16"))
     with pytest.raises(ConfigError, match=r"data\.name"):
-        build_dataset(make_cfg("data.name=imagenet"))
+        build_dataset(make_cfg("data.name=lsun"))
     with pytest.raises(ValueError, match="split"):
         build_dataset(make_cfg("data.name=shapes", "data.num_images=2"), "holdout")
 

@@ -64,9 +64,11 @@ def inputs(kind: str, batch: int = 2, dtype: torch.dtype = torch.float32, seed: 
 def release_keys(
     img_size: int, patch_size: int, in_chans: int, embed_dim: int, depth: int,
     mlp_ratio: float = 4.0, qkv_bias: bool = False, mlp_time_embed: bool = False,
-    num_classes: int = -1, clip_dim: int = 0, num_clip_token: int = 77, **_: object,
+    num_classes: int = -1, clip_dim: int = 0, num_clip_token: int = 77, conv: bool = True,
+    **_: object,
 ) -> dict[str, tuple[int, ...]]:
-    """Parameter names -> shapes of the released U-ViT, from docs/conventions.md."""
+    """Parameter names -> shapes of the released U-ViT, from docs/conventions.md (its H
+    models have `conv=False`: no final 3x3 convolution)."""
     D, p, C = embed_dim, patch_size, in_chans
     hidden = int(D * mlp_ratio)
     extras = 1 + (num_classes > 0) + (num_clip_token if clip_dim > 0 else 0)
@@ -102,8 +104,9 @@ def release_keys(
     for i in range(depth // 2):
         block(f"out_blocks.{i}", skip=True)
     keys |= {"norm.weight": (D,), "norm.bias": (D,),
-             "decoder_pred.weight": (p * p * C, D), "decoder_pred.bias": (p * p * C,),
-             "final_layer.weight": (C, C, 3, 3), "final_layer.bias": (C,)}
+             "decoder_pred.weight": (p * p * C, D), "decoder_pred.bias": (p * p * C,)}
+    if conv:
+        keys |= {"final_layer.weight": (C, C, 3, 3), "final_layer.bias": (C,)}
     return keys
 
 
@@ -184,6 +187,8 @@ def ref_uvit(sd: dict[str, Tensor], arch: dict, modes: list[str], x, t, context=
         h = block(h, names[half + 1 + i], modes[half + 1 + i], skip=stack.pop())
     h = lin(ln(h, "norm"), "decoder_pred")[:, extras:]  # (B, n*n, p*p*C), features (p1 p2 C)
     img = h.reshape(B, n, n, p, p, C).permute(0, 5, 1, 3, 2, 4).reshape(B, C, H, H)
+    if "final_layer.weight" not in sd:  # conv=False
+        return img
     return F.conv2d(img, sd["final_layer.weight"], sd["final_layer.bias"], padding=1)
 
 

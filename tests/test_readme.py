@@ -47,6 +47,7 @@ from datagen import (
     fake_cifar10_checksums,
     make_cifar10,
     make_coco,
+    make_imagenet,
     make_mscoco_features,
     tiny_clip_folder,
     tiny_vae_folder,
@@ -108,6 +109,8 @@ MSCOCO_MODEL = sets("model.img_size=8", "model.patch_size=2", "model.embed_dim=3
 # The VAE and CLIP text encoder, random and tiny, from local folders (no download).
 MSCOCO_OFFLINE = sets("data.vae={assets}/vae", "data.clip_model=local-dir:{assets}/clip",
                       "data.clip_pretrained=")
+IMAGENET_OFFLINE = ("--device", "cpu", "--vae", "{assets}/vae", "--resolution", "64",
+                    "--workers", "0", "--no-progress")
 # Two steps, a checkpoint and a sample grid; fp32 (the paper configs' fp16 needs a GPU).
 TRAIN = sets("train.mixed_precision=no", "data.num_workers=0", "train.max_steps=2",
              "train.batch_size=4", "train.log_every=1", "train.ckpt_every=2",
@@ -177,6 +180,16 @@ def keeps_step_1(ws: Path, proc: subprocess.CompletedProcess) -> None:
 def features_complete(ws: Path, proc: subprocess.CompletedProcess) -> None:
     assert "features complete in data/mscoco_features" in proc.stdout
     assert (ws / "data/mscoco_features/val").is_dir()
+
+
+def imagenet_features_complete(resolution: int) -> Callable[[Path, subprocess.CompletedProcess],
+                                                               None]:
+    def check(ws: Path, proc: subprocess.CompletedProcess) -> None:
+        folder = f"data/imagenet{resolution}_features"
+        assert f"features complete in {folder}" in proc.stdout
+        assert "train: 9 images in 3 classes" in proc.stdout
+        assert json.loads((ws / folder / "train/progress.json").read_text())["complete"]
+    return check
 
 
 def writes(*paths: str) -> Callable[[Path, subprocess.CompletedProcess], None]:
@@ -339,6 +352,13 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
         Run(("--device", "cpu", "--vae", "{assets}/vae", "--clip-model",
              "local-dir:{assets}/clip", "--clip-pretrained", "", "--resolution", "64",
              "--workers", "0", "--no-progress"), ("coco",), check=features_complete),
+    # on the CPU with the tiny local VAE, 64 px crops (8x8 latents) of a tiny ImageNet
+    "python scripts/extract_imagenet_features.py --imagenet data/imagenet --out "
+    "data/imagenet256_features --resolution 256":
+        Run(IMAGENET_OFFLINE, ("imagenet",), check=imagenet_features_complete(256)),
+    "python scripts/extract_imagenet_features.py --imagenet data/imagenet --out "
+    "data/imagenet512_features --resolution 512":
+        Run(IMAGENET_OFFLINE, ("imagenet",), check=imagenet_features_complete(512)),
     "accelerate launch --multi_gpu --num_processes 4 --mixed_precision fp16 "
     "scripts/train.py --config configs/mscoco_uvic.py":
         NotHere(ACCELERATE_GPUS.format(n=4), MSCOCO_MODEL + MSCOCO_OFFLINE + TRAIN),
@@ -446,7 +466,7 @@ class Assets:
         for source, target in PLACES[need]:
             source, target = self.root / source, ws / target
             target.parent.mkdir(parents=True, exist_ok=True)
-            if source.is_dir() and source.name in ("cifar10", "coco", "features"):
+            if source.is_dir() and source.name in ("cifar10", "coco", "features", "imagenet"):
                 target.symlink_to(source)  # read-only data
             elif source.is_dir():
                 shutil.copytree(source, target)  # runs: commands resume and overwrite them
@@ -467,6 +487,11 @@ class Assets:
         if not (self.root / "vae").exists():
             tiny_vae_folder(self.root / "vae")
             tiny_clip_folder(self.root / "clip")
+
+    def make_imagenet(self) -> None:
+        if self.once("imagenet"):
+            self.make_models()
+            make_imagenet(self.root / "imagenet")
 
     def make_coco(self) -> None:
         if self.once("coco"):
@@ -539,6 +564,7 @@ class Assets:
 PLACES: dict[str, list[tuple[str, str]]] = {
     "cifar10": [("cifar10", "data/cifar10")],
     "coco": [("coco", "data/coco")],
+    "imagenet": [("imagenet", "data/imagenet")],
     "cifar10 runs": [("runs/cifar10_uvic", "runs/cifar10_uvic"),
                      ("runs/cifar10_uvit", "runs/cifar10_uvit")],
     "mscoco run": [("features", "data/mscoco_features"), ("runs/mscoco_uvic", "runs/mscoco_uvic")],

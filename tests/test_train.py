@@ -200,6 +200,40 @@ def test_diffusion_loss_is_noise_mse_with_caption_dropping():
     assert torch.equal(model.calls[0]["t"], k.float() + 1)  # network sees n = k + 1
 
 
+class LabelRecordingModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.labels: list[torch.Tensor] = []
+
+    def forward(self, x, t, y=None):
+        self.labels.append(y)
+        return 0.5 * x
+
+
+def test_class_labels_are_dropped_to_the_null_class():
+    """Classifier-free training of a class-conditional model (the release's ImageNet 256:
+    p_uncond 0.15, null class = the last id): each label becomes the null class with
+    probability p_uncond, drawn first from the step's generator; without a null class
+    the dropping is refused rather than silently skipped."""
+    cfg = load_config(REPO / "configs" / "mscoco_uvit.py")
+    diffusion = Diffusion(cfg.diffusion)
+    n, null = 4000, 1000
+    y = torch.randint(0, null, (n,), generator=torch.Generator().manual_seed(1))
+    batch = {"x": torch.randn(n, 4, 2, 2), "y": y}
+    model = LabelRecordingModel()
+    diffusion_loss(model, diffusion, batch, torch.Generator().manual_seed(7), p_uncond=0.15,
+                   null_class=null)
+    drop = torch.rand(n, generator=torch.Generator().manual_seed(7)) < 0.15
+    seen = model.labels[0]
+    assert torch.equal(seen[drop], torch.full((int(drop.sum()),), null))
+    assert torch.equal(seen[~drop], y[~drop])
+    assert 0.13 < drop.float().mean() < 0.17
+    with pytest.raises(ValueError, match="null class"):
+        diffusion_loss(model, diffusion, batch, torch.Generator(), p_uncond=0.15)
+    diffusion_loss(model, diffusion, batch, torch.Generator().manual_seed(7), p_uncond=0.0)
+    assert torch.equal(model.labels[-1], y)  # p_uncond 0: labels as they are
+
+
 @pytest.mark.parametrize("config", ["cifar10_uvit.py", "mscoco_uvit.py"])
 def test_min_snr_weighting_matches_formula(config):
     """diffusion.min_snr_gamma = 5: each sample's noise MSE times min(SNR, 5) / SNR, with

@@ -20,7 +20,8 @@ TINY_MODEL = ["model.img_size=8", "model.embed_dim=32", "model.depth=2", "model.
 
 # One broken rule per case: override -> the whole message.
 MESSAGES = [
-    ("data.name=imagenet", "data.name='imagenet' must be one of ('cifar10', 'mscoco', 'shapes')"),
+    ("data.name=lsun", "data.name='lsun' must be one of ('cifar10', 'mscoco', 'shapes', "
+     "'imagenet', 'imagenet_features', 'celeba')"),
     ("data.num_workers=-1", "data.num_workers=-1 must be >= 0"),
     ("diffusion.schedule=cosine", "diffusion.schedule='cosine' must be one of "
      "('vp_continuous', 'scaled_linear')"),

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from uvic.config import DataConfig, require
 
-DATASETS = ("cifar10", "mscoco", "shapes")
+DATASETS = ("cifar10", "mscoco", "shapes", "imagenet", "imagenet_features", "celeba")
+# Data whose model space is VAE latents, not pixels (samples are decoded before viewing).
+LATENT_DATASETS = ("mscoco", "imagenet_features")
 
 
 def check_data(data: DataConfig) -> None:

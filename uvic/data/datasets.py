@@ -3,7 +3,9 @@
 Every dataset yields dicts ``{"x": FloatTensor (C, H, W)}`` in the model's input space:
 pixels in [-1, 1] for CIFAR-10 and Shapes, scaled Stable Diffusion latents for MS-COCO,
 which also carries ``"context": FloatTensor (77, 768)`` (CLIP token states of one of the
-image's captions, drawn at random each time).
+image's captions, drawn at random each time). ImageNet (pixels and latent features, with
+class labels under ``"y"``) and CelebA live in `uvic.data.imagenet` and `uvic.data.celeba`;
+`build_dataset` dispatches to all of them.
 
 MS-COCO features are written by ``scripts/extract_mscoco_features.py`` in this layout::
 
@@ -32,7 +34,10 @@ from torch.utils.data import Dataset
 from torchvision import datasets, transforms
 
 from uvic.config import Config, ConfigError
+from uvic.data.base import DatasetError, to_signed
+from uvic.data.celeba import CelebAImages
 from uvic.data.checks import check_data
+from uvic.data.imagenet import build_imagenet
 from uvic.models.autoencoder import sample_from_moments
 
 SPLITS = ("train", "val", "test")
@@ -51,16 +56,6 @@ PROGRESS_FILE = "progress.json"
 EXTRACT_HINT = "run `python scripts/extract_mscoco_features.py --coco data/coco --out {root}`"
 
 CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
-
-
-class DatasetError(FileNotFoundError):
-    """Data files are missing or unusable; the message names the path and the fix."""
-
-
-def to_signed(images_uint8: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """uint8 (..., H, W, C) -> float32 (..., C, H, W) in [-1, 1]."""
-    x = torch.tensor(np.asarray(images_uint8), dtype=torch.float32)  # a copy
-    return (x / 127.5 - 1.0).movedim(-1, -3).contiguous()
 
 
 # --------------------------------------------------------------------------- CIFAR-10
@@ -328,9 +323,13 @@ def build_dataset(cfg: Config, split: str = "train") -> Dataset:
     elif data.name == "shapes":
         dataset = ShapesDataset(data.num_images, size=model.img_size, seed=SHAPES_SEEDS[split],
                                 flip=flip)
-    else:  # mscoco
+    elif data.name == "mscoco":
         dataset = MSCOCOFeatures(data.root, "val" if split == "test" else split,
                                  scale_factor=data.scale_factor)
+    elif data.name == "celeba":
+        dataset = CelebAImages(data.root, split, model.img_size, flip=flip)
+    else:  # imagenet, imagenet_features
+        dataset = build_imagenet(cfg, split, flip)
     _check_fits_model(dataset, cfg)
     return dataset
 
@@ -353,3 +352,12 @@ def _check_fits_model(dataset: Any, cfg: Config) -> None:
     elif m.clip_dim > 0:
         raise ConfigError(f"model.clip_dim={m.clip_dim} (text-to-image) but data.name="
                           f"{cfg.data.name!r} has no captions")
+    if m.num_classes > 0:  # the classes, or the classes and the classifier-free null class
+        classes = getattr(dataset, "num_classes", None)
+        if classes is None:
+            raise ConfigError(f"model.num_classes={m.num_classes} (class-conditional) but "
+                              f"data.name={cfg.data.name!r} gives no class labels")
+        if m.num_classes not in (classes, classes + 1):
+            raise ConfigError(f"model.num_classes={m.num_classes} but data.root={cfg.data.root} "
+                              f"has {classes} classes: set {classes}, or {classes + 1} with "
+                              "the classifier-free null class")

@@ -131,11 +131,14 @@ def diffusion_loss(
     *,
     empty_context: Tensor | None = None,
     p_uncond: float = 0.0,
+    null_class: int | None = None,
 ) -> Tensor:
     """Noise-prediction MSE of `model` on `batch` ({"x", optional "context", "y"}).
 
-    With a "context" and p_uncond > 0, each sample's context is replaced by
-    `empty_context` (L, D) with probability p_uncond (drawn from `generator` first).
+    Classifier-free training: with p_uncond > 0, each sample's condition is dropped with
+    probability p_uncond (drawn from `generator` first): a "context" is replaced by
+    `empty_context` (L, D), a class label "y" by `null_class` (the release's ImageNet
+    models reserve the last class id for it).
     With `diffusion.cfg.min_snr_gamma` > 0, each sample's MSE is weighted by
     min(SNR, gamma) / SNR at its noise level before the batch mean.
     """
@@ -150,8 +153,14 @@ def diffusion_loss(
             empty = empty_context.to(device=context.device, dtype=context.dtype)
             context = torch.where(drop[:, None, None], empty[None], context)
         kwargs["context"] = context
-    if batch.get("y") is not None:
-        kwargs["y"] = batch["y"]
+    y = batch.get("y")
+    if y is not None:
+        if p_uncond > 0:
+            if null_class is None:
+                raise ValueError("p_uncond > 0 with class labels needs the null class")
+            drop = torch.rand(x0.shape[0], generator=generator, device=x0.device) < p_uncond
+            y = torch.where(drop, torch.full_like(y, null_class), y)
+        kwargs["y"] = y
     x_t, net_t, noise = diffusion.training_inputs(x0, generator)
     pred = model(x_t, net_t, **kwargs)
     gamma = diffusion.cfg.min_snr_gamma

@@ -36,7 +36,9 @@ def load_vae(
     """Load a diffusers `AutoencoderKL` from a local folder or a Hub name, frozen, in eval mode.
 
     A local folder holds ``config.json`` and the weights (or is a Stable Diffusion pipeline
-    folder with a ``vae/`` subfolder). Hub names use the local cache first, then the network.
+    folder with a ``vae/`` subfolder). Hub names use the local cache first, then the network;
+    ``owner/name/subfolder`` names a pipeline's VAE (e.g. ``CompVis/stable-diffusion-v1-4/vae``,
+    Stable Diffusion's own autoencoder).
     """
     path = Path(name_or_path).expanduser()
     if path.exists():
@@ -44,16 +46,18 @@ def load_vae(
         if subfolder is None and not (path / "config.json").is_file():
             raise VAELoadError(f"VAE folder {path} has no config.json; {_hint(name_or_path)}")
         vae = AutoencoderKL.from_pretrained(path, subfolder=subfolder, torch_dtype=dtype)
-    elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
+    elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") not in (1, 2):
         raise VAELoadError(f"VAE folder not found: {path}; {_hint(name_or_path)}")
     else:
+        owner, name, *sub = name_or_path.split("/")
+        repo, subfolder = f"{owner}/{name}", (sub[0] if sub else None)
         try:  # the Hub cache first: no network round trips when it is already there
             vae = AutoencoderKL.from_pretrained(
-                name_or_path, torch_dtype=dtype, local_files_only=True
+                repo, subfolder=subfolder, torch_dtype=dtype, local_files_only=True
             )
         except (OSError, ValueError):
             try:
-                vae = AutoencoderKL.from_pretrained(name_or_path, torch_dtype=dtype)
+                vae = AutoencoderKL.from_pretrained(repo, subfolder=subfolder, torch_dtype=dtype)
             except (OSError, ValueError) as err:
                 raise VAELoadError(
                     f"VAE {name_or_path!r} is neither a local folder nor loadable from the "

@@ -12,10 +12,9 @@ import torch
 from torch import nn
 
 from uvic.config import Config
+from uvic.data.checks import LATENT_DATASETS
 from uvic.data.datasets import EMPTY_CONTEXT_FILE, load_empty_context, load_sample_prompts
 from uvic.models.autoencoder import decode_latents, load_vae
-
-LATENT_DATASETS = ("mscoco",)  # data whose model space is VAE latents, not pixels
 
 
 def is_latent(cfg: Config) -> bool:

@@ -123,6 +123,7 @@ class Trainer:
         self.empty_context = None
         if cfg.model.clip_dim > 0 and cfg.diffusion.p_uncond > 0:
             self.empty_context = load_empty_context(cfg).to(self.device)
+        self.null_class = cfg.model.num_classes - 1 if cfg.model.num_classes > 0 else None
         set_seed(t.seed)  # the initial weights depend on the seed only
         try:
             model = build_model(cfg.model)
@@ -195,7 +196,8 @@ class Trainer:
                         loss = diffusion_loss(self.model, self.diffusion, batch,
                                               self.noise_generator,
                                               empty_context=self.empty_context,
-                                              p_uncond=self.cfg.diffusion.p_uncond)
+                                              p_uncond=self.cfg.diffusion.p_uncond,
+                                              null_class=self.null_class)
                         acc.backward(loss)
                         if acc.sync_gradients and (clip > 0 or log_now):
                             grad_norm = acc.clip_grad_norm_(self.model.parameters(),

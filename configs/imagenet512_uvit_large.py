@@ -1,0 +1,25 @@
+"""ImageNet 512x512 class-conditional U-ViT-L/4: imagenet256_uvit_large.py on 4x64x64 latents.
+
+Against configs/imagenet256_uvit_large.py, the release's configs/imagenet512_uvit_large.py
+changes the latents (64x64, from 512x512 crops: `uvic-extract-imagenet --resolution 512`),
+the patch size (4, so the same 256 tokens), the steps (500k), the guidance scale (0.7) and
+the reference statistics; same continuous-time training (train_ldm.py) and evaluation
+(eval_ldm.py).
+"""
+
+from pathlib import Path
+
+from uvic.config import Config, load_config
+
+
+def get_config() -> Config:
+    """U-ViT-L/4 on 4x64x64 latents of 512x512 ImageNet, 500k steps of batch 1024."""
+    return load_config(Path(__file__).with_name("imagenet256_uvit_large.py"), [
+        "model.img_size=64", "model.patch_size=4",  # U-ViT-L/4: 286.9M
+        "data.root=data/imagenet512_features",
+        "train.max_steps=500000",
+        "sample.cfg_scale=0.7",  # the release's scale; diffusers' guidance_scale = 1.7
+        "eval.ref_stats=data/fid_stats/fid_stats_imagenet512_guided_diffusion.npz",
+        "eval.ref_res=512",
+        "name=imagenet512_uvit_large", "train.output_dir=runs/imagenet512_uvit_large",
+    ])

@@ -1,0 +1,93 @@
+"""Extract ImageNet 256 / 512 latent features for the release's latent configs (resumable).
+
+    uvic-extract-imagenet --imagenet data/imagenet --out data/imagenet256_features --resolution 256
+    uvic-extract-imagenet --imagenet data/imagenet --out data/imagenet512_features --resolution 512
+
+Reads ``<imagenet>/train/<wnid>/*.JPEG`` (ILSVRC-2012 in class folders; class index = sorted
+wnid order), crops every image the release's way at `--resolution` and stores the Stable
+Diffusion VAE's posterior moments of the crop and of its mirror image, with the labels
+(layout: `uvic.data.imagenet`; `configs/imagenet256_*.py` and `imagenet512_*.py` read it as
+`data.root`). Run it again after an interruption: committed chunks are kept. A missing or
+empty class folder or an unreadable image is named in one line before or when it is met
+(`--skip-corrupt` records unreadable images and leaves them out instead). Also
+``python scripts/extract_imagenet_features.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from uvic.cli import positive_int
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--imagenet", required=True,
+                   help="ImageNet root holding the split folders (train/<wnid>/*.JPEG)")
+    p.add_argument("--out", required=True, help="output feature folder (data.root)")
+    p.add_argument("--resolution", type=positive_int, default=256,
+                   help="crop side in pixels, a multiple of 8 (256 or 512: latents /8)")
+    p.add_argument("--splits", nargs="+", default=["train"],
+                   help="split folders under --imagenet, each in class folders (the release "
+                   "extracts train)")
+    p.add_argument("--vae", default=None, help="diffusers AutoencoderKL hub name or folder "
+                   "(default: uvic.models.autoencoder.DEFAULT_VAE, stabilityai/sd-vae-ft-ema, "
+                   "whose encoder is Stable Diffusion's)")
+    p.add_argument("--batch-size", type=positive_int, default=64,
+                   help="images per VAE batch (each encoded with its mirror image)")
+    p.add_argument("--chunk-size", type=positive_int, default=1000,
+                   help="images per committed chunk")
+    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                   help="image decoding processes")
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available)")
+    p.add_argument("--per-class", type=positive_int, default=None,
+                   help="only the first N images of every class (a quick subset)")
+    p.add_argument("--moments-dtype", default="float32", choices=["float32", "float16"],
+                   help="stored moments (float32 as the release; float16 halves the disk: "
+                   "ImageNet 256 takes 84 GB in float32, 512 takes 336 GB)")
+    p.add_argument("--skip-corrupt", action="store_true",
+                   help="skip unreadable images (recorded in progress.json) instead of failing")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    if args.resolution % 8:
+        p.error(f"--resolution must be a multiple of 8 (the VAE downsamples by 8), got "
+                f"{args.resolution}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status (2: an error, named in one line)."""
+    args = parse_args(argv)
+    import torch  # here: --help needs no torch
+
+    from uvic.data.base import DatasetError
+    from uvic.data.imagenet_extraction import extract_features, list_splits
+    from uvic.models.autoencoder import DEFAULT_VAE, VAELoadError, load_vae
+
+    vae_name = args.vae or DEFAULT_VAE
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        listings = list_splits(args.imagenet, args.splits, args.per_class)  # before the VAE
+        vae = load_vae(vae_name, device)
+        extract_features(
+            listings, args.out, vae, vae_name=vae_name, resolution=args.resolution,
+            per_class=args.per_class, moments_dtype=args.moments_dtype,
+            batch_size=args.batch_size, chunk_size=args.chunk_size, num_workers=args.workers,
+            skip_corrupt=args.skip_corrupt, progress=not args.no_progress,
+        )
+    except (DatasetError, VAELoadError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    latent = args.resolution // 8
+    for split, listing in listings.items():
+        print(f"{split}: {len(listing)} images in {len(listing.classes)} classes, latents "
+              f"4x{latent}x{latent} of each and of its mirror image")
+    print(f"features complete in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
