@@ -34,12 +34,13 @@ PACKAGES = {"uvic": REPO / "uvic", "uvic_kernels": REPO / "kernels"}
 # docs/architecture.md, "Layers", lowest first: a module imports only from its own layer
 # or lower ones. A name matches a module and everything under it.
 LAYERS: list[tuple[str, ...]] = [
-    ("uvic_kernels", "uvic.config", "uvic.seeds", "uvic.run.files"),
+    ("uvic_kernels", "uvic.config", "uvic.config_compare", "uvic.presets", "uvic.seeds",
+     "uvic.run.files"),
     ("uvic.models.checks", "uvic.data.checks", "uvic.diffusion.checks", "uvic.sampling.checks",
      "uvic.training.checks", "uvic.evaluation.checks", "uvic.validation"),
     ("uvic.models", "uvic.diffusion", "uvic.data"),
     ("uvic.run", "uvic.sampling", "uvic.training"),
-    ("uvic.evaluation", "uvic.analysis"),
+    ("uvic.evaluation", "uvic.analysis", "uvic.pipelines"),
     ("uvic.cli",),
 ]
 PUBLIC_API = "uvic"  # uvic/__init__.py, a facade over all layers: in the top one (exactly)

@@ -20,7 +20,8 @@ import torch
 from datagen import tiny_vae
 from test_model import random_release_state_dict, ref_uvit, release_keys
 
-from uvic.config import Config, config_diff, load_config
+from uvic.config import Config, load_config
+from uvic.config_compare import config_diff
 from uvic.diffusion.samplers import run_sampler
 from uvic.diffusion.schedule import Diffusion
 from uvic.models.autoencoder import decode_latents

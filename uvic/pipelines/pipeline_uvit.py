@@ -210,11 +210,7 @@ class UViTPipeline(DiffusionPipeline):
         n = cond.pop("n")
         s = self._guidance(guidance_scale, cfg_scale, conditional=bool(cond))
         if s != 0.0 and "y" in cond:
-            if self.config.null_class is None:
-                raise ValueError(f"guidance (cfg_scale={s}) of a class-conditional model needs "
-                                 "its null class: set the pipeline's null_class "
-                                 "(uvic-export --null-class), or guidance_scale=1")
-            cond["uncond_y"] = self.config.null_class
+            cond["uncond_y"] = self._null_class(s)
         m = self.transformer.config
         noise = self._initial_noise(n, (m.in_chans, m.img_size, m.img_size), generator,
                                     latents, device)
@@ -228,18 +224,22 @@ class UViTPipeline(DiffusionPipeline):
                 self.transformer, self.diffusion, noise, cfg_scale=s, scheduler=scheduler,
                 steps=num_inference_steps, order=order, generator=generator,
                 on_step=bar.update, **cond)
-        if output_type == "latent":
-            images = x0
-        else:
-            images = model_to_pixels(x0, self.vae, self.config.scale_factor)
-            if output_type == "np":
-                images = images.permute(0, 2, 3, 1).cpu().numpy()
-            elif output_type == "pil":
-                images = [PIL.Image.fromarray(a) for a in to_uint8(images).numpy()]
+        images = self._output(x0, output_type)
         self.maybe_free_model_hooks()
         if not return_dict:
             return (images,)
         return ImagePipelineOutput(images=images)
+
+    def _output(self, x0: torch.Tensor, output_type: str):
+        """Model-space samples as `output_type` (see `__call__`)."""
+        if output_type == "latent":
+            return x0
+        images = model_to_pixels(x0, self.vae, self.config.scale_factor)
+        if output_type == "np":
+            return images.permute(0, 2, 3, 1).cpu().numpy()
+        if output_type == "pil":
+            return [PIL.Image.fromarray(a) for a in to_uint8(images).numpy()]
+        return images
 
     # ------------------------------------------------------------------ inputs
 
@@ -327,6 +327,14 @@ class UViTPipeline(DiffusionPipeline):
             raise ValueError(f"guidance (cfg_scale={s}, guidance_scale={s + 1}) needs a "
                              "conditional model; this U-ViT is unconditional")
         return s
+
+    def _null_class(self, s: float) -> int:
+        """The class id guided away from (the release's ImageNet models: the last one)."""
+        if self.config.null_class is None:
+            raise ValueError(f"guidance (cfg_scale={s}) of a class-conditional model needs "
+                             "its null class: set the pipeline's null_class "
+                             "(uvic-export --null-class), or guidance_scale=1")
+        return self.config.null_class
 
     def _initial_noise(
         self, n: int, shape: tuple[int, ...], generator, latents: torch.Tensor | None,

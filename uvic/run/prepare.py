@@ -31,12 +31,11 @@ from uvic.config import (
     RESUMES_KEY,
     Config,
     ConfigError,
-    config_changes,
-    config_diff,
     from_dict,
     load_config,
     to_dict,
 )
+from uvic.config_compare import config_changes, config_diff
 from uvic.run.files import truncate_log, write_json
 from uvic.run.folder import RunFolder
 

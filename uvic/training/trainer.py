@@ -5,9 +5,8 @@
 
 Objective (docs/conventions.md): draw a noise level and noise with the run's schedule
 (`uvic.diffusion.schedule.Diffusion.training_inputs`, the same object the sampler is built from),
-predict the noise, mean squared error. Text-to-image runs replace each caption's context
-by the empty-prompt context with probability `diffusion.p_uncond` (classifier-free
-guidance). Optimiser and EMA follow the U-ViT release: AdamW on all parameters (its
+predict the noise, mean squared error. Conditional runs drop each caption (to the empty
+prompt) or class label (to the null class) with probability `diffusion.p_uncond`. Optimiser and EMA follow the U-ViT release: AdamW on all parameters (its
 optimizer ignores the model's `no_weight_decay()`), LR warm-up `min(step / warmup, 1)`
 from step 0, EMA started as an exact copy and updated after every optimizer step.
 
@@ -53,7 +52,8 @@ from accelerate.utils import broadcast_object_list, set_seed
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from uvic.config import Config, ConfigError, flat_dict
+from uvic.config import Config, ConfigError
+from uvic.config_compare import flat_dict
 from uvic.data.datasets import build_dataset, load_empty_context
 from uvic.data.order import seeded_loader
 from uvic.diffusion.schedule import Diffusion, diffusion_loss
