@@ -280,7 +280,8 @@ def test_default_backend_runs_the_kernel():
 def test_readme_example(monkeypatch):
     """The README's "Use with diffusers" example, with a tiny DiT for the hub model."""
     section = README.split("## Use with diffusers", 1)[1].split("\n## ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    code = next(block for block in re.findall(r"```python\n(.*?)```", section, flags=re.S)
+                if "set_cog_attention" in block)
     loaded = []
 
     def from_pretrained(name, **kwargs):
