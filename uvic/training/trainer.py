@@ -4,11 +4,12 @@
     accelerate launch scripts/train.py --config configs/cifar10_uvic.py --resume latest
 
 Objective (docs/conventions.md): draw a noise level and noise with the run's schedule
-(`uvic.diffusion.schedule.Diffusion.training_inputs`, the same object the sampler is built from),
-predict the noise, mean squared error. Conditional runs drop each caption (to the empty
-prompt) or class label (to the null class) with probability `diffusion.p_uncond`. Optimiser and EMA follow the U-ViT release: AdamW on all parameters (its
-optimizer ignores the model's `no_weight_decay()`), LR warm-up `min(step / warmup, 1)`
-from step 0, EMA started as an exact copy and updated after every optimizer step.
+(`uvic.diffusion.schedule.Diffusion.training_inputs`, the object the sampler is built
+from), predict the noise, mean squared error. Conditional runs drop each caption (to the
+empty prompt) or class label (to the null class) with probability `diffusion.p_uncond`.
+Optimiser and EMA follow the U-ViT release: AdamW on all parameters (its optimizer ignores
+the model's `no_weight_decay()`), LR warm-up `min(step / warmup, 1)` from step 0, EMA
+started as an exact copy and updated after every optimizer step.
 
 Exact resumption: everything random in a step is a pure function of the seed and the
 position in the run (`uvic.data.order`: data order, item augmentations, noise), so a killed
