@@ -1,7 +1,6 @@
 """The training loop: one loop for every dataset and model, run through Accelerate.
 
-    accelerate launch scripts/train.py --config configs/cifar10_uvic.py [--set k=v ...]
-    accelerate launch scripts/train.py --config configs/cifar10_uvic.py --resume latest
+    accelerate launch scripts/train.py --config configs/cifar10_uvic.py [--resume latest]
 
 Objective (docs/conventions.md): draw a noise level and noise with the run's schedule
 (`uvic.diffusion.schedule.Diffusion.training_inputs`, the object the sampler is built
