@@ -160,8 +160,26 @@ def sample_images(
 
 def effective_cfg_scale(cfg: Config) -> float:
     """The guidance s of `eps = c + s (c - u)` for this config: `sample.cfg_scale` for
-    text-conditional models, 0 for the others. (diffusers' `guidance_scale` is s + 1.)"""
-    return cfg.sample.cfg_scale if cfg.model.clip_dim > 0 else 0.0
+    text-conditional models and for class-conditional ones trained with a null class
+    (`diffusion.p_uncond` > 0), 0 for the others. (diffusers' `guidance_scale` is s + 1.)"""
+    m = cfg.model
+    guided = m.clip_dim > 0 or (m.num_classes > 0 and cfg.diffusion.p_uncond > 0)
+    return cfg.sample.cfg_scale if guided else 0.0
+
+
+def class_conditions(cfg: Config, indices: Sequence[int],
+                     device: torch.device | str = "cpu") -> dict[str, torch.Tensor | int]:
+    """`sample_images`' class arguments for samples `indices` of a class-conditional model
+    ({} for the others): sample i shows class i mod K, K the real classes (all ids but the
+    null class, the last, when the model was trained with one), so any batching gives the
+    same images and N samples cover the classes evenly; guided against the null class."""
+    m = cfg.model
+    if m.num_classes <= 0:
+        return {}
+    has_null = cfg.diffusion.p_uncond > 0
+    real = m.num_classes - 1 if has_null else m.num_classes
+    y = torch.tensor([i % real for i in indices], dtype=torch.long, device=device)
+    return {"y": y, "uncond_y": m.num_classes - 1} if has_null else {"y": y}
 
 
 def autocast(
@@ -210,7 +228,8 @@ class SampleGrid:
                 model, diffusion, noise, context=self.context,
                 uncond_context=self.assets.uncond, cfg_scale=effective_cfg_scale(self.cfg),
                 scheduler=s.scheduler, steps=s.steps, order=s.order, generator=gens,
-                scheduler_kwargs=s.scheduler_kwargs)
+                scheduler_kwargs=s.scheduler_kwargs,
+                **class_conditions(self.cfg, range(self.n), self.device))
         return self.assets.to_pixels(x0)
 
 
@@ -235,7 +254,8 @@ def generate(
     """Sample the images with global indices `indices` in batches of cfg.sample.batch_size.
 
     Yields (indices, images in [0, 1] on the CPU). Sampler settings come from cfg.sample
-    (scheduler, steps, order, cfg_scale; guidance only for text-conditional models;
+    (scheduler, steps, order, cfg_scale: see `effective_cfg_scale`; class labels from
+    `class_conditions`;
     autoguidance_scale with the weaker model `guide`, see `load_guide`); the noise shape
     from cfg.model, which must be `model`'s. `context_fn(indices) -> (b, L, D)` gives the
     text context of each sample. Sample i is seeded by (seed, i) (`SampleGenerator`), so
@@ -263,7 +283,7 @@ def generate(
                     cfg_scale=scale, scheduler=s.scheduler, steps=s.steps, order=s.order,
                     generator=gens, scheduler_kwargs=s.scheduler_kwargs,
                     guide=guide, autoguidance_scale=s.autoguidance_scale,
-                    on_step=bar.update,
+                    on_step=bar.update, **class_conditions(cfg, chunk, device),
                 )
             with torch.inference_mode():
                 images = to_pixels(cfg, x0, vae)
