@@ -1,11 +1,6 @@
-"""Extract MS-COCO 2014 features for text-to-image U-ViT / U-ViC (the release's protocol).
-
-For every image of a split (sorted by COCO id): center square crop, LANCZOS resize to 256
-(the release's ``center_crop``), Stable Diffusion KL-f8 VAE posterior moments (8 x 32 x 32,
-mean and logvar; latents are sampled at load time). For every caption (~5 per image): the
-77 CLIP ViT-L/14 token states after ``ln_final``, with the release's end-of-text padding
-(see uvic/models/text_encoder.py). Also the empty-prompt context and a few fixed prompts for
-sample grids. The layout is documented in uvic/data/datasets.py.
+"""Extract MS-COCO 2014 features for text-to-image U-ViT / U-ViC (the release's protocol):
+VAE moments of every image and CLIP token states of every caption, resumable. What is
+extracted and how is described in `uvic.data.mscoco_extraction`.
 
 Work is done in chunks of images. A chunk is committed by flushing the preallocated
 memory-mapped arrays and then atomically rewriting ``progress.json``; a rerun with the same

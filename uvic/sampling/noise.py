@@ -1,17 +1,6 @@
-"""Seeds and data order: everything random in training and sampling is a pure function of
-the run's seed and a position, so runs resume exactly and samples do not depend on batching.
-
-Training (see `uvic.training.trainer`):
-* the order of the data is a permutation drawn from (seed, epoch) (`EpochSampler`), and a
-  resumed run skips the batches of the current epoch that were already used;
-* the global random generators are seeded from (seed, epoch, index) around each item
-  (`SeededItems`), so item randomness (flips, caption choice) is the same whatever the
-  worker or process;
-* the noise, noise level and caption dropping of optimizer step s, micro-batch m, on
-  process r come from a generator seeded with `noise_seed(seed, r, s, m)`.
-
-Sampling: sample i of a run seeded with `seed` draws from `SampleGenerator(seed, i)`, so it
-is the same image whatever the batch size, the number of processes or the device.
+"""Per-sample noise for sampling: sample i of a run seeded with `seed` draws its initial
+noise (and, for stochastic samplers, every step's noise) from `SampleGenerator(seed, i)`,
+so it is the same image whatever the batch size, the number of processes or the device.
 """
 
 from __future__ import annotations
