@@ -22,9 +22,21 @@ from typing import Any
 import numpy as np
 
 from uvic.data.base import DatasetError
-from uvic.run.files import write_json
+from uvic.run.files import atomic_write, write_json
 
 PROGRESS_FILE = "progress.json"
+
+
+def as_list(batch: list[Any]) -> list[Any]:
+    """A DataLoader `collate_fn` that keeps a batch as the list of its items (images of
+    different sizes, or failed reads, stay apart)."""
+    return batch
+
+
+def write_npy(path: Path, array: np.ndarray) -> None:
+    """Save `array` to `path` atomically (a killed run never leaves half a file)."""
+    with atomic_write(path, suffix=".npy") as tmp:
+        np.save(tmp, array)
 
 
 def check_same(path: Path, old: dict[str, Any], new: dict[str, Any]) -> None:

@@ -32,10 +32,10 @@ from tqdm import tqdm
 
 from uvic.data import imagenet as layout
 from uvic.data.base import DatasetError, to_signed
-from uvic.data.chunks import ChunkedArrays, check_same
+from uvic.data.chunks import ChunkedArrays, as_list, check_same, write_npy
 from uvic.data.imagenet import ClassFolders, load_crop, read_class_folders
 from uvic.models.autoencoder import encode_moments
-from uvic.run.files import atomic_write, write_json
+from uvic.run.files import write_json
 
 CROP = ("guided-diffusion center_crop_arr: BOX halving while the short side >= 2 res, BICUBIC "
         "to short side res (long side rounded), central res x res (U-ViT release)")
@@ -61,15 +61,6 @@ class _Crops(Dataset):
             return index, to_signed(load_crop(self.listing.file(index), self.resolution)), ""
         except (OSError, ValueError, SyntaxError) as err:  # PIL's decode errors
             return index, None, f"{type(err).__name__}: {err}"
-
-
-def _as_list(batch: list[Any]) -> list[Any]:
-    return batch
-
-
-def _write_npy(path: Path, array: np.ndarray) -> None:
-    with atomic_write(path, suffix=".npy") as tmp:
-        np.save(tmp, array)
 
 
 def list_splits(imagenet: str | Path, splits: Sequence[str],
@@ -123,7 +114,7 @@ def extract_split(
     def write_static() -> None:
         write_json(folder / layout.CLASSES_FILE, list(listing.classes))
         write_json(folder / layout.FILES_FILE, listing.relative(), indent=0)
-        _write_npy(folder / layout.LABELS_FILE, listing.labels)
+        write_npy(folder / layout.LABELS_FILE, listing.labels)
 
     dtype = settings["moments_dtype"]
     out = ChunkedArrays(folder, fingerprint, n, chunk_size,
@@ -138,7 +129,7 @@ def extract_split(
             batches.append(rows[start:start + batch_size])
             batch_chunk.append(c)
     loader = DataLoader(_Crops(listing, resolution), batch_sampler=batches,
-                        collate_fn=_as_list, num_workers=num_workers)
+                        collate_fn=as_list, num_workers=num_workers)
     bar = tqdm(total=n, initial=n - sum(map(len, batches)), unit="img",
                desc=listing.folder.name, disable=not progress)
     chunk_skipped: list[dict[str, Any]] = []

@@ -34,10 +34,11 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from uvic.data import datasets as layout
+from uvic.data.chunks import as_list, check_same, write_npy
 from uvic.data.datasets import DatasetError, center_crop_resize
 from uvic.models.autoencoder import DEFAULT_VAE, SCALE_FACTOR, encode_moments
 from uvic.models.text_encoder import DEFAULT_MODEL, DEFAULT_PRETRAINED, ClipTextEncoder
-from uvic.run.files import atomic_write, write_json
+from uvic.run.files import write_json
 
 # Prompts for the periodic sample grids during training (COCO-style captions).
 SAMPLE_PROMPTS = [
@@ -135,10 +136,6 @@ class _ImageFiles(Dataset):
             return index, None, f"{type(err).__name__}: {err}"
 
 
-def _as_list(batch: list[Any]) -> list[Any]:
-    return batch
-
-
 # --------------------------------------------------------------------------- output helpers
 
 
@@ -146,32 +143,18 @@ def _write_json(path: Path, obj: Any) -> None:
     write_json(path, obj, indent=1)
 
 
-def _write_npy(path: Path, array: np.ndarray) -> None:
-    with atomic_write(path, suffix=".npy") as tmp:
-        np.save(tmp, array)
-
-
-def _check_same(path: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
-    for key in sorted(set(old) | set(new)):
-        if old.get(key) != new.get(key):
-            raise DatasetError(
-                f"{path} was written with {key}={old.get(key)!r}, now {key}={new.get(key)!r}; "
-                "use another --out folder or delete it"
-            )
-
-
 def write_root_files(out: Path, text_encoder: ClipTextEncoder, settings: dict[str, Any]) -> None:
     """meta.json, the empty-prompt context and the sample prompts (cheap, rewritten each run)."""
     out.mkdir(parents=True, exist_ok=True)
     meta_path = out / layout.META_FILE
     if meta_path.is_file():
-        _check_same(meta_path, json.loads(meta_path.read_text())["settings"], settings)
+        check_same(meta_path, json.loads(meta_path.read_text())["settings"], settings)
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 "diffusers": diffusers.__version__, "open_clip": open_clip.__version__,
                 "numpy": np.__version__, "pillow": PIL.__version__}
-    _write_npy(out / layout.EMPTY_CONTEXT_FILE, text_encoder.encode([""])[0].cpu().numpy())
+    write_npy(out / layout.EMPTY_CONTEXT_FILE, text_encoder.encode([""])[0].cpu().numpy())
     _write_json(out / layout.SAMPLE_PROMPTS_FILE, SAMPLE_PROMPTS)
-    _write_npy(out / layout.SAMPLE_CONTEXTS_FILE, text_encoder.encode(SAMPLE_PROMPTS).cpu().numpy())
+    write_npy(out / layout.SAMPLE_CONTEXTS_FILE, text_encoder.encode(SAMPLE_PROMPTS).cpu().numpy())
     _write_json(meta_path, {"settings": settings, "versions": versions})
 
 
@@ -202,12 +185,12 @@ def _open_split(folder: Path, coco: CocoSplit, offsets: np.ndarray, fingerprint:
     progress_path = folder / layout.PROGRESS_FILE
     if progress_path.is_file():
         state = json.loads(progress_path.read_text())
-        _check_same(progress_path, state["fingerprint"], fingerprint)
+        check_same(progress_path, state["fingerprint"], fingerprint)
         mode = "r+"
     else:  # fresh start: static files, preallocated arrays, then the (empty) progress record
         _write_json(folder / layout.CAPTIONS_FILE, [c for caps in coco.captions for c in caps])
-        _write_npy(folder / layout.IMAGE_IDS_FILE, np.array(coco.image_ids, dtype=np.int64))
-        _write_npy(folder / layout.OFFSETS_FILE, offsets)
+        write_npy(folder / layout.IMAGE_IDS_FILE, np.array(coco.image_ids, dtype=np.int64))
+        write_npy(folder / layout.OFFSETS_FILE, offsets)
         num_chunks = -(-n_images // fingerprint["chunk_size"])
         state = {"fingerprint": fingerprint, "num_chunks": num_chunks, "done_chunks": [],
                  "skipped": [], "complete": False}
@@ -313,7 +296,7 @@ def extract_split(
     batches, batch_chunk = _pending_batches(output.state["done_chunks"], num_chunks, chunk_size,
                                             n_images, batch_size, max_chunks)
     loader = DataLoader(_ImageFiles(coco.files, settings["resolution"]), batch_sampler=batches,
-                        collate_fn=_as_list, num_workers=num_workers)
+                        collate_fn=as_list, num_workers=num_workers)
     bar = tqdm(total=n_images, initial=n_images - sum(map(len, batches)), unit="img",
                desc=f"{split}", disable=not progress)
     chunk_skipped: list[dict[str, Any]] = []
