@@ -144,21 +144,21 @@ def diffusion_loss(
     """
     x0 = batch["x"]
     kwargs: dict[str, Tensor] = {}
-    context = batch.get("context")
+    context, y = batch.get("context"), batch.get("y")
+    drop = None  # which samples lose their condition (one draw serves either kind)
+    if p_uncond > 0 and (context is not None or y is not None):
+        drop = torch.rand(x0.shape[0], generator=generator, device=x0.device) < p_uncond
     if context is not None:
-        if p_uncond > 0:
+        if drop is not None:
             if empty_context is None:
                 raise ValueError("p_uncond > 0 needs the empty-prompt context")
-            drop = torch.rand(x0.shape[0], generator=generator, device=x0.device) < p_uncond
             empty = empty_context.to(device=context.device, dtype=context.dtype)
             context = torch.where(drop[:, None, None], empty[None], context)
         kwargs["context"] = context
-    y = batch.get("y")
     if y is not None:
-        if p_uncond > 0:
+        if drop is not None:
             if null_class is None:
                 raise ValueError("p_uncond > 0 with class labels needs the null class")
-            drop = torch.rand(x0.shape[0], generator=generator, device=x0.device) < p_uncond
             y = torch.where(drop, torch.full_like(y, null_class), y)
         kwargs["y"] = y
     x_t, net_t, noise = diffusion.training_inputs(x0, generator)
