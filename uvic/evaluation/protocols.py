@@ -83,6 +83,16 @@ def reference_name(cfg: Config) -> str:
     return f"{stats}/{ev.ref_split}/{ev.ref_res}"
 
 
+def guidance_of(cfg: Config) -> float:
+    """The s of `eps = c + s (c - u)` that sampling applies: sample.cfg_scale for text-
+    and for class-conditional models trained with a null class (diffusion.p_uncond > 0),
+    else 0. The rule of `uvic.sampling.generate.effective_cfg_scale` (which loads torch;
+    this module must not), tested to agree with it."""
+    m = cfg.model
+    guided = m.clip_dim > 0 or (m.num_classes > 0 and cfg.diffusion.p_uncond > 0)
+    return cfg.sample.cfg_scale if guided else 0.0
+
+
 def protocol_of(
     cfg: Config, n: int | None = None, features: str | None = None
 ) -> Protocol:
@@ -90,7 +100,7 @@ def protocol_of(
     `features` names a feature extractor other than eval.features' (tests)."""
     return Protocol(
         sampler=sampler_name(cfg), steps=cfg.sample.steps,
-        guidance=cfg.sample.cfg_scale if cfg.model.clip_dim > 0 else 0.0,
+        guidance=guidance_of(cfg),
         n_samples=int(n if n is not None else cfg.eval.n_samples), fid_mode=cfg.eval.mode,
         reference=reference_name(cfg),
         features=features if features is not None else cfg.eval.features,
@@ -104,6 +114,84 @@ RELEASE = {
     "mscoco": Protocol("dpm_solver++_fast_time_uniform", 50, 1.0, 30_000, "legacy_pytorch",
                        "mscoco_val2014_256/val/256"),
 }
+
+
+@dataclass(frozen=True)
+class ReleaseRow:
+    """One row of the U-ViT release's table: the uvic preset of its U-ViT (`uvit`; the
+    U-ViC twin is `uvic`), the release's config file, the protocol the release evaluates it
+    under (its eval script run with that config's `sample` section), the release's
+    reference statistics file (`fid_stat` of its datasets.py; for ImageNet, ADM's
+    reference batches' mu and sigma), how it draws class labels, and the FID it reports."""
+
+    key: str
+    title: str
+    uvit: str
+    release_config: str
+    protocol: Protocol
+    release_stats: str
+    labels: str
+    release_fid: float
+
+    @property
+    def uvic(self) -> str:
+        """The U-ViC twin's preset (Cog attention in every block but the first and last)."""
+        return self.uvit.replace("_uvit", "_uvic", 1)
+
+    @property
+    def guidance_scale(self) -> float:
+        """The same guidance in diffusers' convention `eps = u + g (c - u)`: g = s + 1
+        (1: no guidance)."""
+        return self.protocol.guidance + 1.0
+
+    def label(self) -> str:
+        """The protocol with both guidance conventions and the release's statistics file."""
+        p = self.protocol
+        guidance = (f"guidance s={p.guidance:g} (diffusers guidance_scale={self.guidance_scale:g})"
+                    if p.guidance else "no guidance")
+        return (f"{p.sampler}, {p.steps} steps, {guidance}, {p.n_samples} samples, "
+                f"labels: {self.labels}, reference: {self.release_stats}")
+
+
+def _release(sampler: str, steps: int, guidance: float, stats: str, res: int) -> Protocol:
+    """A release protocol: 50k samples, the release's pytorch-fid port (clean-fid's
+    legacy_pytorch), against the release's statistics file `stats` (eval.ref_stats)."""
+    return Protocol(sampler, steps, guidance, 50_000, "legacy_pytorch",
+                    f"{Path(stats).stem}/train/{res}")
+
+
+FAST_LOGSNR, FAST_TIME = "dpm_solver_fast_logsnr", "dpm_solver++_fast_time_uniform"
+UNIFORM, BY_COUNT = "uniform over the 1000 classes", "in proportion to the train set's class counts"
+_IN64, _IN256, _IN512 = (f"fid_stats_imagenet{r}_guided_diffusion.npz" for r in (64, 256, 512))
+_CELEBA = "fid_stats_celeba64_train_50000_ddim.npz"
+# The release's rows (baofff/U-ViT: configs/*.py `sample`, eval.py / eval_ldm.py /
+# eval_ldm_discrete.py / eval_t2i_discrete.py, datasets.py `fid_stat` and `sample_label`).
+# Pixel rows run eval.py: Euler-Maruyama (CelebA) or dpm_solver_pytorch.py's fast sampler
+# (ImageNet 64, unguided); latent L rows run eval_ldm.py (the same fast sampler, guided),
+# H rows eval_ldm_discrete.py (dpm_solver_pp.py's fast sampler). CIFAR-10 and MS-COCO keep
+# uvic's reference statistics (clean-fid's named `cifar10`; val2014 built locally).
+RELEASE_ROWS = {row.key: row for row in [
+    ReleaseRow("cifar10", "CIFAR-10, U-ViT-S/2", "cifar10_uvit", "configs/cifar10_uvit_small.py",
+               RELEASE["cifar10"], "fid_stats_cifar10_train_pytorch.npz", "none", 3.11),
+    ReleaseRow("celeba64_small", "CelebA 64, U-ViT-S/4", "celeba64_uvit_small",
+               "configs/celeba64_uvit_small.py",
+               _release("euler_maruyama", 1000, 0.0, _CELEBA, 64), _CELEBA, "none", 2.87),
+    *(ReleaseRow(f"imagenet64_{size}", f"ImageNet 64, U-ViT-{letter}/4",
+                 f"imagenet64_uvit_{size}", f"configs/imagenet64_uvit_{size}.py",
+                 _release(FAST_LOGSNR, 50, 0.0, _IN64, 64), _IN64, BY_COUNT, fid)
+      for size, letter, fid in [("mid", "M", 5.85), ("large", "L", 4.26)]),
+    *(ReleaseRow(f"imagenet{res}_{size}", f"ImageNet {res}, U-ViT-{letter}/{patch}",
+                 f"imagenet{res}_uvit_{size}", f"configs/imagenet{res}_uvit_{size}.py",
+                 _release(sampler, 50, scale, stats, res), stats, UNIFORM, fid)
+      for res, patch, scale, stats in [(256, 2, 0.4, _IN256), (512, 4, 0.7, _IN512)]
+      for size, letter, sampler, fid in [
+          ("large", "L", FAST_LOGSNR, {256: 3.40, 512: 4.67}[res]),
+          ("huge", "H", FAST_TIME, {256: 2.29, 512: 4.05}[res])]),
+    ReleaseRow("mscoco", "MS-COCO 256 (text), U-ViT-S/2", "mscoco_uvit",
+               "configs/mscoco_uvit_small.py", RELEASE["mscoco"], "fid_stats_mscoco256_val.npz",
+               "the captions of random val images", 5.95),
+]}
+
 # Sampler names results were once recorded under, and the name they are read back as:
 # `dpm_solver_fast` was uvic's MS-COCO sampler until issue 25, believed to be the
 # release's protocol but not it (other network times; samples 4.5e-2 apart, relative L2).

@@ -1,0 +1,105 @@
+"""The release's evaluation protocol of every row (`uvic.evaluation.protocols.RELEASE_ROWS`)
+and the configs' defaults, against the values read from the U-ViT release (baofff/U-ViT)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from uvic.config import apply_overrides, load_config
+from uvic.evaluation.protocols import RELEASE_ROWS, guidance_of, protocol_of
+from uvic.sampling.generate import effective_cfg_scale
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+# Read from the release, not from uvic: each config's `config.sample` (sample_steps,
+# n_samples, mini_batch_size, algorithm, cfg/scale), the eval script its README runs it with
+# (which picks the DPM-Solver file), and datasets.py's `fid_stat` path.
+RELEASE_SAMPLE = {  # uvic preset: (eval script, algorithm, steps, n, batch, scale, fid_stat)
+    "cifar10_uvit": ("eval.py", "euler_maruyama_sde", 1000, 50_000, 500, None,
+                     "fid_stats_cifar10_train_pytorch.npz"),
+    "celeba64_uvit_small": ("eval.py", "euler_maruyama_sde", 1000, 50_000, 500, None,
+                            "fid_stats_celeba64_train_50000_ddim.npz"),
+    "imagenet64_uvit_mid": ("eval.py", "dpm_solver", 50, 50_000, 200, None,
+                            "fid_stats_imagenet64_guided_diffusion.npz"),
+    "imagenet64_uvit_large": ("eval.py", "dpm_solver", 50, 50_000, 200, None,
+                              "fid_stats_imagenet64_guided_diffusion.npz"),
+    "imagenet256_uvit_large": ("eval_ldm.py", "dpm_solver", 50, 50_000, 50, 0.4,
+                               "fid_stats_imagenet256_guided_diffusion.npz"),
+    "imagenet256_uvit_huge": ("eval_ldm_discrete.py", "dpm_solver", 50, 50_000, 50, 0.4,
+                              "fid_stats_imagenet256_guided_diffusion.npz"),
+    "imagenet512_uvit_large": ("eval_ldm.py", "dpm_solver", 50, 50_000, 50, 0.7,
+                               "fid_stats_imagenet512_guided_diffusion.npz"),
+    "imagenet512_uvit_huge": ("eval_ldm_discrete.py", "dpm_solver", 50, 50_000, 50, 0.7,
+                              "fid_stats_imagenet512_guided_diffusion.npz"),
+    "mscoco_uvit": ("eval_t2i_discrete.py", "dpm_solver", 50, 30_000, 50, 1.0,
+                    "fid_stats_mscoco256_val.npz"),
+}
+# What each (script, algorithm) runs, by uvic's name: eval.py and eval_ldm.py call
+# dpm_solver_pytorch.py's sample(fast_version=True); eval_ldm_discrete.py and
+# eval_t2i_discrete.py call dpm_solver_pp.py's sample (method "fast", time-uniform grid).
+SAMPLERS = {("eval.py", "euler_maruyama_sde"): "euler_maruyama",
+            ("eval.py", "dpm_solver"): "dpm_solver_fast_logsnr",
+            ("eval_ldm.py", "dpm_solver"): "dpm_solver_fast_logsnr",
+            ("eval_ldm_discrete.py", "dpm_solver"): "dpm_solver++_fast_time_uniform",
+            ("eval_t2i_discrete.py", "dpm_solver"): "dpm_solver++_fast_time_uniform"}
+
+
+def test_every_release_row_is_named() -> None:
+    assert sorted(row.uvit for row in RELEASE_ROWS.values()) == sorted(RELEASE_SAMPLE)
+
+
+@pytest.mark.parametrize("key", sorted(RELEASE_ROWS))
+def test_row_protocol_is_the_release_one(key: str) -> None:
+    row = RELEASE_ROWS[key]
+    script, algorithm, steps, n, batch, scale, stats = RELEASE_SAMPLE[row.uvit]
+    p = row.protocol
+    assert (p.sampler, p.steps, p.n_samples, p.fid_mode) == (
+        SAMPLERS[script, algorithm], steps, n, "legacy_pytorch")
+    assert p.guidance == (scale or 0.0)
+    assert row.guidance_scale == (scale or 0.0) + 1.0  # diffusers' convention
+    assert row.release_stats == stats
+    small = row.uvit in ("cifar10_uvit", "mscoco_uvit")  # the release's *_uvit_small.py
+    assert row.release_config == f"configs/{row.uvit}{'_small' if small else ''}.py"
+
+
+@pytest.mark.parametrize("key", sorted(RELEASE_ROWS))
+def test_configs_default_to_the_row_protocol(key: str) -> None:
+    """Both the U-ViT preset and its U-ViC twin evaluate, by default, under the release's
+    protocol; ImageNet and CelebA name the release's statistics file in eval.ref_stats."""
+    row = RELEASE_ROWS[key]
+    batch = RELEASE_SAMPLE[row.uvit][4]
+    for preset in (row.uvit, row.uvic):
+        cfg = load_config(CONFIGS / f"{preset}.py")
+        assert protocol_of(cfg) == row.protocol, preset
+        assert cfg.sample.batch_size == batch
+        if key not in ("cifar10", "mscoco"):
+            assert Path(cfg.eval.ref_stats).name == row.release_stats
+
+
+def test_labels_name_both_guidance_conventions() -> None:
+    assert RELEASE_ROWS["imagenet256_large"].label() == (
+        "dpm_solver_fast_logsnr, 50 steps, guidance s=0.4 (diffusers guidance_scale=1.4), "
+        "50000 samples, labels: uniform over the 1000 classes, reference: "
+        "fid_stats_imagenet256_guided_diffusion.npz")
+    assert RELEASE_ROWS["celeba64_small"].label().startswith(
+        "euler_maruyama, 1000 steps, no guidance, 50000 samples")
+    assert RELEASE_ROWS["imagenet512_huge"].protocol.label() == (
+        "dpm_solver++_fast_time_uniform 50 steps, guidance 0.7, 50000 samples, legacy_pytorch, "
+        "ref fid_stats_imagenet512_guided_diffusion/train/512")
+
+
+@pytest.mark.parametrize("preset,overrides", [
+    ("imagenet256_uvit_large", []), ("imagenet256_uvit_large", ["diffusion.p_uncond=0"]),
+    ("imagenet64_uvit_mid", ["sample.cfg_scale=2"]), ("mscoco_uvit", []),
+    ("cifar10_uvit", ["sample.cfg_scale=3"]), ("celeba64_uvit_small", [])])
+def test_protocol_guidance_is_what_sampling_applies(preset: str, overrides: list[str]) -> None:
+    """A class-conditional model guided against its null class records its guidance (it
+    was recorded as 0 before: only text models counted)."""
+    cfg = apply_overrides(load_config(CONFIGS / f"{preset}.py"), overrides)
+    assert guidance_of(cfg) == effective_cfg_scale(cfg)
+    assert protocol_of(cfg).guidance == effective_cfg_scale(cfg)
+    unguided = dataclasses.replace(cfg, sample=dataclasses.replace(cfg.sample, cfg_scale=0.0))
+    assert protocol_of(unguided).guidance == 0.0
