@@ -54,7 +54,7 @@ def test_every_release_row_is_named() -> None:
 @pytest.mark.parametrize("key", sorted(RELEASE_ROWS))
 def test_row_protocol_is_the_release_one(key: str) -> None:
     row = RELEASE_ROWS[key]
-    script, algorithm, steps, n, batch, scale, stats = RELEASE_SAMPLE[row.uvit]
+    script, algorithm, steps, n, _batch, scale, stats = RELEASE_SAMPLE[row.uvit]
     p = row.protocol
     assert (p.sampler, p.steps, p.n_samples, p.fid_mode) == (
         SAMPLERS[script, algorithm], steps, n, "legacy_pytorch")

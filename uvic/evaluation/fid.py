@@ -54,6 +54,7 @@ from uvic.evaluation.reference import (
     reference_statistics,
     stats_plan,
 )
+from uvic.evaluation.reference import ReferenceStatsInvalid as ReferenceStatsInvalid
 from uvic.evaluation.reference import ReferenceStatsMissing as ReferenceStatsMissing
 from uvic.evaluation.statistics import InceptionWeightsMissing as InceptionWeightsMissing
 from uvic.evaluation.statistics import (

@@ -7,7 +7,11 @@ build once from local images (eval.ref_images, center-cropped and resized to eva
 Shapes renders a held-out set; CIFAR-10 from a torchvision copy) and cache in
 `default_stats_dir()`; clean-fid's download, only with `allow_download=True`. Missing
 statistics raise `ReferenceStatsMissing` naming the file, where, and the URL, before any
-sampling. The features are `uvic.evaluation.statistics`'.
+sampling. A local .npz may be clean-fid's or uvic's, the U-ViT release's `fid_stats` (mu,
+sigma) or an ADM reference batch (mu/sigma of the pool features; or its `arr_0` images
+alone, scored with the local Inception weights); a missing key or a wrong shape is
+`ReferenceStatsInvalid`, also before any sampling. The features are
+`uvic.evaluation.statistics`'.
 """
 
 from __future__ import annotations
@@ -22,8 +26,12 @@ from pathlib import Path
 import cleanfid
 import numpy as np
 import torch
+import torchvision
 from cleanfid.features import get_reference_statistics
+from cleanfid.fid import get_batch_features
+from cleanfid.resize import build_resizer
 from PIL import Image
+from tqdm import tqdm
 
 from uvic.config import Config
 from uvic.data.datasets import SHAPES_SEEDS, CIFAR10Images, save_shapes_folder
@@ -31,6 +39,7 @@ from uvic.evaluation.checks import check_mode
 from uvic.evaluation.statistics import (
     build_inception,
     cache_dir,
+    check_inception,
     crop_resize_array,
     extractor_tag,
     feature_statistics,
@@ -42,8 +51,15 @@ from uvic.run.files import atomic_write
 STATS_URL = "https://www.cs.cmu.edu/~clean-fid/stats"  # clean-fid's get_reference_statistics
 
 
+INCEPTION_DIM = 2048  # clean-fid's Inception pool_3 features: mu (2048,), sigma (2048, 2048)
+
+
 class ReferenceStatsMissing(FileNotFoundError):
     """Reference statistics are neither on disk nor buildable from local images."""
+
+
+class ReferenceStatsInvalid(ValueError):
+    """A reference statistics file lacks a key or holds an array of the wrong shape."""
 
 
 @dataclass
@@ -158,13 +174,17 @@ def stats_plan(
     if feat_extractor is None and is_file:
         path = Path(ev.ref_stats).expanduser()
         if path.is_file():
+            if check_stats_file(path) == "images":
+                check_inception(cfg, mode)  # the file's images are scored with Inception
             return "file", path, None
         if images is not None:
             images.check()
             return "build", path, images
         raise ReferenceStatsMissing(
-            f"FID reference statistics not found at {path} (eval.ref_stats): set "
-            "eval.ref_images to the reference images to build them there")
+            f"FID reference statistics not found at {path} (eval.ref_stats, e.g. --set "
+            f"eval.ref_stats=PATH): put the statistics file there (the U-ViT release's "
+            f"assets/fid_stats/{path.name} or ADM's reference batch) or set eval.ref_images "
+            "to the reference images to build it there")
     if feat_extractor is None and not is_file and named.is_file():
         return "file", named, None
     if images is not None:
@@ -208,7 +228,10 @@ def reference_statistics(
         feats = get_reference_statistics(name, res, mode=mode, split=split, metric="KID")
         return ReferenceStats(mu, sigma, feats, f"clean-fid {path.name} (downloaded)")
     if kind == "file":
-        return _load_stats(path)
+        if feat_extractor is None and check_stats_file(path) == "images":
+            return _images_stats(path, build_inception(cfg, mode, device), mode, device,
+                                 batch_size, progress)
+        return _load_stats(path, INCEPTION_DIM if feat_extractor is None else None)
     folder = images.prepare()
     files = list_images(folder)
     if len(files) < 2:
@@ -228,19 +251,77 @@ def reference_statistics(
     return ReferenceStats(mu, sigma, feats, f"{source} ({path})")
 
 
-def _load_stats(path: Path) -> ReferenceStats:
-    """mu/sigma from a clean-fid style .npz; KID features from its `feats` or `<stem>_kid.npz`."""
+def check_stats_file(path: Path, dim: int | None = INCEPTION_DIM) -> str:
+    """What a statistics .npz holds, checked before any sampling: "stats" (mu and sigma:
+    clean-fid's and uvic's files, the U-ViT release's fid_stats, ADM's reference batches)
+    or "images" (only ADM's `arr_0` images, to be scored). Raises ReferenceStatsInvalid,
+    one line naming the file and the key, on a missing key or a wrong shape (mu (dim,),
+    sigma (dim, dim); dim None: any, as for a stand-in extractor's cached statistics)."""
     try:
         data = np.load(path)
-        mu, sigma = data["mu"], data["sigma"]
-    except (KeyError, OSError, ValueError) as err:
-        msg = f"{path}: not a statistics file with mu and sigma ({err})"
-        raise ReferenceStatsMissing(msg) from err
+        keys = set(data.files)
+    except (OSError, ValueError, AttributeError) as err:  # AttributeError: an .npy, not .npz
+        raise ReferenceStatsInvalid(f"{path}: not an .npz statistics file ({err})") from err
+    if not {"mu", "sigma"} <= keys:
+        if "arr_0" in keys:
+            return _check_images(path, data["arr_0"])
+        missing = "mu" if "mu" not in keys else "sigma"
+        raise ReferenceStatsInvalid(
+            f"{path}: no key {missing!r} (keys: {', '.join(sorted(keys)) or 'none'}); a "
+            "statistics file holds mu and sigma, an ADM reference batch arr_0")
+    mu, sigma = data["mu"], data["sigma"]
+    d = dim if dim is not None else (mu.shape[0] if mu.ndim == 1 else -1)
+    for key, array, shape in (("mu", mu, (d,)), ("sigma", sigma, (d, d))):
+        if array.shape != shape or not np.issubdtype(array.dtype, np.floating):
+            want = " x ".join(str(n) if n >= 0 else "F" for n in shape)
+            raise ReferenceStatsInvalid(
+                f"{path}: key {key!r} has shape {array.shape} ({array.dtype}), expected a "
+                f"float array of {want}" + (" (Inception pool features)" if dim else ""))
+    return "stats"
+
+
+def _check_images(path: Path, images: np.ndarray) -> str:
+    """An `arr_0` of uint8 images (N >= 2, H, W, 3), as ADM's reference batches hold."""
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3 \
+            or len(images) < 2:
+        raise ReferenceStatsInvalid(
+            f"{path}: key 'arr_0' has shape {images.shape} ({images.dtype}), expected uint8 "
+            "images N x H x W x 3 (N >= 2), or keys mu and sigma")
+    return "images"
+
+
+def _load_stats(path: Path, dim: int | None = None) -> ReferenceStats:
+    """mu/sigma of a checked statistics .npz (`check_stats_file`); KID features from its
+    `feats` or `<stem>_kid.npz`. ADM's reference batches hold Inception pool statistics as
+    mu/sigma (used here) and spatial ones as mu_s/sigma_s (not FID's; ignored)."""
+    check_stats_file(path, dim)
+    data = np.load(path)
+    mu, sigma = data["mu"], data["sigma"]
     feats = data.get("feats")
     kid_path = path.with_name(f"{path.stem}_kid.npz")
     if feats is None and kid_path.is_file():
         feats = np.load(kid_path)["feats"]
     source = str(data["source"]) if "source" in data else str(path)
-    return ReferenceStats(mu, sigma, feats, source if source == str(path) else f"{source} ({path})")
+    if "arr_0" in data.files and source == str(path):
+        source = f"{path} (ADM reference batch: mu/sigma of pool features, mu_s/sigma_s unused)"
+    return ReferenceStats(mu, sigma, feats, source if source.startswith(str(path))
+                          else f"{source} ({path})")
 
 
+def _images_stats(path: Path, extractor: Callable, mode: str, device: torch.device | str,
+                  batch_size: int, progress: bool) -> ReferenceStats:
+    """Statistics of the `arr_0` images of an ADM reference batch without mu/sigma, with
+    clean-fid's resizing for `mode` and `extractor` (Inception, from its local weights)."""
+    images = np.load(path)["arr_0"]
+    resize = build_resizer(mode)
+    to_tensor = torchvision.transforms.ToTensor()
+    batches = range(0, len(images), batch_size)
+    feats = []
+    for start in tqdm(batches, desc=f"reference {path.name}", disable=not progress):
+        resized = [resize(image) for image in images[start:start + batch_size]]
+        batch = torch.stack([to_tensor(r) * 255 if r.dtype == np.uint8 else to_tensor(r)
+                             for r in resized])  # as clean-fid's ResizeDataset
+        feats.append(get_batch_features(batch, extractor, torch.device(device)))
+    feats = np.concatenate(feats).astype(np.float64)
+    mu, sigma = feature_statistics(feats)
+    return ReferenceStats(mu, sigma, feats, f"{path} ({len(images)} arr_0 images, {mode})")
