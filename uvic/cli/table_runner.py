@@ -1,0 +1,227 @@
+"""One program for the tables built by command (`uvic-table3`, `uvic-release-table`): for
+every row of a `Table`, train, then FID, then the table; resumable at every stage.
+
+A `Table` names its runs (`Row`: a row name, U-ViT or U-ViC, the preset and overrides),
+its smoke runs (tiny models on tiny generated data, with `prepare_smoke` writing the data
+first) and how results become markdown (`render`). Every stage resumes: training continues
+from the run's newest checkpoint and is skipped once it reached train.max_steps; FID reuses
+the samples on disk and is skipped when a result for the same checkpoint and protocol
+exists; the table is rebuilt from all results in <out>/fid. Run it again after an
+interruption. Outputs: <out>/runs/<row>_<model>/, <out>/fid/<row>_<model>.json and
+<out>/<table>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from uvic.config import Config, ConfigError, load_config
+from uvic.evaluation.protocols import load_results, protocol_of
+from uvic.presets import preset_path
+from uvic.sampling.checks import PRECISIONS
+
+
+@dataclass(frozen=True)
+class Row:
+    """One run of a table: row name, model (uvit or uvic), preset and config overrides
+    (`{data}` in an override stands for the smoke data folder, <out>/data)."""
+
+    row: str
+    model: str
+    preset: str
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Table:
+    """What a table program runs and writes: `name` (default output runs/<name>, the table
+    <name>.md), its rows, its smoke rows and how to write their data, the renderer of a
+    list of result JSONs, and an optional note under a smoke table."""
+
+    name: str
+    description: str
+    rows: tuple[Row, ...]
+    smoke_rows: tuple[Row, ...]
+    smoke_help: str
+    render: Callable[[list[dict[str, Any]]], str]
+    prepare_smoke: Callable[[Path], None] | None = None
+    smoke_note: Callable[[list[Job]], str] | None = field(default=None)
+
+
+@dataclass
+class Job:
+    """One row's run: its config, run folder and FID result file."""
+
+    row: str
+    model: str
+    cfg: Config
+    run_dir: Path
+    result: Path
+
+    @property
+    def ckpt(self) -> Path:
+        from uvic.run.folder import RunFolder
+
+        return RunFolder(self.run_dir).ema
+
+    def _summary(self) -> dict[str, Any]:
+        from uvic.run.folder import RunFolder
+
+        summary = RunFolder(self.run_dir).summary
+        return json.loads(summary.read_text()) if summary.is_file() else {}
+
+    def trained_steps(self) -> int:
+        return int(self._summary().get("steps", 0))
+
+    def step_time(self) -> float | None:
+        """Measured seconds per training step of this run so far, if any."""
+        value = self._summary().get("mean_step_time_s")
+        return float(value) if isinstance(value, int | float) and value == value else None
+
+
+def selected(rows: Sequence[Row], only: Sequence[str]) -> list[Row]:
+    """The rows `--only` picks: a row name, a model, or a row-name prefix (`imagenet256`)."""
+    return [r for r in rows if not only or any(
+        name in (r.row, r.model) or r.row.startswith(name + "_") for name in only)]
+
+
+def make_jobs(table: Table, args: argparse.Namespace) -> list[Job]:
+    """The table's runs (its smoke runs with --smoke) that --only picks, configured."""
+    rows = selected(table.smoke_rows if args.smoke else table.rows, args.only)
+    if not rows:
+        raise ConfigError(f"--only {args.only}: matches no row of {table.name} "
+                          f"({', '.join(dict.fromkeys(r.row for r in table.rows))})")
+    out = Path(args.out)
+    jobs = []
+    for r in rows:
+        name = f"{r.row}_{r.model}"
+        run_dir = out / "runs" / name
+        extra = [o.format(data=out / "data") for o in r.overrides]
+        cfg = load_config(preset_path(r.preset), [*extra, f"name={name}",
+                                                  f"train.output_dir={run_dir}", *args.set])
+        jobs.append(Job(r.row, r.model, cfg, run_dir, out / "fid" / f"{name}.json"))
+    return jobs
+
+
+def plan(jobs: list[Job]) -> str:
+    """The compute each stage needs: training images and network calls for sampling, with
+    times from this run's measured step time where one exists."""
+    lines = ["Plan (train -> FID -> table):"]
+    for job in jobs:
+        t = job.cfg.train
+        remaining = max(0, t.max_steps - job.trained_steps())
+        step_time = job.step_time()
+        if step_time is None:
+            train_time = ("time not measured yet (the paper trained on 8 A800 GPUs; a short run "
+                          "here measures it)")
+        else:
+            hours = remaining * step_time / 3600
+            train_time = f"~{hours:.1f} h at the measured {step_time:.3f} s/step"
+        protocol = protocol_of(job.cfg)
+        calls = protocol.steps * (2 if protocol.guidance else 1)
+        n = job.cfg.eval.n_samples
+        lines += [f"- {job.row} / {job.model}: train {remaining:,} of {t.max_steps:,} steps "
+                  f"x {t.batch_size} images; {train_time}",
+                  f"    FID: {n:,} samples x {calls} network calls = {n * calls:,} image "
+                  f"forwards; protocol: {protocol.label()}"]
+    return "\n".join(lines)
+
+
+def run_train(job: Job) -> str:
+    """Train the row's model to train.max_steps (resumed; skipped once there)."""
+    from uvic.training.trainer import train
+
+    if job.ckpt.is_file() and job.trained_steps() >= job.cfg.train.max_steps:
+        return "trained (skipped)"
+    train(job.cfg, resume="latest-or-new")  # the first time: a new run
+    return f"trained to step {job.trained_steps()}"
+
+
+def fid_name(cfg: Config) -> str:
+    """"FID", or "stand-in FID" when eval.features is not Inception."""
+    return "FID" if protocol_of(cfg).inception else "stand-in FID"
+
+
+def run_fid(job: Job, smoke: bool, args: argparse.Namespace) -> str:
+    """The row's FID (skipped when a result for the same checkpoint and protocol exists)."""
+    from uvic.evaluation.fid import evaluate
+    from uvic.run.weights import file_sha256
+
+    what = fid_name(job.cfg)
+    if job.result.is_file():
+        old = json.loads(job.result.read_text())
+        label = protocol_of(job.cfg).label()
+        if (old.get("checkpoint_sha256") == file_sha256(job.ckpt)
+                and old.get("protocol", {}).get("label") == label):
+            return f"{what} {old['fid']:.3f} (skipped: result exists)"
+    result = evaluate(job.cfg, job.ckpt, out_json=job.result,
+                      stats_dir=Path(args.out) / "fid_stats", precision=args.precision,
+                      num_workers=0 if smoke else None, progress=not args.quiet)
+    return f"{what} {result['fid']:.3f}" if result else f"{what} (other process)"
+
+
+def parse_args(table: Table, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The table program's options (the same for every table)."""
+    p = argparse.ArgumentParser(description=table.description)
+    p.add_argument("--out", help=f"output folder (default runs/{table.name}, or "
+                                 f"runs/{table.name}_smoke)")
+    p.add_argument("--smoke", action="store_true", help=table.smoke_help)
+    p.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help="only rows with this name (or name prefix) or model (repeatable)")
+    p.add_argument("--stage", choices=["all", "train", "fid", "table"], default="all",
+                   help="run up to this stage only (default all)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="autocast dtype for FID sampling on CUDA")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override applied to every row")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    args.out = args.out or (f"runs/{table.name}_smoke" if args.smoke else f"runs/{table.name}")
+    return args
+
+
+def run(table: Table, args: argparse.Namespace) -> int:
+    """Plan, then every stage of every job, then the table; returns the exit status."""
+    # torch, the training loop: once the arguments parse
+    from uvic.data.base import DatasetError
+    from uvic.run.weights import CheckpointError
+    from uvic.training.trainer import TrainError
+
+    try:
+        jobs = make_jobs(table, args)
+        print(plan(jobs), flush=True)
+        if args.dry_run:
+            return 0
+        if args.smoke and table.prepare_smoke is not None:
+            table.prepare_smoke(Path(args.out) / "data")
+        for job in jobs:
+            if args.stage in ("all", "train"):
+                print(f"{job.row} / {job.model}: {run_train(job)}", flush=True)
+            if args.stage in ("all", "fid"):
+                print(f"{job.row} / {job.model}: {run_fid(job, args.smoke, args)}", flush=True)
+        if args.stage in ("all", "table") and int(os.environ.get("RANK", "0")) == 0:
+            text = table.render(load_results(Path(args.out) / "fid"))
+            if args.smoke and table.smoke_note is not None and (note := table.smoke_note(jobs)):
+                text += "\n" + note
+            path = Path(args.out) / f"{table.name}.md"
+            path.write_text(text)
+            print(text, end="")
+            print(f"table: {path}")
+    except (ConfigError, TrainError, CheckpointError, DatasetError, FileNotFoundError,
+            ValueError) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(table: Table, argv: Sequence[str] | None = None) -> int:
+    """Run a table program; returns the exit status."""
+    return run(table, parse_args(table, argv))
