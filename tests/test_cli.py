@@ -51,8 +51,8 @@ def test_every_program_is_a_command() -> None:
     """The programs of the README are installed as commands (pyproject's [project.scripts])."""
     assert set(SCRIPTS) >= {
         "uvic-train", "uvic-sample", "uvic-fid", "uvic-fid-table", "uvic-quickstart",
-        "uvic-analyze-attention", "uvic-table3", "uvic-extract-mscoco", "uvic-bench-train",
-        "uvic-bench-sampling", "uvic-bench-kernels", "uvic-bench-host"}
+        "uvic-analyze-attention", "uvic-table3", "uvic-release-table", "uvic-extract-mscoco",
+        "uvic-bench-train", "uvic-bench-sampling", "uvic-bench-kernels", "uvic-bench-host"}
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))

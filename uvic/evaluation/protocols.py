@@ -150,7 +150,7 @@ class ReleaseRow:
         guidance = (f"guidance s={p.guidance:g} (diffusers guidance_scale={self.guidance_scale:g})"
                     if p.guidance else "no guidance")
         return (f"{p.sampler}, {p.steps} steps, {guidance}, {p.n_samples} samples, "
-                f"labels: {self.labels}, reference: {self.release_stats}")
+                f"labels: {self.labels}, the release's statistics: {self.release_stats}")
 
 
 def _release(sampler: str, steps: int, guidance: float, stats: str, res: int) -> Protocol:

@@ -1,0 +1,89 @@
+"""Tiny data in the real on-disk formats, for `uvic-release-table --smoke` (no download).
+
+`write_smoke_data(folder)` writes, once (a `.complete` marker; a rerun reuses it):
+
+    <folder>/imagenet/train/<wnid>/<wnid>_<n>.JPEG   ILSVRC-2012's class folders (3 classes
+                                                     of Shapes pictures, mixed sizes)
+    <folder>/celeba/img_align_celeba/000001.jpg ...  CelebA's aligned images (178 x 218)
+    <folder>/celeba/list_eval_partition.txt          and its partition list
+    <folder>/vae/                                    a tiny random SD-layout AutoencoderKL
+    <folder>/imagenet_features/                      `uvic-extract-imagenet --resolution 64`
+                                                     of the ImageNet folder with that VAE
+
+read by the same loaders as the real data (`uvic.data.imagenet`, `uvic.data.celeba`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PIL import Image
+
+from uvic.data.datasets import render_shapes_image
+
+WNIDS = ("n01440764", "n01443537", "n01484850")  # the first ILSVRC-2012 classes
+SIZES = ((72, 60), (48, 80), (64, 64), (96, 70))  # (width, height): the crops have work
+PER_CLASS = 8
+CELEBA_IMAGES = 24
+SMOKE_RESOLUTION = 64  # pixels of the latent rows' images: 4 x 8 x 8 latents
+
+
+def write_imagenet(root: Path) -> None:
+    """`PER_CLASS` JPEGs per class in `<root>/train/<wnid>/`; class c draws Shapes pictures
+    of its own seed, so the classes differ."""
+    for c, wnid in enumerate(WNIDS):
+        folder = root / "train" / wnid
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(PER_CLASS):
+            picture = Image.fromarray(render_shapes_image(100 + c, i, size=32, supersample=2))
+            picture.resize(SIZES[i % len(SIZES)], Image.BICUBIC).save(
+                folder / f"{wnid}_{1000 + i}.JPEG", quality=90)
+
+
+def write_celeba(root: Path) -> None:
+    """CelebA's layout: aligned 178 x 218 JPEGs and list_eval_partition.txt (every fourth
+    image in val or test, the rest in train)."""
+    folder = root / "img_align_celeba"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(CELEBA_IMAGES):
+        name = f"{i + 1:06d}.jpg"
+        picture = Image.fromarray(render_shapes_image(7, i, size=32, supersample=2))
+        picture.resize((178, 218), Image.BICUBIC).save(folder / name, quality=90)
+        lines.append(f"{name} {(i // 4) % 2 + 1 if i % 4 == 3 else 0}")
+    (root / "list_eval_partition.txt").write_text("\n".join(lines) + "\n")
+
+
+def write_tiny_vae(folder: Path, seed: int = 0) -> None:
+    """A random diffusers AutoencoderKL in Stable Diffusion's layout (4 blocks: f8, 4 latent
+    channels) with tiny widths, saved with `save_pretrained`."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(seed)
+    AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4,
+        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=4,
+        sample_size=SMOKE_RESOLUTION,
+    ).save_pretrained(folder)
+
+
+def write_smoke_data(folder: Path) -> None:
+    """All of the smoke data in `folder` (skipped when a previous run completed it)."""
+    from uvic.cli import extract_imagenet
+
+    done = folder / ".complete"
+    if done.is_file():
+        return
+    write_imagenet(folder / "imagenet")
+    write_celeba(folder / "celeba")
+    write_tiny_vae(folder / "vae")
+    status = extract_imagenet.main([
+        "--imagenet", str(folder / "imagenet"), "--out", str(folder / "imagenet_features"),
+        "--resolution", str(SMOKE_RESOLUTION), "--vae", str(folder / "vae"),
+        "--batch-size", "8", "--chunk-size", "8", "--workers", "0", "--device", "cpu",
+        "--no-progress"])
+    if status != 0:
+        raise RuntimeError(f"feature extraction of the smoke data in {folder} failed")
+    done.touch()
