@@ -224,6 +224,16 @@ def plan_states_the_readme_compute(ws: Path, proc: subprocess.CompletedProcess) 
         assert f"{n} samples x {calls} network calls = {int(float(total)):,}" in proc.stdout
 
 
+def plan_states_the_release_compute(ws: Path, proc: subprocess.CompletedProcess) -> None:
+    """The release table's plan names every row and model, under the row's protocol."""
+    from uvic.evaluation.protocols import RELEASE_ROWS
+
+    for key, row in RELEASE_ROWS.items():
+        for model in ("uvit", "uvic"):
+            assert f"- {key} / {model}: train " in proc.stdout
+        assert f"protocol: {row.protocol.label()}" in proc.stdout
+
+
 def sampler_figures(output: str) -> dict[tuple, float]:
     """The errors `python tests/test_samplers.py` prints: a grid row as (section, order,
     steps, "time" | "logSNR"), any other line as (its label,), the text before its colon
@@ -406,6 +416,28 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
     "--out runs/table3": NotHere(ACCELERATE_GPUS.format(n=8) + " and " + INCEPTION),
     "python scripts/reproduce_table3.py --smoke":
         Run(check=writes("runs/table3_smoke/table3.md")),
+    "accelerate launch --multi_gpu --num_processes 8 --mixed_precision fp16 scripts/train.py "
+    "--config configs/imagenet256_uvic_huge.py": NotHere(ACCELERATE_GPUS.format(n=8), TRAIN),
+    "accelerate launch --multi_gpu --num_processes 8 --mixed_precision fp16 scripts/train.py "
+    "--config configs/imagenet64_uvic_mid.py": NotHere(ACCELERATE_GPUS.format(n=8), TRAIN),
+    "accelerate launch --multi_gpu --num_processes 4 --mixed_precision fp16 scripts/train.py "
+    "--config configs/celeba64_uvic_small.py": NotHere(ACCELERATE_GPUS.format(n=4), TRAIN),
+    "accelerate launch --multi_gpu --num_processes 8 eval/fid.py --config "
+    "configs/imagenet256_uvic_huge.py --ckpt runs/imagenet256_uvic_huge/ema.safetensors "
+    "--out runs/fid/imagenet256_uvic_huge.json":
+        NotHere(ACCELERATE_GPUS.format(n=8) + ", " + INCEPTION + ", a trained ImageNet model"),
+    "accelerate launch eval/fid.py --config configs/celeba64_uvic_small.py --ckpt "
+    "runs/celeba64_uvic_small/ema.safetensors --set "
+    "eval.ref_stats=assets/fid_stats/fid_stats_celeba64_train_50000_ddim.npz "
+    "--out runs/fid/celeba64_uvic_small.json":
+        NotHere(INCEPTION + ", the release's CelebA statistics and a trained CelebA model"),
+    # the release table's runner is Table 3's; its smoke is tests/test_release_table.py's too
+    "python scripts/reproduce_release_table.py --dry-run":
+        Run(check=plan_states_the_release_compute),
+    "accelerate launch --multi_gpu --num_processes 8 scripts/reproduce_release_table.py "
+    "--only imagenet256_huge": NotHere(ACCELERATE_GPUS.format(n=8) + " and " + INCEPTION),
+    "python scripts/reproduce_release_table.py --smoke":
+        Run(check=writes("runs/release_table_smoke/release_table.md")),
     "accelerate launch eval/fid.py --config configs/cifar10_uvit.py --ckpt "
     "cifar10_uvit_small.pth --out runs/fid/release/cifar10_uvit.json":
         NotHere(INCEPTION, CIFAR10_MODEL),

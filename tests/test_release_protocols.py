@@ -4,6 +4,7 @@ and the configs' defaults, against the values read from the U-ViT release (baoff
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,26 @@ def test_protocol_guidance_is_what_sampling_applies(preset: str, overrides: list
     assert protocol_of(cfg).guidance == effective_cfg_scale(cfg)
     unguided = dataclasses.replace(cfg, sample=dataclasses.replace(cfg.sample, cfg_scale=0.0))
     assert protocol_of(unguided).guidance == 0.0
+
+
+def test_readme_fid_table_is_the_row_protocols() -> None:
+    """The README's table of the ImageNet and CelebA protocols states RELEASE_ROWS."""
+    readme = (CONFIGS.parent / "README.md").read_text()
+    section = readme.split("### ImageNet and CelebA\n")[1].split("\n### ")[0]
+    lines = re.findall(r"^\| (CelebA|ImageNet) ([^|]+) \| (.+) \|$", section, flags=re.M)
+    titles = {"CelebA 64": ["celeba64_small"], "ImageNet 64 M/4, L/4":
+              ["imagenet64_mid", "imagenet64_large"]}
+    assert len(lines) == 6
+    for kind, name, cells in lines:
+        title = f"{kind} {name.strip()}"
+        keys = titles.get(title) or [f"imagenet{title.split()[1]}_"
+                                     f"{'large' if ' L/' in title else 'huge'}"]
+        sampler, guidance, _, stats = cells.split(" | ")
+        for key in keys:
+            p, row = RELEASE_ROWS[key].protocol, RELEASE_ROWS[key]
+            assert sampler == f"`{p.sampler}`, {p.steps}"
+            assert guidance == (f"{p.guidance:g} ({row.guidance_scale:g})" if p.guidance
+                                else "none")
+            assert stats in (f"`data/fid_stats/{row.release_stats}`", "the same")
+            cfg = load_config(CONFIGS / f"{row.uvit}.py")
+            assert stats == "the same" or stats == f"`{cfg.eval.ref_stats}`"
