@@ -228,10 +228,10 @@ def reference_statistics(
         feats = get_reference_statistics(name, res, mode=mode, split=split, metric="KID")
         return ReferenceStats(mu, sigma, feats, f"clean-fid {path.name} (downloaded)")
     if kind == "file":
-        if feat_extractor is None and check_stats_file(path) == "images":
-            return _images_stats(path, build_inception(cfg, mode, device), mode, device,
-                                 batch_size, progress)
-        return _load_stats(path, INCEPTION_DIM if feat_extractor is None else None)
+        if check_stats_file(path, INCEPTION_DIM if feat_extractor is None else None) == "images":
+            extractor = feat_extractor or build_inception(cfg, mode, device)
+            return _images_stats(path, extractor, mode, device, batch_size, progress)
+        return _load_stats(path)
     folder = images.prepare()
     files = list_images(folder)
     if len(files) < 2:
@@ -290,11 +290,10 @@ def _check_images(path: Path, images: np.ndarray) -> str:
     return "images"
 
 
-def _load_stats(path: Path, dim: int | None = None) -> ReferenceStats:
-    """mu/sigma of a checked statistics .npz (`check_stats_file`); KID features from its
+def _load_stats(path: Path) -> ReferenceStats:
+    """mu/sigma of a statistics .npz checked by `check_stats_file`; KID features from its
     `feats` or `<stem>_kid.npz`. ADM's reference batches hold Inception pool statistics as
     mu/sigma (used here) and spatial ones as mu_s/sigma_s (not FID's; ignored)."""
-    check_stats_file(path, dim)
     data = np.load(path)
     mu, sigma = data["mu"], data["sigma"]
     feats = data.get("feats")
