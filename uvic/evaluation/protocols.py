@@ -4,12 +4,15 @@ An FID is only comparable with another measured under the same protocol: the sam
 its steps, the number of samples, clean-fid's mode, the reference statistics and the
 feature extractor. `protocol_of(cfg)` reads it from a config; `RELEASE` holds the U-ViT
 release's protocols, which the paper's Table 3 follows (the paper defers to U-ViT's
-setup); `protocol_table` renders Table 3 with one column per (dataset, protocol), so two
-protocols never share a column. A protocol whose features are not Inception (the
-download-free eval.features=projection, test extractors) is a stand-in: its label, its
-column and its result say it is not comparable with Inception FID. A result recorded under
-a retired sampler name (`OLD_SAMPLERS`) is read back under a name saying so, so it never
-shares a column, nor a label, with results of the protocol that replaced it.
+setup), and `RELEASE_ROWS` its protocol for every row of its own table (CelebA, ImageNet
+64, 256, 512 besides CIFAR-10 and MS-COCO: sampler, steps, guidance in the release's and
+diffusers' conventions, sample count, its statistics file); `protocol_table` renders Table
+3 with one column per (dataset, protocol), so two protocols never share a column. A
+protocol whose features are not Inception (the download-free eval.features=projection,
+test extractors) is a stand-in: its label, its column and its result say it is not
+comparable with Inception FID. A result recorded under a retired sampler name
+(`OLD_SAMPLERS`) is read back under a name saying so, so it never shares a column, nor a
+label, with results of the protocol that replaced it.
 """
 
 from __future__ import annotations
@@ -176,17 +179,24 @@ RELEASE_ROWS = {row.key: row for row in [
     ReleaseRow("celeba64_small", "CelebA 64, U-ViT-S/4", "celeba64_uvit_small",
                "configs/celeba64_uvit_small.py",
                _release("euler_maruyama", 1000, 0.0, _CELEBA, 64), _CELEBA, "none", 2.87),
-    *(ReleaseRow(f"imagenet64_{size}", f"ImageNet 64, U-ViT-{letter}/4",
-                 f"imagenet64_uvit_{size}", f"configs/imagenet64_uvit_{size}.py",
-                 _release(FAST_LOGSNR, 50, 0.0, _IN64, 64), _IN64, BY_COUNT, fid)
-      for size, letter, fid in [("mid", "M", 5.85), ("large", "L", 4.26)]),
-    *(ReleaseRow(f"imagenet{res}_{size}", f"ImageNet {res}, U-ViT-{letter}/{patch}",
-                 f"imagenet{res}_uvit_{size}", f"configs/imagenet{res}_uvit_{size}.py",
-                 _release(sampler, 50, scale, stats, res), stats, UNIFORM, fid)
-      for res, patch, scale, stats in [(256, 2, 0.4, _IN256), (512, 4, 0.7, _IN512)]
-      for size, letter, sampler, fid in [
-          ("large", "L", FAST_LOGSNR, {256: 3.40, 512: 4.67}[res]),
-          ("huge", "H", FAST_TIME, {256: 2.29, 512: 4.05}[res])]),
+    ReleaseRow("imagenet64_mid", "ImageNet 64, U-ViT-M/4", "imagenet64_uvit_mid",
+               "configs/imagenet64_uvit_mid.py",
+               _release(FAST_LOGSNR, 50, 0.0, _IN64, 64), _IN64, BY_COUNT, 5.85),
+    ReleaseRow("imagenet64_large", "ImageNet 64, U-ViT-L/4", "imagenet64_uvit_large",
+               "configs/imagenet64_uvit_large.py",
+               _release(FAST_LOGSNR, 50, 0.0, _IN64, 64), _IN64, BY_COUNT, 4.26),
+    ReleaseRow("imagenet256_large", "ImageNet 256, U-ViT-L/2", "imagenet256_uvit_large",
+               "configs/imagenet256_uvit_large.py",
+               _release(FAST_LOGSNR, 50, 0.4, _IN256, 256), _IN256, UNIFORM, 3.40),
+    ReleaseRow("imagenet256_huge", "ImageNet 256, U-ViT-H/2", "imagenet256_uvit_huge",
+               "configs/imagenet256_uvit_huge.py",
+               _release(FAST_TIME, 50, 0.4, _IN256, 256), _IN256, UNIFORM, 2.29),
+    ReleaseRow("imagenet512_large", "ImageNet 512, U-ViT-L/4", "imagenet512_uvit_large",
+               "configs/imagenet512_uvit_large.py",
+               _release(FAST_LOGSNR, 50, 0.7, _IN512, 512), _IN512, UNIFORM, 4.67),
+    ReleaseRow("imagenet512_huge", "ImageNet 512, U-ViT-H/4", "imagenet512_uvit_huge",
+               "configs/imagenet512_uvit_huge.py",
+               _release(FAST_TIME, 50, 0.7, _IN512, 512), _IN512, UNIFORM, 4.05),
     ReleaseRow("mscoco", "MS-COCO 256 (text), U-ViT-S/2", "mscoco_uvit",
                "configs/mscoco_uvit_small.py", RELEASE["mscoco"], "fid_stats_mscoco256_val.npz",
                "the captions of random val images", 5.95),
