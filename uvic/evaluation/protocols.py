@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from uvic.config import Config
+from uvic.sampling.checks import can_guide, fid_label_draw
 
 # The paper's Table 3 and the U-ViT release's reported FIDs.
 PAPER_FID = {("U-ViT", "cifar10"): 3.39, ("U-ViT", "mscoco"): 5.99,
@@ -42,6 +43,7 @@ class Protocol:
     fid_mode: str  # clean-fid mode
     reference: str  # reference statistics: name or file, split, resolution
     features: str = "inception"  # the feature extractor
+    labels: str = ""  # class-conditional: how each sample's class is drawn (fid_label_draw)
 
     @property
     def inception(self) -> bool:
@@ -54,7 +56,8 @@ class Protocol:
         comparable with Inception FID)`."""
         guided = f", guidance {self.guidance:g}" if self.guidance else ""
         features = "" if self.inception else f", features {self.features} (stand-in: {NOT_FID})"
-        return (f"{self.sampler} {self.steps} steps{guided}, {self.n_samples} samples, "
+        labels = f", labels {self.labels}" if self.labels else ""
+        return (f"{self.sampler} {self.steps} steps{guided}{labels}, {self.n_samples} samples, "
                 f"{self.fid_mode}, ref {self.reference}{features}")
 
     def as_dict(self) -> dict[str, Any]:
@@ -90,10 +93,11 @@ def protocol_of(
     `features` names a feature extractor other than eval.features' (tests)."""
     return Protocol(
         sampler=sampler_name(cfg), steps=cfg.sample.steps,
-        guidance=cfg.sample.cfg_scale if cfg.model.clip_dim > 0 else 0.0,
+        guidance=cfg.sample.cfg_scale if can_guide(cfg) else 0.0,
         n_samples=int(n if n is not None else cfg.eval.n_samples), fid_mode=cfg.eval.mode,
         reference=reference_name(cfg),
         features=features if features is not None else cfg.eval.features,
+        labels=fid_label_draw(cfg),
     )
 
 
