@@ -37,7 +37,6 @@ def unit_float(text: str) -> float:
     return value
 
 
-
 def int_list(text: str) -> list[int]:
     """argparse type: comma-separated integers, e.g. `207,360,387`."""
     words = [w.strip() for w in text.split(",")]
