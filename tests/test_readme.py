@@ -111,6 +111,10 @@ MSCOCO_OFFLINE = sets("data.vae={assets}/vae", "data.clip_model=local-dir:{asset
                       "data.clip_pretrained=")
 IMAGENET_OFFLINE = ("--device", "cpu", "--vae", "{assets}/vae", "--resolution", "64",
                     "--workers", "0", "--no-progress")
+# The ImageNet-256 U-ViT-L/2 made tiny (8x8 latents), decoded by the tiny local VAE.
+IMAGENET256_MODEL = sets("model.img_size=8", "model.embed_dim=32", "model.depth=2",
+                         "model.num_heads=2", "model.attention_backend=torch")
+IMAGENET_VAE = sets("data.vae={assets}/vae")
 # Two steps, a checkpoint and a sample grid; fp32 (the paper configs' fp16 needs a GPU).
 TRAIN = sets("train.mixed_precision=no", "data.num_workers=0", "train.max_steps=2",
              "train.batch_size=4", "train.log_every=1", "train.ckpt_every=2",
@@ -189,6 +193,14 @@ def imagenet_features_complete(resolution: int) -> Callable[[Path, subprocess.Co
         assert f"features complete in {folder}" in proc.stdout
         assert "train: 9 images in 3 classes" in proc.stdout
         assert json.loads((ws / folder / "train/progress.json").read_text())["complete"]
+    return check
+
+
+def shows_classes(*labels: int) -> Callable[[Path, subprocess.CompletedProcess], None]:
+    def check(ws: Path, proc: subprocess.CompletedProcess) -> None:
+        record = json.loads((ws / "samples/imagenet256/sample_config.json").read_text())
+        assert record["class_labels"] == list(labels), record["class_labels"]
+        assert "classes shown: " + ", ".join(map(str, labels)) in proc.stdout
     return check
 
 
@@ -382,6 +394,12 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
     "runs/mscoco_uvic/ema.safetensors --prompts prompts.txt --cfg-scale 1.0 "
     "--out samples/coco":
         Run(MSCOCO_MODEL + MSCOCO_OFFLINE + SAMPLE, ("mscoco run", "prompts"), "samples"),
+    # --n 4 (SAMPLE) for 8 ids: one image of each
+    "python scripts/sample.py --config configs/imagenet256_uvit_large.py --ckpt "
+    "imagenet256_uvit_large.pth --class-labels 207,360,387,974,88,979,417,279 "
+    "--out samples/imagenet256":
+        Run(IMAGENET256_MODEL + IMAGENET_VAE + SAMPLE, ("imagenet256 checkpoint",), "samples",
+            shows_classes(207, 360, 387, 974, 88, 979, 417, 279)),
     "python scripts/sample.py --config configs/quickstart.py --ckpt "
     "runs/quickstart/uvit/ema.safetensors --ckpt runs/quickstart/uvic/ema.safetensors "
     "--label U-ViT --label U-ViC --out samples/compare":
@@ -575,6 +593,16 @@ class Assets:
             torch.manual_seed(0)
             torch.save(build_model(cfg.model).state_dict(), self.root / "cifar10_uvit_small.pth")
 
+    def make_imagenet256_checkpoint(self) -> None:
+        """A release-format nnet_ema.pth (random weights) of the tiny ImageNet-256 L/2."""
+        if self.once("imagenet256 checkpoint"):
+            self.make_models()
+            cfg = load_config(ROOT / "configs/imagenet256_uvit_large.py",
+                              set_values(IMAGENET256_MODEL))
+            torch.manual_seed(0)
+            torch.save(build_model(cfg.model).state_dict(),
+                       self.root / "imagenet256_uvit_large.pth")
+
     def make_fid_results(self) -> None:
         """A result JSON of the real evaluator, with its stand-in features (no Inception)."""
         if self.once("fid results"):
@@ -603,6 +631,7 @@ PLACES: dict[str, list[tuple[str, str]]] = {
     "quickstart runs": [("runs/quickstart", "runs/quickstart")],
     "prompts": [("prompts.txt", "prompts.txt")],
     "release checkpoint": [("cifar10_uvit_small.pth", "cifar10_uvit_small.pth")],
+    "imagenet256 checkpoint": [("imagenet256_uvit_large.pth", "imagenet256_uvit_large.pth")],
     # one result JSON of the evaluator, in both folders the README tabulates
     "fid results": [("fid/cifar10_uvic.json", "runs/fid/cifar10_uvic.json"),
                     ("fid/cifar10_uvic.json", "runs/fid/release/cifar10_uvic.json")],

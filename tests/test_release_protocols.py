@@ -83,12 +83,13 @@ def test_configs_default_to_the_row_protocol(key: str) -> None:
 def test_labels_name_both_guidance_conventions() -> None:
     assert RELEASE_ROWS["imagenet256_large"].label() == (
         "dpm_solver_fast_logsnr, 50 steps, guidance s=0.4 (diffusers guidance_scale=1.4), "
-        "50000 samples, labels: uniform over the 1000 classes, the release's statistics: "
+        "50000 samples, labels: uniform over 1000 classes, the release's statistics: "
         "fid_stats_imagenet256_guided_diffusion.npz")
     assert RELEASE_ROWS["celeba64_small"].label().startswith(
         "euler_maruyama, 1000 steps, no guidance, 50000 samples")
     assert RELEASE_ROWS["imagenet512_huge"].protocol.label() == (
-        "dpm_solver++_fast_time_uniform 50 steps, guidance 0.7, 50000 samples, legacy_pytorch, "
+        "dpm_solver++_fast_time_uniform 50 steps, guidance 0.7, labels uniform over 1000 classes, "
+        "50000 samples, legacy_pytorch, "
         "ref fid_stats_imagenet512_guided_diffusion/train/512")
 
 

@@ -37,3 +37,14 @@ def unit_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
     return value
 
+
+def int_list(text: str) -> list[int]:
+    """argparse type: comma-separated integers, e.g. `207,360,387`."""
+    words = [w.strip() for w in text.split(",")]
+    try:
+        values = [int(w) for w in words]
+    except ValueError:
+        bad = next(w for w in words if not w.lstrip("-").isdigit())
+        raise argparse.ArgumentTypeError(f"{bad!r} is not an integer (give ids like "
+                                         "207,360,387)") from None
+    return values

@@ -9,8 +9,11 @@ The protocol comes from the config (`uvic.evaluation.protocols`): with configs/c
 Euler-Maruyama 1000 steps, 50,000 samples, clean-fid `legacy_pytorch` against CIFAR-10
 train; with configs/mscoco_*.py, the release's DPM-Solver "fast" 50 steps with guidance
 scale 1, 30,000 samples with captions of the val split, `legacy_pytorch` against val2014 at
-256x256. A faster protocol is one option away (`--scheduler dpm_solver++ --steps 50`,
-`--mode clean`); the result JSON and the table name the protocol either way.
+256x256; class-conditional models sample their classes as the release does (uniform for the
+ImageNet latent rows, in the training set's class frequencies for ImageNet 64, each
+sample's class seeded by (seed, i)). A faster protocol is one option away (`--scheduler
+dpm_solver++ --steps 50`, `--mode clean`); the result JSON and the table name the
+protocol either way.
 
 Generates N samples as PNGs into --samples-dir (resumable: existing samples are kept and
 sample i is always seeded by (seed, i)), then computes FID and KID against the reference
@@ -39,7 +42,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from uvic.cli.sampler_options import sampler_overrides
+from uvic.cli.sampler_options import guidance_option, sampler_overrides
 from uvic.evaluation.checks import FID_FEATURES, FID_MODES
 from uvic.evaluation.protocols import NOT_FID
 from uvic.sampling.checks import PRECISIONS
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             feature_batch_size=args.feature_batch_size, num_workers=args.num_workers,
             progress=not args.quiet,
             choice=ModelChoice.from_overrides(args.set, args.model_from_config, args.config),
-            say=print,
+            say=print, guidance_option=guidance_option(args),
         )
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -9,6 +9,10 @@
     # text-to-image, prompts one per line (default: the feature folder's sample prompts):
     python scripts/sample.py --config configs/mscoco_uvic.py --ckpt nnet_ema.pth \
         --prompts prompts.txt --cfg-scale 1.0 --out samples/coco
+    # class-conditional: n // 8 images of each class, one grid row per class:
+    python scripts/sample.py --config configs/imagenet256_uvic_large.py \
+        --ckpt runs/imagenet256_uvic_large/ema.safetensors \
+        --class-labels 207,360,387,974,88,979,417,279 --out samples/imagenet256
     # many images on all GPUs:
     accelerate launch scripts/sample.py ... --n 1000 --save-individual
 
@@ -26,6 +30,13 @@ and where it came from, and names the `--config` model values it did not use. A
 Several checkpoints of a side-by-side may differ (U-ViT and U-ViC) but must take the same
 inputs (image size, channels, conditioning).
 
+A class-conditional model shows each `--class-labels` id in a grid row of n // #ids
+images (at least one), as `--prompts` does with prompts; without them image i shows class
+i mod K (its K classes). The grid captions each row's class, which a line printed at the
+start and `sample_config.json` (`class_labels`, one per image) list too. `--class-labels`
+for a model without class labels, an id outside [0, K), and a nonzero `--cfg-scale` (or
+`--set sample.cfg_scale`) for a model that cannot be guided stop with one line.
+
 Writes to --out: `grid.png`, the main grid (with several checkpoints: their grids side by
 side, labelled), `grid_<label>.png` per checkpoint when there are several,
 `<label>/{i:06d}.png` with --save-individual (native size) and `sample_config.json`.
@@ -38,8 +49,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from uvic.cli import positive_int
-from uvic.cli.sampler_options import sampler_overrides
+from uvic.cli import int_list, positive_int
+from uvic.cli.sampler_options import guidance_option, sampler_overrides
 from uvic.sampling.checks import PRECISIONS
 
 
@@ -50,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="checkpoint (.safetensors or .pth); repeat for a side-by-side grid")
     p.add_argument("--label", action="append", help="grid label per --ckpt (same order)")
     p.add_argument("--prompts", help="text-to-image: file with one prompt per line")
+    p.add_argument("--class-labels", type=int_list, metavar="ID,ID,...",
+                   help="class-conditional: class ids to show, n // #ids images each, one "
+                   "grid row per id (default: image i shows class i mod K)")
     p.add_argument("--n", "--num-samples", dest="n", type=int, default=64,
                    help="number of images (default 64)")
     p.add_argument("--nrow", type=positive_int, help="images per grid row")
@@ -94,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             save_individual=args.save_individual, nrow=args.nrow,
             record={"config_path": args.config, "args": vars(args)}, progress=not args.quiet,
             choice=ModelChoice.from_overrides(args.set, args.model_from_config, args.config),
-            upscale=args.upscale, say=print,
+            upscale=args.upscale, say=print, class_labels=args.class_labels,
+            guidance_option=guidance_option(args),
         )
     except (ConfigError, CheckpointError, ClipLoadError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -11,3 +11,20 @@ def sampler_overrides(args: argparse.Namespace) -> list[str]:
     pairs = [("steps", args.steps), ("scheduler", args.scheduler), ("order", args.order),
              ("cfg_scale", args.cfg_scale), ("batch_size", args.batch_size)]
     return [f"sample.{key}={value}" for key, value in pairs if value is not None]
+
+
+def guidance_option(args: argparse.Namespace) -> str | None:
+    """How the command line set a nonzero guidance scale (`--cfg-scale 0.4`, or the last
+    `--set sample.cfg_scale=0.4`, which `--cfg-scale` overrides), None when it did not:
+    a model that cannot be guided refuses it (`uvic.sampling.checks.check_guidance`)."""
+    if args.cfg_scale is not None:
+        return f"--cfg-scale {args.cfg_scale:g}" if args.cfg_scale != 0 else None
+    for item in reversed(args.set):
+        key, _, value = item.partition("=")
+        if key.strip() == "sample.cfg_scale":
+            try:
+                nonzero = float(value) != 0
+            except ValueError:
+                return None  # not a number: the config's own error names it
+            return f"--set {item.strip()}" if nonzero else None
+    return None

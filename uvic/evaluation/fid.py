@@ -5,9 +5,12 @@ Protocol (the U-ViT release's, see `uvic.evaluation.protocols` and docs/conventi
 (clean-fid's named statistics `cifar10`/train/32, or statistics built from a local CIFAR-10
 copy); MS-COCO 256, 30,000 samples whose captions are drawn from the val split, the
 release's DPM-Solver "fast" 50 steps with guidance `eps = c + 1.0 (c - u)`, against val2014
-at 256x256 (center crop, resize). `evaluate` does all of it and writes a result JSON; every
-result names its protocol (`uvic.evaluation.protocols.protocol_of`), and `eval/fid_table.py` turns a
-folder of results into the paper's Table 3. Inception features come from
+at 256x256 (center crop, resize). Class-conditional models: each sample's class drawn as the
+release draws it (`uvic.sampling.labels.FIDLabels`: uniform for the latent ImageNet rows,
+in the training set's class frequencies for ImageNet 64). `evaluate` does all of it and
+writes a result JSON; every result names its protocol
+(`uvic.evaluation.protocols.protocol_of`), and `eval/fid_table.py` turns a folder of
+results into the paper's Table 3. Inception features come from
 `uvic.evaluation.statistics`, reference statistics from `uvic.evaluation.reference`.
 eval.features=projection swaps Inception for a download-free stand-in (reference statistics
 built with it from local images): the pipeline runs end to end offline, and every result
@@ -72,8 +75,10 @@ from uvic.run.files import write_json
 from uvic.run.folder import checkpoint_step
 from uvic.run.weights import file_sha256
 from uvic.sampling.assets import is_latent
+from uvic.sampling.checks import check_guidance, fid_label_draw
 from uvic.sampling.generate import distributed_state, effective_cfg_scale, sample_checkpoint
 from uvic.sampling.images import save_images
+from uvic.sampling.labels import FIDLabels, fid_labels
 from uvic.validation import validate
 
 if TYPE_CHECKING:
@@ -95,8 +100,10 @@ def existing_samples(folder: str | Path) -> set[int]:
     return {int(m.group(1)) for p in folder.iterdir() if (m := SAMPLE_NAME.match(p.name))}
 
 
-def _samples_meta(cfg: Config, ckpt_sha: str, seed: int, precision: str) -> dict[str, Any]:
-    """What determines the images: a resumed run must match it exactly."""
+def _samples_meta(cfg: Config, ckpt_sha: str, seed: int, precision: str,
+                  labels: FIDLabels | None) -> dict[str, Any]:
+    """What determines the images: a resumed run must match it exactly (the class labels'
+    draw only for class-conditional models, so older folders of the others still match)."""
     s = cfg.sample
     return {
         "checkpoint_sha256": ckpt_sha, "seed": seed, "precision": precision,
@@ -105,6 +112,7 @@ def _samples_meta(cfg: Config, ckpt_sha: str, seed: int, precision: str) -> dict
         "scheduler_kwargs": s.scheduler_kwargs,
         "cfg_scale": effective_cfg_scale(cfg), "data": cfg.data.name,
         "captions": cfg.eval.captions if cfg.model.clip_dim > 0 else "",
+        **({"labels": labels.record(fid_label_draw(cfg))} if labels is not None else {}),
     }
 
 
@@ -186,6 +194,7 @@ def evaluate(
     progress: bool = True,
     choice: ModelChoice | None = None,
     say: Callable[[str], None] | None = None,
+    guidance_option: str | None = None,
 ) -> dict[str, Any]:
     """Generate `n` samples of the checkpoint (resumable), compute FID and KID, write JSON.
 
@@ -199,6 +208,7 @@ def evaluate(
     `uvic.evaluation.statistics`) before sampling anything: the Inception network is loaded first.
     The model is built as `resolve_model(cfg, ckpt_path, choice)` says (the checkpoint's
     own architecture); `say` (main process) gets a one-line note stating it.
+    `guidance_option` (a command line's guidance scale): refused if unguided (`check_guidance`).
     """
     t_start = time.perf_counter()
     validate(cfg)
@@ -207,6 +217,7 @@ def evaluate(
     state = distributed_state()
     say = say if state.is_main_process else None
     job = _job(cfg, ckpt_path, n, out_json, samples_dir, stats_dir, choice, say)
+    check_guidance(job.cfg, guidance_option)
     extractor = _check_protocol(job, feat_extractor, allow_download, state)
     ckpt_sha = file_sha256(job.ckpt)
     generated, t_sampling = _generate(job, ckpt_sha, seed, precision, progress, choice, say,
@@ -310,7 +321,8 @@ def _generate(job: _Job, ckpt_sha: str, seed: int, precision: str, progress: boo
     """Sample what the sample folder lacks (each process every num_processes-th missing
     index) after checking that its samples were made with the same settings; returns the
     number of samples that were missing (made by all processes) and the sampling time."""
-    meta = _samples_meta(job.cfg, ckpt_sha, seed, precision)
+    labels = fid_labels(job.cfg, seed)  # class-conditional models
+    meta = _samples_meta(job.cfg, ckpt_sha, seed, precision, labels)
     if state.is_main_process:
         _check_samples_meta(job.samples_dir, meta, write=True)
     state.wait_for_everyone()
@@ -325,7 +337,7 @@ def _generate(job: _Job, ckpt_sha: str, seed: int, precision: str, progress: boo
         for indices, images in sample_checkpoint(
             cfg, job.ckpt, mine, seed=seed, device=state.device, precision=precision,
             context_fn=context_fn, progress=progress and state.is_main_process,
-            choice=choice, say=say,
+            choice=choice, say=say, label_fn=labels,
         ):
             save_images(images, job.samples_dir, indices)
     return len(todo), time.perf_counter() - t0

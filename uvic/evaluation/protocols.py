@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from uvic.config import Config
+from uvic.sampling.checks import can_guide, fid_label_draw
 
 # The paper's Table 3 and the U-ViT release's reported FIDs.
 PAPER_FID = {("U-ViT", "cifar10"): 3.39, ("U-ViT", "mscoco"): 5.99,
@@ -45,6 +46,7 @@ class Protocol:
     fid_mode: str  # clean-fid mode
     reference: str  # reference statistics: name or file, split, resolution
     features: str = "inception"  # the feature extractor
+    labels: str = ""  # class-conditional: how each sample's class is drawn (fid_label_draw)
 
     @property
     def inception(self) -> bool:
@@ -57,7 +59,8 @@ class Protocol:
         comparable with Inception FID)`."""
         guided = f", guidance {self.guidance:g}" if self.guidance else ""
         features = "" if self.inception else f", features {self.features} (stand-in: {NOT_FID})"
-        return (f"{self.sampler} {self.steps} steps{guided}, {self.n_samples} samples, "
+        labels = f", labels {self.labels}" if self.labels else ""
+        return (f"{self.sampler} {self.steps} steps{guided}{labels}, {self.n_samples} samples, "
                 f"{self.fid_mode}, ref {self.reference}{features}")
 
     def as_dict(self) -> dict[str, Any]:
@@ -89,11 +92,8 @@ def reference_name(cfg: Config) -> str:
 def guidance_of(cfg: Config) -> float:
     """The s of `eps = c + s (c - u)` that sampling applies: sample.cfg_scale for text-
     and for class-conditional models trained with a null class (diffusion.p_uncond > 0),
-    else 0. The rule of `uvic.sampling.generate.effective_cfg_scale` (which loads torch;
-    this module must not), tested to agree with it."""
-    m = cfg.model
-    guided = m.clip_dim > 0 or (m.num_classes > 0 and cfg.diffusion.p_uncond > 0)
-    return cfg.sample.cfg_scale if guided else 0.0
+    else 0 (`uvic.sampling.checks.can_guide`, the rule sampling uses)."""
+    return cfg.sample.cfg_scale if can_guide(cfg) else 0.0
 
 
 def protocol_of(
@@ -107,6 +107,7 @@ def protocol_of(
         n_samples=int(n if n is not None else cfg.eval.n_samples), fid_mode=cfg.eval.mode,
         reference=reference_name(cfg),
         features=features if features is not None else cfg.eval.features,
+        labels=fid_label_draw(cfg),
     )
 
 
@@ -156,15 +157,17 @@ class ReleaseRow:
                 f"labels: {self.labels}, the release's statistics: {self.release_stats}")
 
 
-def _release(sampler: str, steps: int, guidance: float, stats: str, res: int) -> Protocol:
+def _release(sampler: str, steps: int, guidance: float, stats: str, res: int,
+             labels: str = "") -> Protocol:
     """A release protocol: 50k samples, the release's pytorch-fid port (clean-fid's
-    legacy_pytorch), against the release's statistics file `stats` (eval.ref_stats)."""
+    legacy_pytorch), against the release's statistics file `stats` (eval.ref_stats), class
+    labels drawn as `labels` says (`uvic.sampling.checks.fid_label_draw`'s words)."""
     return Protocol(sampler, steps, guidance, 50_000, "legacy_pytorch",
-                    f"{Path(stats).stem}/train/{res}")
+                    f"{Path(stats).stem}/train/{res}", labels=labels)
 
 
 FAST_LOGSNR, FAST_TIME = "dpm_solver_fast_logsnr", "dpm_solver++_fast_time_uniform"
-UNIFORM, BY_COUNT = "uniform over the 1000 classes", "in proportion to the train set's class counts"
+UNIFORM, BY_COUNT = "uniform over 1000 classes", "1000 classes in training-set frequencies"
 _IN64, _IN256, _IN512 = (f"fid_stats_imagenet{r}_guided_diffusion.npz" for r in (64, 256, 512))
 _CELEBA = "fid_stats_celeba64_train_50000_ddim.npz"
 # The release's rows (baofff/U-ViT: configs/*.py `sample`, eval.py / eval_ldm.py /
@@ -181,22 +184,22 @@ RELEASE_ROWS = {row.key: row for row in [
                _release("euler_maruyama", 1000, 0.0, _CELEBA, 64), _CELEBA, "none", 2.87),
     ReleaseRow("imagenet64_mid", "ImageNet 64, U-ViT-M/4", "imagenet64_uvit_mid",
                "configs/imagenet64_uvit_mid.py",
-               _release(FAST_LOGSNR, 50, 0.0, _IN64, 64), _IN64, BY_COUNT, 5.85),
+               _release(FAST_LOGSNR, 50, 0.0, _IN64, 64, BY_COUNT), _IN64, BY_COUNT, 5.85),
     ReleaseRow("imagenet64_large", "ImageNet 64, U-ViT-L/4", "imagenet64_uvit_large",
                "configs/imagenet64_uvit_large.py",
-               _release(FAST_LOGSNR, 50, 0.0, _IN64, 64), _IN64, BY_COUNT, 4.26),
+               _release(FAST_LOGSNR, 50, 0.0, _IN64, 64, BY_COUNT), _IN64, BY_COUNT, 4.26),
     ReleaseRow("imagenet256_large", "ImageNet 256, U-ViT-L/2", "imagenet256_uvit_large",
                "configs/imagenet256_uvit_large.py",
-               _release(FAST_LOGSNR, 50, 0.4, _IN256, 256), _IN256, UNIFORM, 3.40),
+               _release(FAST_LOGSNR, 50, 0.4, _IN256, 256, UNIFORM), _IN256, UNIFORM, 3.40),
     ReleaseRow("imagenet256_huge", "ImageNet 256, U-ViT-H/2", "imagenet256_uvit_huge",
                "configs/imagenet256_uvit_huge.py",
-               _release(FAST_TIME, 50, 0.4, _IN256, 256), _IN256, UNIFORM, 2.29),
+               _release(FAST_TIME, 50, 0.4, _IN256, 256, UNIFORM), _IN256, UNIFORM, 2.29),
     ReleaseRow("imagenet512_large", "ImageNet 512, U-ViT-L/4", "imagenet512_uvit_large",
                "configs/imagenet512_uvit_large.py",
-               _release(FAST_LOGSNR, 50, 0.7, _IN512, 512), _IN512, UNIFORM, 4.67),
+               _release(FAST_LOGSNR, 50, 0.7, _IN512, 512, UNIFORM), _IN512, UNIFORM, 4.67),
     ReleaseRow("imagenet512_huge", "ImageNet 512, U-ViT-H/4", "imagenet512_uvit_huge",
                "configs/imagenet512_uvit_huge.py",
-               _release(FAST_TIME, 50, 0.7, _IN512, 512), _IN512, UNIFORM, 4.05),
+               _release(FAST_TIME, 50, 0.7, _IN512, 512, UNIFORM), _IN512, UNIFORM, 4.05),
     ReleaseRow("mscoco", "MS-COCO 256 (text), U-ViT-S/2", "mscoco_uvit",
                "configs/mscoco_uvit_small.py", RELEASE["mscoco"], "fid_stats_mscoco256_val.npz",
                "the captions of random val images", 5.95),

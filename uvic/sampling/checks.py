@@ -1,17 +1,22 @@
-"""The rules on `sample.*` values, and the precisions sampling runs in.
+"""The rules on `sample.*` values, the precisions sampling runs in, and what a model's
+conditioning allows: guidance, and the class labels it may be given.
 
-Read by `uvic.sampling.generate`, by `uvic.validation` and by the CLI (`--precision`
-choices); no torch here.
+Read by `uvic.sampling.generate`, `uvic.sampling.labels`, `uvic.evaluation.protocols`, by
+`uvic.validation` and by the CLI (`--precision` choices); no torch here.
 """
 
 from __future__ import annotations
 
 import math
 
-from uvic.config import SampleConfig, require
+from uvic.config import Config, SampleConfig, require
 from uvic.diffusion.checks import check_scheduler
 
 PRECISIONS = ("fp32", "fp16", "bf16")  # `--precision`: autocast dtype on CUDA (fp32: none)
+# Class-conditional data whose FID labels follow the training set's class frequencies (the
+# U-ViT release's `ImageNet.sample_label`: torch.multinomial of the per-class image counts);
+# on other data (the latent features: `ImageNet256Features.sample_label`) they are uniform.
+FREQUENCY_LABEL_DATA = ("imagenet",)
 
 
 def check_sample(sample: SampleConfig) -> None:
@@ -30,3 +35,54 @@ def check_sample(sample: SampleConfig) -> None:
          "sample.autoguidance_ckpt (the weaker model's weights)"),
     ])
     check_scheduler(sample.scheduler, sample.order)
+
+
+def real_classes(cfg: Config) -> int:
+    """How many classes a label may name: model.num_classes, less the classifier-free null
+    class (the last id) when the model was trained with one (diffusion.p_uncond > 0); 0
+    for a model without class labels."""
+    m = cfg.model
+    if m.num_classes <= 0:
+        return 0
+    return m.num_classes - 1 if cfg.diffusion.p_uncond > 0 else m.num_classes
+
+
+def can_guide(cfg: Config) -> bool:
+    """Whether classifier-free guidance applies: a text-conditional model, or a
+    class-conditional one trained with a null class to guide against."""
+    m = cfg.model
+    return m.clip_dim > 0 or (m.num_classes > 0 and cfg.diffusion.p_uncond > 0)
+
+
+def conditioning(cfg: Config) -> str:
+    """The model's conditioning in words, naming the fields that say so."""
+    m = cfg.model
+    if m.clip_dim > 0:
+        return f"text-conditional (model.clip_dim={m.clip_dim})"
+    if m.num_classes > 0:
+        null = ("with" if cfg.diffusion.p_uncond > 0 else "without") + " a null class"
+        return (f"class-conditional (model.num_classes={m.num_classes}, {null}: "
+                f"diffusion.p_uncond={cfg.diffusion.p_uncond:g})")
+    return f"unconditional (model.num_classes={m.num_classes}, model.clip_dim={m.clip_dim})"
+
+
+def check_guidance(cfg: Config, given: str | None) -> None:
+    """Refuse (ValueError, one line) a guidance scale set explicitly (`given`: how, e.g.
+    `--cfg-scale 0.4`) for a model that cannot be guided (`can_guide`): it would be
+    ignored, and the samples would not be what was asked for."""
+    if given and not can_guide(cfg):
+        raise ValueError(f"{given}: guidance needs a text-conditional model or a "
+                         f"class-conditional one trained with a null class; {cfg.name} is "
+                         f"{conditioning(cfg)} (drop the option, or set it to 0)")
+
+
+def fid_label_draw(cfg: Config) -> str:
+    """How FID draws the class of each sample, as the release does ("" for a model without
+    class labels): in the training set's class frequencies (`FREQUENCY_LABEL_DATA`) or
+    uniformly (`uvic.sampling.labels.FIDLabels` draws them)."""
+    k = real_classes(cfg)
+    if k == 0:
+        return ""
+    if cfg.data.name in FREQUENCY_LABEL_DATA:
+        return f"{k} classes in training-set frequencies"
+    return f"uniform over {k} classes"

@@ -6,6 +6,7 @@ Writes `grid.png` (with several checkpoints, their grids side by side, labelled)
 `save_individual` (native size) and `sample_config.json`. Each checkpoint is built as the
 architecture it was trained with (`uvic.run.architecture.resolve_model`); several
 checkpoints of a side-by-side may differ (U-ViT and U-ViC) but must take the same inputs.
+A class-conditional model's grid says which class each image shows (`uvic.sampling.labels`).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ import torch
 from accelerate.utils import gather_object
 
 from uvic.config import Config, to_dict
-from uvic.run.architecture import ModelChoice, check_same_inputs, resolve_model
+from uvic.run.architecture import ModelChoice, ResolvedModel, check_same_inputs, resolve_model
 from uvic.run.files import write_json
 from uvic.sampling.assets import SamplingAssets, prompt_contexts, read_prompts, text_encoder
+from uvic.sampling.checks import check_guidance
 from uvic.sampling.generate import distributed_state, effective_cfg_scale, sample_checkpoint
 from uvic.sampling.images import save_comparison_grid, save_grid, save_images, to_uint8
+from uvic.sampling.labels import LabelFn, label_fn, shown_labels
 from uvic.validation import validate
 
 
@@ -60,21 +63,50 @@ def _slug(label: str) -> str:
 
 @dataclasses.dataclass
 class _Prompts:
-    """What a text-to-image sampling shows: the prompts, each sample's context, the grid's
-    captions and row length, and the number of images (n rounded to whole prompts)."""
+    """What a text-to-image or class-conditional sampling shows: the prompts, each
+    sample's context, or each image's class, the grid's captions and row length, and the
+    number of images (n rounded to whole prompts or class labels)."""
 
     total: int
     nrow: int | None
     prompts: list[str] | None = None
     captions: list[str] | None = None
     context_fn: Callable[[list[int]], torch.Tensor] | None = None
+    labels: list[int] | None = None  # the class of each image
+    label_fn: LabelFn | None = None
+
+    def inputs(self) -> dict[str, Callable | None]:
+        """`sample_checkpoint`'s per-sample inputs: each sample's context or class."""
+        return {"context_fn": self.context_fn, "label_fn": self.label_fn}
+
+    def record(self) -> dict[str, object]:
+        """For sample_config.json: the images, prompts and classes shown."""
+        return {"n": self.total, "prompts": self.prompts, "class_labels": self.labels}
+
+
+def _classes(cfg: Config, n: int, nrow: int | None,
+             class_labels: Sequence[int] | None) -> _Prompts:
+    """The class of each image (`shown_labels`: each of `class_labels` gets max(1, n //
+    #labels) images, one grid row each; without them image i shows class i mod K), with
+    the classes as grid captions."""
+    labels, per_label = shown_labels(cfg, n, class_labels)
+    nrow = nrow or (per_label if per_label > 1 else math.ceil(math.sqrt(len(labels))))
+    captions = [f"class {y}" for y in labels[::per_label]]
+    return _Prompts(len(labels), nrow, captions=captions, labels=labels,
+                    label_fn=label_fn(labels))
 
 
 def _assets(cfg: Config, n: int, nrow: int | None, prompts_file: str | Path | None,
-            device: torch.device) -> tuple[SamplingAssets, _Prompts]:
+            device: torch.device, class_labels: Sequence[int] | None = None,
+            say: Callable[[str], None] | None = None) -> tuple[SamplingAssets, _Prompts]:
     """The VAE and empty context, and the prompts: each gets max(1, n // #prompts) images,
     one grid row per prompt. A prompts file is read before CLIP loads (a bad one fails
-    first); without one, the feature folder's sample prompts."""
+    first); without one, the feature folder's sample prompts. Class-conditional models
+    show `_classes` (bad class labels fail before anything loads; `say` gets the line)."""
+    classes = (_classes(cfg, n, nrow, class_labels)
+               if class_labels is not None or cfg.model.num_classes > 0 else None)
+    if classes is not None and say is not None:
+        say(_classes_line(classes))
     if prompts_file is not None and cfg.model.clip_dim <= 0:
         raise ValueError(f"--prompts given but {cfg.name} is not text-conditional "
                          "(model.clip_dim=0)")
@@ -84,7 +116,7 @@ def _assets(cfg: Config, n: int, nrow: int | None, prompts_file: str | Path | No
         encoder = text_encoder(cfg, device)
     assets = SamplingAssets.from_config(cfg, device, encoder)
     if cfg.model.clip_dim <= 0:
-        return assets, _Prompts(n, nrow)
+        return assets, classes or _Prompts(n, nrow)
     prompts, contexts = prompt_contexts(cfg, prompts_file, encoder)
     per_prompt = max(1, n // len(prompts))
     total = per_prompt * len(prompts)
@@ -114,6 +146,7 @@ def sample_to_folder(
     choice: ModelChoice | None = None,
     upscale: int | None = None,
     say: Callable[[str], None] | None = None,
+    class_labels: Sequence[int] | None = None, guidance_option: str | None = None,
 ) -> dict[str, Path]:
     """Sample `n` images from each checkpoint with the same noise and write them to `out`
     (the files of the module docstring; label "samples" for one checkpoint).
@@ -124,7 +157,9 @@ def sample_to_folder(
     Each checkpoint is built as `resolve_model(cfg, ckpt, choice)` says (its own stored
     model config); `say` gets one note per checkpoint.
     Text-to-image: prompts from `prompts_file` (else the feature folder's sample prompts);
-    each prompt gets max(1, n // #prompts) images, one grid row per prompt.
+    class-conditional: `class_labels` (else image i shows class i mod K: `shown_labels`);
+    each prompt or label gets max(1, n // #given) images, one grid row each (captioned).
+    `guidance_option` (a command line's guidance scale) is refused if unguided.
     Under `accelerate launch` each process samples every num_processes-th image; the main
     process gathers and writes. Returns the written grid paths: "grid" and, with several
     checkpoints, "grid_<label>" each.
@@ -135,24 +170,21 @@ def sample_to_folder(
     state = distributed_state()
     device = state.device
     out = Path(out)
-    labels = checkpoint_labels(ckpts, labels)
-    _check_labels(labels)
-    # every checkpoint's architecture first: a refused one stops before any work
-    resolved = {label: resolve_model(cfg, ckpt, choice) for label, ckpt in zip(labels, ckpts)}
-    check_same_inputs({f"--ckpt {ckpt}": r.model for ckpt, r in zip(ckpts, resolved.values())})
+    labels, resolved = _resolved(cfg, ckpts, labels, choice)
     given = cfg
     cfg = dataclasses.replace(cfg, model=next(iter(resolved.values())).model)  # the inputs
-    assets, shown = _assets(cfg, n, nrow, prompts_file, device)
+    check_guidance(cfg, guidance_option)
+    say = say if state.is_main_process else None
+    assets, shown = _assets(cfg, n, nrow, prompts_file, device, class_labels, say)
 
     mine = list(range(shown.total))[state.process_index :: state.num_processes]
     grids: dict[str, torch.Tensor] = {}
-    say = say if state.is_main_process else None
     for label, ckpt in zip(labels, ckpts):
         if say is not None:
             say(f"{label}: {resolved[label].note}")
         samples = sample_checkpoint(
             dataclasses.replace(cfg, model=resolved[label].model), ckpt, mine, seed=seed,
-            device=device, precision=precision, context_fn=shown.context_fn, assets=assets,
+            device=device, precision=precision, assets=assets, **shown.inputs(),
             progress=progress and state.is_main_process, choice=choice, say=say)
         images = _gathered(samples, state.is_main_process)
         if images is not None:
@@ -168,13 +200,34 @@ def sample_to_folder(
             "checkpoints": {label: str(c) for label, c in zip(labels, ckpts)},
             "models": {label: {"source": r.source, "model": dataclasses.asdict(r.model)}
                        for label, r in resolved.items()},
-            "n": shown.total, "seed": seed, "precision": precision,
-            "guidance": effective_cfg_scale(cfg), "prompts": shown.prompts,
+            **shown.record(), "seed": seed, "precision": precision,
+            "guidance": effective_cfg_scale(cfg),
             "num_processes": state.num_processes, "device": str(device),
             **(record or {}),
         }, default=str)
     state.wait_for_everyone()
     return written
+
+
+def _resolved(cfg: Config, ckpts: Sequence[str | Path], labels: Sequence[str] | None,
+              choice: ModelChoice | None) -> tuple[list[str], dict[str, ResolvedModel]]:
+    """Each checkpoint's label and architecture, all first: a refused one (or checkpoints
+    taking different inputs) stops before any work."""
+    labels = checkpoint_labels(ckpts, labels)
+    _check_labels(labels)
+    resolved = {label: resolve_model(cfg, ckpt, choice) for label, ckpt in zip(labels, ckpts)}
+    check_same_inputs({f"--ckpt {ckpt}": r.model for ckpt, r in zip(ckpts, resolved.values())})
+    return labels, resolved
+
+
+def _classes_line(shown: _Prompts) -> str:
+    """One line naming the classes shown (the first 16 rows or images)."""
+    rows = len(shown.captions)
+    listed = ", ".join(c.removeprefix("class ") for c in shown.captions[:16])
+    more = f", ... ({rows} in all)" if rows > 16 else ""
+    each = len(shown.labels) // rows
+    layout = f"{each} images each, one grid row per class" if each > 1 else "one image each"
+    return f"classes shown: {listed}{more} ({layout})"
 
 
 def _gathered(samples: Iterator[tuple[list[int], torch.Tensor]],

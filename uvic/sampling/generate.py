@@ -40,7 +40,8 @@ from uvic.diffusion.samplers import model_calls, run_sampler
 from uvic.diffusion.schedule import Diffusion
 from uvic.run.architecture import ModelChoice
 from uvic.sampling.assets import SamplingAssets, to_pixels
-from uvic.sampling.checks import PRECISIONS
+from uvic.sampling.checks import PRECISIONS, can_guide, real_classes
+from uvic.sampling.labels import LabelFn
 from uvic.sampling.load import load_guide, load_model
 from uvic.sampling.noise import make_noise, sample_generators
 
@@ -162,24 +163,23 @@ def effective_cfg_scale(cfg: Config) -> float:
     """The guidance s of `eps = c + s (c - u)` for this config: `sample.cfg_scale` for
     text-conditional models and for class-conditional ones trained with a null class
     (`diffusion.p_uncond` > 0), 0 for the others. (diffusers' `guidance_scale` is s + 1.)"""
-    m = cfg.model
-    guided = m.clip_dim > 0 or (m.num_classes > 0 and cfg.diffusion.p_uncond > 0)
-    return cfg.sample.cfg_scale if guided else 0.0
+    return cfg.sample.cfg_scale if can_guide(cfg) else 0.0
 
 
-def class_conditions(cfg: Config, indices: Sequence[int],
-                     device: torch.device | str = "cpu") -> dict[str, torch.Tensor | int]:
+def class_conditions(cfg: Config, indices: Sequence[int], device: torch.device | str = "cpu",
+                     label_fn: LabelFn | None = None) -> dict[str, torch.Tensor | int]:
     """`sample_images`' class arguments for samples `indices` of a class-conditional model
-    ({} for the others): sample i shows class i mod K, K the real classes (all ids but the
+    ({} for the others): sample i shows class `label_fn([i])` (`uvic.sampling.labels`: the
+    `--class-labels`, FID's draws), by default i mod K, K the real classes (all ids but the
     null class, the last, when the model was trained with one), so any batching gives the
     same images and N samples cover the classes evenly; guided against the null class."""
     m = cfg.model
     if m.num_classes <= 0:
         return {}
-    has_null = cfg.diffusion.p_uncond > 0
-    real = m.num_classes - 1 if has_null else m.num_classes
-    y = torch.tensor([i % real for i in indices], dtype=torch.long, device=device)
-    return {"y": y, "uncond_y": m.num_classes - 1} if has_null else {"y": y}
+    real = real_classes(cfg)
+    labels = label_fn(indices) if label_fn is not None else [i % real for i in indices]
+    y = torch.as_tensor(labels, dtype=torch.long).to(device)
+    return {"y": y, "uncond_y": m.num_classes - 1} if real < m.num_classes else {"y": y}
 
 
 def autocast(
@@ -250,12 +250,13 @@ def generate(
     precision: str = "fp32",
     progress: bool = False,
     guide: nn.Module | None = None,
+    label_fn: LabelFn | None = None,
 ) -> Iterator[tuple[list[int], torch.Tensor]]:
     """Sample the images with global indices `indices` in batches of cfg.sample.batch_size.
 
     Yields (indices, images in [0, 1] on the CPU). Sampler settings come from cfg.sample
     (scheduler, steps, order, cfg_scale: see `effective_cfg_scale`; class labels from
-    `class_conditions`;
+    `class_conditions`, or `label_fn(indices)`;
     autoguidance_scale with the weaker model `guide`, see `load_guide`); the noise shape
     from cfg.model, which must be `model`'s. `context_fn(indices) -> (b, L, D)` gives the
     text context of each sample. Sample i is seeded by (seed, i) (`SampleGenerator`), so
@@ -283,7 +284,7 @@ def generate(
                     cfg_scale=scale, scheduler=s.scheduler, steps=s.steps, order=s.order,
                     generator=gens, scheduler_kwargs=s.scheduler_kwargs,
                     guide=guide, autoguidance_scale=s.autoguidance_scale,
-                    on_step=bar.update, **class_conditions(cfg, chunk, device),
+                    on_step=bar.update, **class_conditions(cfg, chunk, device, label_fn),
                 )
             with torch.inference_mode():
                 images = to_pixels(cfg, x0, vae)
@@ -305,13 +306,15 @@ def sample_checkpoint(
     progress: bool = False,
     choice: ModelChoice | None = None,
     say: Callable[[str], None] | None = None,
+    label_fn: LabelFn | None = None,
 ) -> Iterator[tuple[list[int], torch.Tensor]]:
     """`generate` the samples `indices` of the checkpoint `ckpt`, built as `cfg.model` (the
     architecture `resolve_model` chose for it), guided by its autoguidance model
     (`load_guide`, resolved under `choice`; `say` gets its note) when
     `sample.autoguidance_scale` is set. `assets` (the VAE and empty context) are loaded
-    from `cfg` unless given. Nothing is loaded before the first batch is asked for; the
-    networks are freed when the last one is done.
+    from `cfg` unless given; `label_fn` gives class labels (`class_conditions`). Nothing
+    is loaded before the first batch is asked for; the networks are freed when the last
+    one is done.
     """
     model = load_model(cfg.model, ckpt, device)
     guide = load_guide(cfg, ckpt, device, choice, say=say)
@@ -319,7 +322,7 @@ def sample_checkpoint(
     yield from generate(
         model, Diffusion(cfg.diffusion), cfg, indices, seed=seed, context_fn=context_fn,
         uncond_context=assets.uncond, vae=assets.vae, device=device, precision=precision,
-        progress=progress, guide=guide)
+        progress=progress, guide=guide, label_fn=label_fn)
 
 
 # --------------------------------------------------------------------------- processes

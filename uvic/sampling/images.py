@@ -118,6 +118,8 @@ def grid_image(
     nrow = nrow or math.ceil(math.sqrt(n))
     rows = math.ceil(n / nrow)
     grid = make_grid(images.float().clamp(0, 1).cpu(), nrow=nrow, padding=padding, pad_value=1.0)
+    if n == 1 and (captions or labels):  # make_grid gives a lone image unpadded: pad for text
+        grid = torch.nn.functional.pad(grid, (padding,) * 4, value=1.0)
     img = Image.fromarray(to_uint8(grid[None])[0].numpy())
     font_size = max(10, min(16, w // 8))
     cell = w + padding

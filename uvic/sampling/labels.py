@@ -1,0 +1,116 @@
+"""Which class each sample of a class-conditional model shows.
+
+* `shown_labels`: `uvic-sample`'s labels: the `--class-labels` ids, each filling a grid row
+  of max(1, n // #ids) images (as `--prompts` does with prompts), else image i shows class
+  i mod K (`uvic.sampling.generate.class_conditions`' default), K the real classes.
+* `FIDLabels`: FID's labels, drawn as the U-ViT release draws them (`sample_label` of its
+  datasets.py): uniform over the classes for the latent ImageNet rows, in proportion to the
+  training set's images per class for ImageNet 64 pixels. Unlike the release (torch's
+  global generator, per process), the label of sample i comes from its own generator
+  seeded by (seed, i), as its noise does (`uvic.sampling.noise`): the same for any batch
+  size, number of processes or resumed run.
+
+A label function maps global sample indices to class ids (a LongTensor), like the text
+path's `context_fn`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from uvic.config import Config
+from uvic.data.imagenet import read_class_folders
+from uvic.sampling.checks import FREQUENCY_LABEL_DATA, conditioning, fid_label_draw, real_classes
+
+LabelFn = Callable[[Sequence[int]], torch.Tensor]
+LABEL_STREAM = 2  # FID's per-sample generators: [seed, i, 2] (captions use stream 1)
+
+
+def check_class_labels(cfg: Config, labels: Sequence[int]) -> None:
+    """Refuse (ValueError, one line) class labels for a model without class labels, or an
+    id outside [0, K) (K = `real_classes`: the null class is no class to show)."""
+    k = real_classes(cfg)
+    if k == 0:
+        raise ValueError(f"--class-labels given but {cfg.name} is {conditioning(cfg)}: it "
+                         "takes no class labels"
+                         + (" (give --prompts)" if cfg.model.clip_dim > 0 else ""))
+    for label in labels:
+        if not 0 <= label < k:
+            null = (f"; {k} is its null class" if cfg.model.num_classes > k else "")
+            raise ValueError(f"--class-labels {label} is outside [0, {k}) ({cfg.name} has "
+                             f"{k} classes{null})")
+
+
+def shown_labels(cfg: Config, n: int, labels: Sequence[int] | None) -> tuple[list[int], int]:
+    """The class of each of `uvic-sample`'s images, and images per label: each of `labels`
+    (checked) gets max(1, n // #labels) images in a row; without labels, image i of n shows
+    class i mod K, one image each."""
+    if labels is None:
+        k = real_classes(cfg)
+        return [i % k for i in range(n)], 1
+    check_class_labels(cfg, labels)
+    per_label = max(1, n // len(labels))
+    return [label for label in labels for _ in range(per_label)], per_label
+
+
+def label_fn(per_image: Sequence[int]) -> LabelFn:
+    """A label function showing class `per_image[i]` in image i."""
+    table = torch.tensor(list(per_image), dtype=torch.long)
+    return lambda indices: table[torch.as_tensor(list(indices), dtype=torch.long)]
+
+
+@dataclass(frozen=True)
+class FIDLabels:
+    """The release's FID labels: sample i of a run seeded `seed` shows a class drawn by
+    `np.random.default_rng([seed, i, LABEL_STREAM])`, uniform over `classes`, or, with
+    `counts` (training images per class), a uniformly drawn training image's class."""
+
+    seed: int
+    classes: int
+    counts: np.ndarray | None = None
+
+    def __call__(self, indices: Sequence[int]) -> torch.Tensor:
+        cumulative = np.cumsum(self.counts) if self.counts is not None else None
+        out = []
+        for i in indices:
+            rng = np.random.default_rng([self.seed, int(i), LABEL_STREAM])
+            if cumulative is None:
+                out.append(int(rng.integers(self.classes)))
+            else:  # image u of the training set, classes in order: its class
+                u = rng.integers(cumulative[-1])
+                out.append(int(np.searchsorted(cumulative, u, side="right")))
+        return torch.tensor(out, dtype=torch.long)
+
+    def record(self, draw: str) -> dict[str, Any]:
+        """What determines the labels, for a samples folder's record (`draw`: the
+        protocol's words, `fid_label_draw`)."""
+        out: dict[str, Any] = {"draw": draw, "classes": self.classes}
+        if self.counts is not None:
+            out["images"] = int(self.counts.sum())
+            out["counts_sha256"] = hashlib.sha256(
+                np.ascontiguousarray(self.counts, dtype=np.int64).tobytes()).hexdigest()
+        return out
+
+
+def fid_labels(cfg: Config, seed: int) -> FIDLabels | None:
+    """The release's FID labels for `cfg`'s model (None without class labels). ImageNet 64
+    pixels count the images of each class folder of `<data.root>/train` (a missing or
+    empty folder is a one-line DatasetError naming it)."""
+    k = real_classes(cfg)
+    if k == 0:
+        return None
+    if cfg.data.name not in FREQUENCY_LABEL_DATA:
+        return FIDLabels(seed, k)
+    folder = Path(cfg.data.root) / "train"
+    counts = read_class_folders(folder).class_counts()
+    if len(counts) != k:
+        raise ValueError(f"{folder} has {len(counts)} class folders but {cfg.name} has {k} "
+                         f"classes ({fid_label_draw(cfg)}): point data.root at its training set")
+    return FIDLabels(seed, k, counts)
