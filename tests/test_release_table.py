@@ -28,11 +28,13 @@ def test_plan_of_every_release_row(capsys) -> None:
     assert "imagenet256_huge / uvic: train 500,000 of 500,000 steps x 1024 images" in out
     # guided rows: two network calls per step (conditional and null class)
     assert ("50,000 samples x 100 network calls = 5,000,000 image forwards; protocol: "
-            "dpm_solver++_fast_time_uniform 50 steps, guidance 0.4, 50000 samples, "
-            "legacy_pytorch, ref fid_stats_imagenet256_guided_diffusion/train/256") in out
+            "dpm_solver++_fast_time_uniform 50 steps, guidance 0.4, labels uniform over 1000 "
+            "classes, 50000 samples, legacy_pytorch, ref "
+            "fid_stats_imagenet256_guided_diffusion/train/256") in out
     assert ("50,000 samples x 50 network calls = 2,500,000 image forwards; protocol: "
-            "dpm_solver_fast_logsnr 50 steps, 50000 samples, legacy_pytorch, ref "
-            "fid_stats_imagenet64_guided_diffusion/train/64") in out
+            "dpm_solver_fast_logsnr 50 steps, labels 1000 classes in training-set frequencies, "
+            "50000 samples, legacy_pytorch, ref fid_stats_imagenet64_guided_diffusion/train/64"
+            ) in out
     assert "celeba64_small / uvit: train 500,000 of 500,000 steps x 128 images" in out
 
 
@@ -68,8 +70,9 @@ def test_table_lines_keep_protocols_apart() -> None:
                      "| 3.40 |",
                      "| ImageNet 256, U-ViT-L/2 (`imagenet256_uvit_large`) | P5 | — | 9.00 "
                      "| 3.40 |"]
-    assert ("- P4: dpm_solver_fast_logsnr 50 steps, guidance 0.4, 50000 samples, legacy_pytorch, "
-            "ref fid_stats_imagenet256_guided_diffusion/train/256 — *release protocol*: "
+    assert ("- P4: dpm_solver_fast_logsnr 50 steps, guidance 0.4, labels uniform over 1000 "
+            "classes, 50000 samples, legacy_pytorch, ref "
+            "fid_stats_imagenet256_guided_diffusion/train/256 — *release protocol*: "
             "dpm_solver_fast_logsnr, 50 steps, guidance s=0.4 (diffusers guidance_scale=1.4)"
             ) in text
     assert "P5: dpm_solver++ order 2 25 steps, guidance 0.4, 10000 samples, clean, ref " \
