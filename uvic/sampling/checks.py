@@ -1,4 +1,4 @@
-"""The rules on `sample.*` values, and the precisions sampling runs in.
+"""The rules on `sample.*` values, and the precisions and compile modes sampling runs in.
 
 Read by `uvic.sampling.generate`, by `uvic.validation` and by the CLI (`--precision`
 choices); no torch here.
@@ -12,6 +12,8 @@ from uvic.config import SampleConfig, require
 from uvic.diffusion.checks import check_scheduler
 
 PRECISIONS = ("fp32", "fp16", "bf16")  # `--precision`: autocast dtype on CUDA (fp32: none)
+# `sample.compile`: off, or a torch.compile mode for the network call (uvic.sampling.compiled)
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 
 
 def check_sample(sample: SampleConfig) -> None:
@@ -28,5 +30,7 @@ def check_sample(sample: SampleConfig) -> None:
         (sample.autoguidance_scale == 0 or sample.autoguidance_ckpt,
          f"sample.autoguidance_scale={sample.autoguidance_scale} needs "
          "sample.autoguidance_ckpt (the weaker model's weights)"),
+        (sample.compile in COMPILE_MODES,
+         f"sample.compile={sample.compile!r} must be one of {', '.join(COMPILE_MODES)}"),
     ])
     check_scheduler(sample.scheduler, sample.order)
