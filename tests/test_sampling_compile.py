@@ -15,7 +15,7 @@ from torch._dynamo.utils import counters
 import uvic.sampling.generate as generate_module
 from uvic.config import Config, ConfigError, apply_overrides
 from uvic.diffusion.schedule import Diffusion
-from uvic.sampling.compiled import CudaGraphSafe, static_batch
+from uvic.sampling.compiled import CudaGraphSafe, compile_network, static_batch
 from uvic.sampling.generate import SampleGrid, generate, sample_images
 from uvic.validation import validate
 
@@ -65,6 +65,10 @@ def test_sample_compile_is_validated() -> None:
     with pytest.raises(ConfigError, match=r"^sample\.compile='fast' must be one of off, "
                                           r"default, reduce-overhead, max-autotune$"):
         validate(apply_overrides(tiny_config(), ["sample.compile=fast"]))
+    with pytest.raises(ConfigError, match=r"^sample\.compile='fast' must be one of"):
+        compile_network(nn.Identity(), "fast")  # the same rule where it is used
+    identity = nn.Identity()
+    assert compile_network(identity, "off") is identity
 
 
 def test_static_batch() -> None:

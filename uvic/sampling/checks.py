@@ -16,6 +16,13 @@ PRECISIONS = ("fp32", "fp16", "bf16")  # `--precision`: autocast dtype on CUDA (
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 
 
+def compile_rule(mode: str) -> tuple[bool, str]:
+    """The rule on `sample.compile` (checked by `check_sample` before a run and by
+    `uvic.sampling.compiled.compile_network` where it is used): (holds, message)."""
+    return (mode in COMPILE_MODES,
+            f"sample.compile={mode!r} must be one of {', '.join(COMPILE_MODES)}")
+
+
 def check_sample(sample: SampleConfig) -> None:
     """The rules on `sample.*` values (the sampler is first used hours into a run: check
     its settings before the first training step)."""
@@ -30,7 +37,6 @@ def check_sample(sample: SampleConfig) -> None:
         (sample.autoguidance_scale == 0 or sample.autoguidance_ckpt,
          f"sample.autoguidance_scale={sample.autoguidance_scale} needs "
          "sample.autoguidance_ckpt (the weaker model's weights)"),
-        (sample.compile in COMPILE_MODES,
-         f"sample.compile={sample.compile!r} must be one of {', '.join(COMPILE_MODES)}"),
+        compile_rule(sample.compile),
     ])
     check_scheduler(sample.scheduler, sample.order)

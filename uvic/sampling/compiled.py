@@ -20,7 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from uvic.sampling.checks import COMPILE_MODES
+from uvic.config import require
+from uvic.sampling.checks import compile_rule
 
 
 class CudaGraphSafe(nn.Module):
@@ -40,8 +41,7 @@ class CudaGraphSafe(nn.Module):
 def compile_network(model: nn.Module, mode: str = "off") -> nn.Module:
     """`model` itself for mode `off`, else `model` compiled with static shapes and no
     graph breaks (the weights stay `model`'s: in-place updates such as EMA show)."""
-    if mode not in COMPILE_MODES:
-        raise ValueError(f"sample.compile={mode!r} must be one of {', '.join(COMPILE_MODES)}")
+    require([compile_rule(mode)])
     if mode == "off":
         return model
     compiled = torch.compile(model, mode=mode, dynamic=False, fullgraph=True)
