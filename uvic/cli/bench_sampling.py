@@ -117,6 +117,7 @@ def bench_network(cfg: Config, images: int, compile_mode: str, args: argparse.Na
 
     torch.manual_seed(0)
     model = build_model(cfg.model).to(device).eval()
+    torch._dynamo.reset()  # each cell compiles afresh: never dynamo's recompile limit
     net = compile_network(model, compile_mode)
     m, scale = cfg.model, effective_cfg_scale(cfg)
     x = torch.randn(images, m.in_chans, m.img_size, m.img_size, device=device)
