@@ -181,6 +181,10 @@ class SampleConfig:
     autoguidance_ckpt: str = ""
     batch_size: int = 500
     decode_batch_size: int = 50
+    # torch.compile of the network call (static shapes: every call of a run sees one batch
+    # size, the last batch padded): off | default | reduce-overhead (CUDA graphs on a GPU)
+    # | max-autotune (see uvic.sampling.compiled)
+    compile: str = "off"
 
 
 @dataclass

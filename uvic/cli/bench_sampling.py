@@ -1,164 +1,326 @@
-"""Sampling throughput of U-ViT and U-ViC and the projected wall time of a full FID run.
+"""Sampling speed of U-ViT and U-ViC per network evaluation, eager and compiled, and the
+projected wall time of a 50k-sample FID run under each paper / release protocol.
 
-    uvic-bench-sampling [--precision fp16] [--out runs/bench/sampling.json]
+    uvic-bench-sampling [--compile off,reduce-overhead] [--precision fp16] [--out FILE]
     # or: python scripts/bench_sampling.py ...
 
-For CIFAR-10 (batch 500) and MS-COCO (batch 50, guidance on: every step runs a batch of
-100) it times 50-step DPM-Solver++ sampling (`uvic.sampling.generate.sample_images`) of the real
-U-ViT-S/2 and U-ViC-S/2 (configs/*_uvit.py, *_uvic.py; random weights: the speed does
-not depend on them) and, for MS-COCO, the decoding of the latents by a randomly
-initialised Stable Diffusion KL-f8 VAE (same architecture as sd-vae-ft-ema). The
-projection multiplies by the protocol's sample count (50,000 / 30,000) for one GPU; it
-leaves out writing PNGs and the Inception features (a few minutes).
+For each dataset config (CIFAR-10: 500 images a batch; MS-COCO: 50, guided, so every
+network call runs 100 rows), model (the real U-ViT-S/2 and U-ViC-S/2 of
+configs/*_uvit.py, *_uvic.py, random weights: speed does not depend on them), attention
+backend and `sample.compile` mode, it times the network call the solvers make
+(`uvic.sampling.generate.guided_eps` on the network as `uvic.sampling.compiled` builds it,
+under inference mode and autocast) and, for latent configs, the decoding by a randomly
+initialised Stable Diffusion KL-f8 VAE (same architecture as sd-vae-ft-ema; eager).
 
-Without CUDA it runs a tiny smoke configuration on the CPU and says the figures need a GPU.
+One network evaluation is one row through the network: a guided call of B images runs
+2B. A protocol (`uvic.evaluation.protocols.RELEASE`, and the preset's own where it
+differs) costs `evals_per_image` = solver calls per image x 2 with classifier-free
+guidance x 2 with autoguidance (its guide is a second network), so a run of n samples
+takes n (evals_per_image / images_per_s_per_eval + 1 / decode_images_per_s) seconds on
+one device: `projected_50k_minutes` for n = 50,000, `projected_minutes` for the
+protocol's own sample count. Left out: the solver's arithmetic, writing PNGs and the
+Inception features.
+
+Writes a JSON record file (`--out`; on a GPU by default
+kernels/results/<date>_<device>_sampling.json): device, versions, date, git commit and
+one record per (dataset, model, backend, compile, protocol). Without CUDA (or with
+`--smoke`) it runs a tiny configuration on the CPU, whose figures are not timings.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import platform
+import re
+import statistics
+import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from uvic.config import Config, apply_overrides, load_config
+from uvic.config import Config, ConfigError, load_config
 from uvic.presets import preset_path
-from uvic.sampling.checks import PRECISIONS
+from uvic.sampling.checks import COMPILE_MODES, PRECISIONS
 
 if TYPE_CHECKING:
     import torch
 
-SMOKE = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=8",
-         "model.attention_backend=torch"]
+MIB = 1 << 20
+FID_50K = 50_000
+BATCHES = {"cifar10": 500, "mscoco": 50}  # images per sampling batch (--*-batch)
+MODELS = ("uvit", "uvic")
+SMOKE = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=4"]
+SMOKE_BATCH = 2
+RECORD_KEYS = ("dataset", "model", "backend", "compile", "batch", "ms_per_eval",
+               "images_per_s_per_eval", "protocol", "evals_per_image",
+               "projected_50k_minutes", "peak_mib")
 
 
-def sd_vae() -> torch.nn.Module:
-    """Stable Diffusion's KL-f8 autoencoder architecture, random weights (timing only)."""
+def sd_vae(smoke: bool = False) -> torch.nn.Module:
+    """Stable Diffusion's KL-f8 autoencoder architecture, random weights (timing only);
+    `smoke`: the same layout with 32 channels a level."""
     from diffusers import AutoencoderKL
 
+    widths = (32,) * 4 if smoke else (128, 256, 512, 512)
     return AutoencoderKL(
         in_channels=3, out_channels=3, latent_channels=4, sample_size=256,
         down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+        block_out_channels=widths, layers_per_block=1 if smoke else 2,
     )
 
 
-def timed(fn, device: torch.device, repeats: int) -> float:
-    """Median wall time of fn() in seconds (CUDA-synchronised)."""
+def time_ms(fn: Callable[[], object], device: torch.device, iters: int, repeats: int) -> float:
+    """Median over `repeats` of the mean wall time of `iters` calls of fn(), in ms
+    (CUDA-synchronised)."""
     import torch
 
-    times = []
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    means = []
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync()
         start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+        for _ in range(iters):
+            fn()
+        sync()
+        means.append((time.perf_counter() - start) / iters * 1e3)
+    return statistics.median(means)
 
 
-def bench_config(cfg: Config, batch: int, steps: int, precision: str, repeats: int,
-                 device: torch.device) -> dict:
-    """Time `steps`-step sampling of one batch with the config's model and guidance."""
+def peak_mib(fn: Callable[[], object], device: torch.device) -> float | None:
+    """Peak memory allocated during one fn() (CUDA only), in MiB."""
     import torch
 
-    from uvic.diffusion.schedule import Diffusion
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) / MIB
+
+
+def bench_network(cfg: Config, images: int, compile_mode: str, args: argparse.Namespace,
+                  device: torch.device) -> dict[str, Any]:
+    """Time one network call of the solvers for `images` images (2x the rows when
+    guided) with the network compiled as `compile_mode`."""
+    import torch
+
     from uvic.models.uvit import build_model
-    from uvic.sampling.generate import autocast, effective_cfg_scale, sample_images
+    from uvic.sampling.compiled import compile_network
+    from uvic.sampling.generate import autocast, effective_cfg_scale, guided_eps
 
     torch.manual_seed(0)
     model = build_model(cfg.model).to(device).eval()
-    diffusion = Diffusion(cfg.diffusion)
-    m = cfg.model
-    noise = torch.randn(batch, m.in_chans, m.img_size, m.img_size, device=device)
-    context = uncond = None
+    torch._dynamo.reset()  # each cell compiles afresh: never dynamo's recompile limit
+    net = compile_network(model, compile_mode)
+    m, scale = cfg.model, effective_cfg_scale(cfg)
+    x = torch.randn(images, m.in_chans, m.img_size, m.img_size, device=device)
+    t = torch.full((images,), 500.0, device=device)
+    cond: dict[str, Any] = {}
     if m.clip_dim > 0:
-        context = torch.randn(batch, m.num_clip_token, m.clip_dim, device=device)
-        uncond = torch.randn(m.num_clip_token, m.clip_dim, device=device)
-    scale = effective_cfg_scale(cfg)
+        cond = {"context": torch.randn(images, m.num_clip_token, m.clip_dim, device=device),
+                "uncond_context": torch.randn(m.num_clip_token, m.clip_dim, device=device)}
+    elif m.num_classes > 0:
+        cond = {"y": torch.zeros(images, dtype=torch.long, device=device),
+                "uncond_y": m.num_classes - 1}
 
-    def run(n_steps: int) -> None:
-        with autocast(device, precision):
-            sample_images(model, diffusion, noise, context=context, uncond_context=uncond,
-                          cfg_scale=scale, scheduler=cfg.sample.scheduler, steps=n_steps,
-                          order=cfg.sample.order,
-                          scheduler_kwargs=cfg.sample.scheduler_kwargs)
+    def call() -> None:
+        with torch.inference_mode(), autocast(device, args.precision):
+            guided_eps(net, x, t, cfg_scale=scale, **cond)
 
-    run(2)  # warm-up: kernel compilation and autotuning, allocator
-    seconds = timed(lambda: run(steps), device, repeats)
-    result = {"name": cfg.name, "attention": m.attention, "batch": batch, "steps": steps,
-              "guidance": scale, "forward_batch": batch * (2 if scale else 1),
-              "seconds_per_batch": seconds, "images_per_s": batch / seconds}
-    return result
+    start = time.perf_counter()
+    for _ in range(3):  # warm-up: compilation, CUDA-graph recording, autotuning, allocator
+        call()
+    warmup_s = time.perf_counter() - start
+    ms = time_ms(call, device, args.iters, args.repeats)
+    rows = images * (2 if scale else 1)
+    return {"batch": rows, "images_per_batch": images, "guidance": scale, "ms_per_eval": ms,
+            "images_per_s_per_eval": rows / ms * 1e3, "peak_mib": peak_mib(call, device),
+            "warmup_s": warmup_s}
 
 
-def bench_decode(batch: int, latent: int, precision: str, repeats: int,
-                 device: torch.device, vae: torch.nn.Module) -> float:
-    """Images per second of VAE decoding (batch latents of 4 x latent x latent)."""
+def bench_decode(batch: int, latent: int, args: argparse.Namespace,
+                 device: torch.device, smoke: bool) -> float:
+    """Images per second of VAE decoding (batches of `batch` latents 4 x latent x latent)."""
     import torch
 
     from uvic.sampling.generate import autocast
 
+    vae = sd_vae(smoke).to(device).eval()
     z = torch.randn(batch, 4, latent, latent, device=device)
 
     def run() -> None:
-        with torch.inference_mode(), autocast(device, precision):
+        with torch.inference_mode(), autocast(device, args.precision):
             vae.decode(z)
 
     run()
-    return batch / timed(run, device, repeats)
+    return batch / time_ms(run, device, 1, args.repeats) * 1e3
+
+
+def protocols(dataset: str, cfg: Config) -> list[dict[str, Any]]:
+    """The release's FID protocol of `dataset` and the preset's own where it differs:
+    label, sample count and network evaluations per image (guidance doublings included)."""
+    from uvic.diffusion.samplers import model_calls
+    from uvic.diffusion.schedule import Diffusion
+    from uvic.evaluation.protocols import RELEASE, protocol_of
+    from uvic.sampling.generate import effective_cfg_scale
+
+    diffusion = Diffusion(cfg.diffusion)
+    s = cfg.sample
+    own = protocol_of(cfg)
+    found = []  # (protocol, solver calls per image, guided, autoguidance scale)
+    if dataset in RELEASE:
+        p = RELEASE[dataset]
+        found.append((p, model_calls(diffusion, p.sampler, p.steps), p.guidance != 0, 0.0))
+    if not found or own != found[0][0]:
+        calls = model_calls(diffusion, s.scheduler, s.steps, s.order, s.scheduler_kwargs)
+        found.append((own, calls, effective_cfg_scale(cfg) != 0, s.autoguidance_scale))
+    return [{"protocol": p.label() + (f", autoguidance {auto:g}" if auto else ""),
+             "n_samples": p.n_samples,
+             "evals_per_image": calls * (2 if guided else 1) * (2 if auto else 1)}
+            for p, calls, guided, auto in found]
+
+
+def projected_minutes(n: int, evals_per_image: int, images_per_s_per_eval: float,
+                      decode_images_per_s: float | None) -> float:
+    """Wall time of sampling (and decoding) n images on one device, in minutes."""
+    decode = n / decode_images_per_s if decode_images_per_s else 0.0
+    return (n * evals_per_image / images_per_s_per_eval + decode) / 60.0
+
+
+def dataset_records(dataset: str, args: argparse.Namespace, device: torch.device,
+                    smoke: bool) -> list[dict[str, Any]]:
+    """Every (model, backend, compile, protocol) record of one dataset config."""
+    import torch
+
+    from uvic.sampling.assets import is_latent
+
+    images = SMOKE_BATCH if smoke else getattr(args, f"{dataset}_batch")
+    records = []
+    decode = None
+    for model in args.models:
+        for backend in args.backends:
+            try:
+                cfg = load_config(preset_path(f"{dataset}_{model}"),
+                                  [f"model.attention_backend={backend}"] + (SMOKE if smoke else []))
+            except ConfigError as err:
+                print(f"{dataset} {model} {backend}: skipped ({err})", flush=True)
+                continue
+            if decode is None and is_latent(cfg):
+                decode = bench_decode(images, cfg.model.img_size, args, device, smoke)
+            for mode in args.compile:
+                row = {"dataset": dataset, "model": model, "backend": backend, "compile": mode,
+                       "precision": args.precision,
+                       **bench_network(cfg, images, mode, args, device),
+                       "decode_images_per_s": decode}
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                print(f"{dataset} {model} {backend} {mode}: {row['ms_per_eval']:.2f} ms per "
+                      f"call of {row['batch']} rows", flush=True)
+                for p in protocols(dataset, cfg):
+                    rate = row["images_per_s_per_eval"]
+                    records.append({**row, **p, "projected_50k_minutes": projected_minutes(
+                        FID_50K, p["evals_per_image"], rate, decode),
+                        "projected_minutes": projected_minutes(
+                            p["n_samples"], p["evals_per_image"], rate, decode)})
+    return records
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--compile", default="off",
+                   help=f"comma-separated sample.compile modes ({', '.join(COMPILE_MODES)})")
+    p.add_argument("--datasets", default=",".join(BATCHES), help="comma-separated")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated")
+    p.add_argument("--backends", default=None, help="comma-separated attention backends "
+                   "(default: triton on CUDA, torch on the CPU; sdpa runs U-ViT only)")
     p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp16",
                    help="autocast dtype (CUDA only; default fp16 as the release)")
-    p.add_argument("--cifar-batch", type=int, default=500)
-    p.add_argument("--coco-batch", type=int, default=50)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default="runs/bench/sampling.json")
-    return p.parse_args(argv)
+    p.add_argument("--cifar10-batch", "--cifar-batch", type=int, default=BATCHES["cifar10"])
+    p.add_argument("--mscoco-batch", "--coco-batch", type=int, default=BATCHES["mscoco"])
+    p.add_argument("--iters", type=int, default=20, help="network calls per timing")
+    p.add_argument("--repeats", type=int, default=3, help="timings (the median is kept)")
+    p.add_argument("--smoke", action="store_true", help="tiny CPU configuration")
+    p.add_argument("--out", default=None, help="JSON record file (default: on a GPU "
+                   "kernels/results/<date>_<device>_sampling.json, else "
+                   "runs/bench/sampling.json)")
+    args = p.parse_args(argv)
+    for name, allowed in (("compile", COMPILE_MODES), ("datasets", tuple(BATCHES)),
+                          ("models", MODELS)):
+        given = [v.strip() for v in getattr(args, name).split(",") if v.strip()]
+        bad = [v for v in given if v not in allowed] or ([] if given else [""])
+        if bad:
+            p.error(f"--{name}: {bad[0]!r} is not one of {', '.join(allowed)}")
+        setattr(args, name, given)
+    if min(args.iters, args.repeats, args.cifar10_batch, args.mscoco_batch) < 1:
+        p.error("--iters, --repeats and the batches must be >= 1")
+    if args.backends is not None:
+        from uvic_kernels.fused_attention import BACKENDS  # torch: once the rest parses
+
+        args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+        bad = [b for b in args.backends if b not in BACKENDS] or ([] if args.backends else [""])
+        if bad:
+            p.error(f"--backends: {bad[0]!r} is not one of {', '.join(BACKENDS)}")
+    return args
 
 
-def run_configs(args: argparse.Namespace, device: torch.device, steps: int,
-                repeats: int) -> list[dict]:
-    """Sampling throughput of both models on both datasets (MS-COCO: with VAE decoding on
-    CUDA) and the projected time of a full FID run."""
+def git(*args: str) -> str | None:
+    """Output of `git args` in the checkout this package runs from (None: not a checkout,
+    or no git)."""
+    try:
+        done = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[2]), *args],
+                              capture_output=True, text=True, check=False)
+    except OSError:
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """Device, versions, date and git commit: what a record file's numbers depend on."""
     import torch
 
-    from uvic.evaluation.fid import PROTOCOL_N
-
     cuda = device.type == "cuda"
-    smoke = [] if cuda else SMOKE
-    batches = {"cifar10": args.cifar_batch, "mscoco": args.coco_batch} if cuda else {
-        "cifar10": 4, "mscoco": 2}
-    rows = []
-    for dataset in ("cifar10", "mscoco"):
-        decode_ips = None
-        if dataset == "mscoco":
-            vae = sd_vae().to(device).eval() if cuda else None
-            decode_ips = (bench_decode(args.coco_batch, 32, args.precision, repeats, device, vae)
-                          if cuda else None)
-            del vae
-        for attention in ("uvit", "uvic"):
-            cfg = load_config(preset_path(f"{dataset}_{attention}"), smoke)
-            if not cuda:
-                cfg = apply_overrides(cfg, ["model.in_chans=4"] if dataset == "mscoco" else [])
-            r = bench_config(cfg, batches[dataset], steps, args.precision, repeats, device)
-            if cuda:
-                torch.cuda.empty_cache()
-            n = PROTOCOL_N[dataset]
-            per_image = 1 / r["images_per_s"] + (1 / decode_ips if decode_ips else 0.0)
-            r.update(dataset=dataset, decode_images_per_s=decode_ips, fid_n=n,
-                     projected_fid_hours=n * per_image / 3600)
-            rows.append(r)
-            print(f"{cfg.name}: {r['images_per_s']:.1f} images/s", flush=True)
-    return rows
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    commit, status = git("rev-parse", "HEAD"), git("status", "--porcelain")
+    return {"device": torch.cuda.get_device_name(device) if cuda
+            else platform.processor() or "cpu",
+            "torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+def default_out(env: dict[str, Any], cuda: bool) -> Path:
+    """kernels/results/<date>_<device>_sampling.json on a GPU; a CPU smoke run's figures
+    are not timings and go to runs/bench/."""
+    if not cuda:
+        return Path("runs/bench/sampling.json")
+    slug = re.sub(r"[^a-z0-9]+", "-", env["device"].lower()).strip("-")
+    return Path("kernels/results") / f"{env['date'][:10]}_{slug}_sampling.json"
+
+
+def markdown_table(records: list[dict[str, Any]], header: str) -> str:
+    """The records as a markdown table under `header`."""
+    lines = [header, "", "| dataset | model | backend | compile | batch (rows) | ms / eval | "
+             "images/s / eval | peak MiB | protocol | evals / image | 50k samples, min | "
+             "protocol's n, min |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        peak = "—" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
+        lines.append(
+            f"| {r['dataset']} | {r['model']} | {r['backend']} | {r['compile']} | {r['batch']} | "
+            f"{r['ms_per_eval']:.2f} | {r['images_per_s_per_eval']:.0f} | {peak} | "
+            f"{r['protocol']} | {r['evals_per_image']} | {r['projected_50k_minutes']:.1f} | "
+            f"{r['n_samples']:,}: {r['projected_minutes']:.1f} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,33 +328,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from uvic.evaluation.fid import versions
-
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device("cuda" if cuda else "cpu")
-    steps, repeats = (args.steps, args.repeats) if cuda else (3, 1)
     if not cuda:
-        print("No CUDA device: tiny smoke configuration on the CPU; the figures need a GPU.")
-    rows = run_configs(args, device, steps, repeats)
-
-    name = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
-    lines = [f"Sampling throughput on {name} ({'smoke, CPU' if not cuda else args.precision}, "
-             f"{steps}-step DPM-Solver++):", "",
-             "| config | batch (fwd) | s / batch | images/s | VAE decode images/s | "
-             "projected FID run (1 GPU) |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        decode = "—" if r["decode_images_per_s"] is None else f"{r['decode_images_per_s']:.0f}"
-        lines.append(f"| {r['name']} | {r['batch']} ({r['forward_batch']}) | "
-                     f"{r['seconds_per_batch']:.2f} | {r['images_per_s']:.1f} | {decode} | "
-                     + (f"{r['fid_n']:,} samples: {r['projected_fid_hours']:.2f} h |" if cuda
-                        else "n/a (smoke run) |"))
-    table = "\n".join(lines)
+        print("No CUDA device (or --smoke): tiny smoke configuration on the CPU in fp32; its "
+              "figures are not timings.")
+        args.precision = "fp32"  # autocast is CUDA's (uvic.sampling.generate.autocast)
+    args.backends = args.backends or ["triton" if cuda else "torch"]
+    env = environment(device)
+    records = [r for dataset in args.datasets
+               for r in dataset_records(dataset, args, device, smoke=not cuda)]
+    table = markdown_table(records, f"Sampling network calls on {env['device']} "
+                           f"({args.precision if cuda else 'smoke, CPU: not a timing'}), "
+                           f"torch {env['torch']}:")
     print("\n" + table)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else default_out(env, cuda)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": name, "cuda": cuda, "precision": args.precision,
-                               "steps": steps, "results": rows, "table": table,
-                               "versions": versions()}, indent=2) + "\n")
+    out.write_text(json.dumps({"kind": "sampling", **env, "smoke": not cuda,
+                               "precision": args.precision, "iters": args.iters,
+                               "repeats": args.repeats, "records": records, "table": table},
+                              indent=2) + "\n")
     print(f"\nwrote {out}")
     return 0
 

@@ -1,5 +1,5 @@
-"""The rules on `sample.*` values, the precisions sampling runs in, and what a model's
-conditioning allows: guidance, and the class labels it may be given.
+"""The rules on `sample.*` values, the precisions and compile modes sampling runs in,
+and what a model's conditioning allows: guidance, and the class labels it may be given.
 
 Read by `uvic.sampling.generate`, `uvic.sampling.labels`, `uvic.evaluation.protocols`, by
 `uvic.validation` and by the CLI (`--precision` choices); no torch here.
@@ -17,6 +17,15 @@ PRECISIONS = ("fp32", "fp16", "bf16")  # `--precision`: autocast dtype on CUDA (
 # U-ViT release's `ImageNet.sample_label`: torch.multinomial of the per-class image counts);
 # on other data (the latent features: `ImageNet256Features.sample_label`) they are uniform.
 FREQUENCY_LABEL_DATA = ("imagenet",)
+# `sample.compile`: off, or a torch.compile mode for the network call (uvic.sampling.compiled)
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+
+
+def compile_rule(mode: str) -> tuple[bool, str]:
+    """The rule on `sample.compile` (checked by `check_sample` before a run and by
+    `uvic.sampling.compiled.compile_network` where it is used): (holds, message)."""
+    return (mode in COMPILE_MODES,
+            f"sample.compile={mode!r} must be one of {', '.join(COMPILE_MODES)}")
 
 
 def check_sample(sample: SampleConfig) -> None:
@@ -33,6 +42,7 @@ def check_sample(sample: SampleConfig) -> None:
         (sample.autoguidance_scale == 0 or sample.autoguidance_ckpt,
          f"sample.autoguidance_scale={sample.autoguidance_scale} needs "
          "sample.autoguidance_ckpt (the weaker model's weights)"),
+        compile_rule(sample.compile),
     ])
     check_scheduler(sample.scheduler, sample.order)
 

@@ -17,6 +17,9 @@ the quickstart and the training loop's periodic grids:
   VAE and empty-prompt context (`uvic.sampling.assets.SamplingAssets`).
 * `SampleGrid`: fixed noise sampled again and again (the training grids).
 
+`sample.compile` compiles the network call (`uvic.sampling.compiled`): `generate` and
+`SampleGrid` compile the network (and the guide) once and give every call one batch size.
+
 Time conventions (see `uvic.diffusion.schedule`): a diffusers timestep k is fed to the network as
 `diffusion.net_time(k)`: 999 (k + 1) / 1000 for the continuous VP schedule (CIFAR-10),
 k + 1 for the discrete scaled-linear one (MS-COCO).
@@ -41,6 +44,7 @@ from uvic.diffusion.schedule import Diffusion
 from uvic.run.architecture import ModelChoice
 from uvic.sampling.assets import SamplingAssets, to_pixels
 from uvic.sampling.checks import PRECISIONS, can_guide, real_classes
+from uvic.sampling.compiled import compile_network, static_batch
 from uvic.sampling.labels import LabelFn
 from uvic.sampling.load import load_guide, load_model
 from uvic.sampling.noise import make_noise, sample_generators
@@ -213,6 +217,14 @@ class SampleGrid:
         self.assets = SamplingAssets.from_config(cfg, device)
         self.seed, self.n, self.device = seed, n, device
         self.shape = (m.in_chans, m.img_size, m.img_size)
+        self._compiled: tuple[nn.Module, nn.Module] | None = None  # (model, its network)
+
+    def network(self, model: nn.Module) -> nn.Module:
+        """`model` compiled as `sample.compile` says, once for the grids of a run (the
+        compiled network reads `model`'s weights as they are at each grid)."""
+        if self._compiled is None or self._compiled[0] is not model:
+            self._compiled = (model, compile_network(model, self.cfg.sample.compile))
+        return self._compiled[1]
 
     def sample(self, model: nn.Module, diffusion: Diffusion,
                autocast: contextlib.AbstractContextManager | None = None) -> torch.Tensor:
@@ -225,7 +237,7 @@ class SampleGrid:
         noise = make_noise(self.shape, gens, self.device)
         with autocast or contextlib.nullcontext():
             x0 = sample_images(
-                model, diffusion, noise, context=self.context,
+                self.network(model), diffusion, noise, context=self.context,
                 uncond_context=self.assets.uncond, cfg_scale=effective_cfg_scale(self.cfg),
                 scheduler=s.scheduler, steps=s.steps, order=s.order, generator=gens,
                 scheduler_kwargs=s.scheduler_kwargs,
@@ -263,6 +275,8 @@ def generate(
     any split of `indices` into batches, processes or resumed runs gives the same images.
     With `progress`, one bar counts the solver's steps over all batches (steps per batch
     x batches: it moves at every network evaluation) and shows the images done.
+    With `sample.compile` on, the networks are compiled once and the last batch is padded
+    to the run's batch size (`static_batch`), so every network call has one shape.
     """
     s = cfg.sample
     shape = (cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size)
@@ -270,22 +284,26 @@ def generate(
     batch = s.batch_size  # >= 1: uvic.validation
     chunks = [list(indices[i : i + batch]) for i in range(0, len(indices), batch)]
     per_batch = model_calls(diffusion, s.scheduler, s.steps, s.order, s.scheduler_kwargs)
+    net = compile_network(model, s.compile)
+    weak = compile_network(guide, s.compile) if guide is not None else None
+    size = min(batch, len(indices))  # the one batch size of a compiled run
     done = 0
     with tqdm(total=per_batch * len(chunks), unit="step", disable=not progress,
               desc=f"sampling ({len(chunks)} x {per_batch} steps)") as bar:
         bar.set_postfix_str(f"images 0/{len(indices)}", refresh=False)
         for chunk in chunks:
-            gens = sample_generators(seed, chunk)
+            rows = chunk if s.compile == "off" else static_batch(chunk, size)
+            gens = sample_generators(seed, rows)
             noise = make_noise(shape, gens, device)
-            context = context_fn(chunk).to(device) if context_fn is not None else None
+            context = context_fn(rows).to(device) if context_fn is not None else None
             with autocast(device, precision):
                 x0 = sample_images(
-                    model, diffusion, noise, context=context, uncond_context=uncond_context,
+                    net, diffusion, noise, context=context, uncond_context=uncond_context,
                     cfg_scale=scale, scheduler=s.scheduler, steps=s.steps, order=s.order,
                     generator=gens, scheduler_kwargs=s.scheduler_kwargs,
-                    guide=guide, autoguidance_scale=s.autoguidance_scale,
-                    on_step=bar.update, **class_conditions(cfg, chunk, device, label_fn),
-                )
+                    guide=weak, autoguidance_scale=s.autoguidance_scale,
+                    on_step=bar.update, **class_conditions(cfg, rows, device, label_fn),
+                )[: len(chunk)]
             with torch.inference_mode():
                 images = to_pixels(cfg, x0, vae)
             done += len(chunk)
