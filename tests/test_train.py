@@ -481,7 +481,7 @@ def test_two_processes_see_different_data(tmp_path):
     assert summary["launch"] == {"num_processes": 2, "distributed_type": "MULTI_CPU",
                                  "backend": "gloo", "devices": ["cpu", "cpu"],
                                  "mixed_precision": "no",
-                                 "precision_from": "train.mixed_precision"}
+                                 "precision_from": "train.mixed_precision", "compile": "off"}
     ckpt = out / "checkpoints" / "step_000004"
     assert (ckpt / "random_states_0.pkl").is_file() and (ckpt / "random_states_1.pkl").is_file()
 

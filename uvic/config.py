@@ -16,6 +16,7 @@ range) live with the code that uses them, in each domain's `checks` module, and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -146,7 +147,10 @@ class TrainConfig:
     mixed_precision: str = ""
     ema_decay: float = 0.9999
     seed: int = 1234
-    compile: bool = False
+    # torch.compile of the model through Accelerate (uvic.training.compile): off | default |
+    # reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs. A bool
+    # (configs and runs from before the modes) still reads: true = default, false = off.
+    compile: bool | str = "off"
     log_every: int = 100
     sample_every: int = 10_000
     ckpt_every: int = 25_000
@@ -338,9 +342,15 @@ def _check_type(value: Any, tp: Any, key: str, source: str = "config") -> Any:
         return dict(value)
     if (tp in (int, float) and isinstance(value, bool)) or not isinstance(value, tp):
         raise ConfigError(
-            f"{source}: {key} must be {tp.__name__}, got {type(value).__name__} {value!r}"
+            f"{source}: {key} must be {_type_name(tp)}, got {type(value).__name__} {value!r}"
         )
     return value
+
+
+def _type_name(tp: Any) -> str:
+    """`int`, or `bool | str` for a union."""
+    args = typing.get_args(tp) if typing.get_origin(tp) in (types.UnionType, typing.Union) else ()
+    return " | ".join(map(_type_name, args)) if args else getattr(tp, "__name__", str(tp))
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -377,9 +387,11 @@ def parse_value(raw: str, tp: Any, key: str) -> Any:
             if len(parts) != len(args):
                 raise ValueError
             return tuple(parse_value(p, a, key) for p, a in zip(parts, args))
-        if origin in (types.UnionType, typing.Union):
+        if origin in (types.UnionType, typing.Union):  # the first member type that parses
+            for member in typing.get_args(tp):
+                with contextlib.suppress(ConfigError):
+                    return parse_value(raw, member, key)
             raise ValueError
     except ValueError:
-        name = getattr(tp, "__name__", str(tp))
-        raise ConfigError(f"config key {key!r} expects {name}, got {raw!r}") from None
+        raise ConfigError(f"config key {key!r} expects {_type_name(tp)}, got {raw!r}") from None
     raise ConfigError(f"config key {key!r} has a type overrides cannot set ({tp})")

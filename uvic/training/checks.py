@@ -1,6 +1,6 @@
-"""The rules on `train.*` and `optim.*` values: loop lengths, precision, optimizer, LR
-schedule. Read by `uvic.validation` (the trainer validates its config before any step);
-no torch here.
+"""The rules on `train.*` and `optim.*` values: loop lengths, precision, compile mode,
+optimizer, LR schedule. Read by `uvic.validation` (the trainer validates its config
+before any step); no torch here.
 """
 
 from __future__ import annotations
@@ -11,6 +11,20 @@ from uvic.config import OptimConfig, TrainConfig, require
 
 MIXED_PRECISIONS = ("", "no", "fp16", "bf16")  # "": the launcher's
 LR_SCHEDULES = ("constant", "cosine")  # after warm-up (uvic.training.optim)
+# train.compile (uvic.training.compile): torch.compile's modes, and "off"
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune",
+                 "max-autotune-no-cudagraphs")
+
+
+def compile_mode(value: bool | str, key: str = "train.compile") -> str:
+    """The compile mode `value` names: one of COMPILE_MODES. A bool, as configs and runs
+    from before the modes hold it, reads true = "default", false = "off"; anything else is
+    a ConfigError naming `key` and the allowed values."""
+    if isinstance(value, bool):
+        return "default" if value else "off"
+    require([(value in COMPILE_MODES, f"{key}={value!r} must be one of "
+              f"{', '.join(COMPILE_MODES)} (or true = default, false = off)")])
+    return value
 
 
 def check_train(t: TrainConfig) -> None:
@@ -31,6 +45,7 @@ def check_train(t: TrainConfig) -> None:
         (t.n_grid >= 1 or t.sample_every == 0,
          f"train.n_grid={t.n_grid} must be >= 1 (or train.sample_every=0: no grids)"),
     ])
+    compile_mode(t.compile)
 
 
 def check_optim(o: OptimConfig) -> None:

@@ -1,7 +1,8 @@
-"""How a training run is launched: Accelerate's settings for the run, the refusal of a
-launch that asked for several processes but got one, the facts of the launch (processes,
-devices, precision) that a run prints at start and records in summary.json and every
-checkpoint's trainer state, and the run folder's lock, taken before anything else.
+"""How a training run is launched: Accelerate's settings for the run (torch.compile
+included: `uvic.training.compile`), the refusal of a launch that asked for several
+processes but got one, the facts of the launch (processes, devices, precision, compile
+mode) that a run prints at start and records in summary.json and every checkpoint's
+trainer state, and the run folder's lock, taken before anything else.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from tqdm.auto import tqdm
 from uvic.config import Config
 from uvic.run.folder import RunFolder
 from uvic.run.lock import RunLock, RunLockError
+from uvic.training.checks import compile_mode
+from uvic.training.compile import compile_note, compile_settings, dynamo_kwargs
 
 
 class TrainError(RuntimeError):
@@ -42,7 +45,8 @@ def make_accelerator(cfg: Config, run: RunFolder) -> Accelerator:
 
     Precision: train.mixed_precision when set (a launcher setting that disagrees is named
     in a note), else the launcher's (`accelerate launch --mixed_precision`, `accelerate
-    config`), which Accelerate reads from ACCELERATE_MIXED_PRECISION.
+    config`), which Accelerate reads from ACCELERATE_MIXED_PRECISION. Compile:
+    train.compile (`uvic.training.compile`; a note when its CUDA graphs cannot run here).
 
     A launch that asked for several processes but runs this one alone is refused (one
     line, before any work): N copies of one process that do not see each other (WORLD_SIZE
@@ -65,8 +69,12 @@ def make_accelerator(cfg: Config, run: RunFolder) -> Accelerator:
         # process per optimizer step.
         step_scheduler_with_optimizer=False,
         dataloader_config=DataLoaderConfiguration(non_blocking=True),  # pinned -> async
-        dynamo_backend="inductor" if t.compile else "no",
+        **dynamo_kwargs(t.compile),  # torch.compile at prepare (uvic.training.compile)
     )
+    if compile_settings(acc) != compile_mode(t.compile):
+        raise TrainError(f"train.compile={compile_mode(t.compile)} but this process's Accelerate "
+                         f"state, set up by an earlier Accelerator, compiles "
+                         f"{compile_settings(acc)}: train in a new process")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if acc.num_processes != world:
         # e.g. `accelerate launch --multi_gpu` without GPUs: N independent copies would
@@ -81,6 +89,9 @@ def make_accelerator(cfg: Config, run: RunFolder) -> Accelerator:
                          "this one (its one-process launcher, used with --cpu, ignores "
                          "--num_processes); for N CPU processes run "
                          f"{CPU_LAUNCH} scripts/train.py ...")
+    note = compile_note(t.compile, acc.device.type)
+    if note is not None and acc.is_main_process:
+        tqdm.write(note)
     if t.mixed_precision and launcher and launcher != t.mixed_precision and acc.is_main_process:
         tqdm.write(f"note: train.mixed_precision={t.mixed_precision} overrides the launcher's "
                    f"--mixed_precision {launcher}; set train.mixed_precision= (empty) to "
@@ -114,19 +125,21 @@ def launch_facts(acc: Accelerator, cfg: Config) -> dict[str, Any]:
         "devices": gather_object([device]),
         "mixed_precision": acc.mixed_precision,
         "precision_from": "train.mixed_precision" if cfg.train.mixed_precision else "launcher",
+        "compile": compile_settings(acc),
     }
 
 
 def describe_launch(facts: dict[str, Any]) -> str:
     """One line, e.g. "launch: 2 processes (MULTI_CPU, gloo) on 2 x cpu; mixed precision no
-    (train.mixed_precision)"."""
+    (train.mixed_precision)", and "; compiled (reduce-overhead)" when compiled."""
     n = facts["num_processes"]
     kind = facts["distributed_type"] if facts["distributed_type"] != "NO" else None
     how = ", ".join(x for x in (kind, facts["backend"]) if x)
     kinds = Counter(re.sub(r":\d+", "", device) for device in facts["devices"])
     on = ", ".join(kind if count == 1 else f"{count} x {kind}" for kind, count in kinds.items())
     return (f"launch: {n} process{'es' if n > 1 else ''}{f' ({how})' if how else ''} on {on}; "
-            f"mixed precision {facts['mixed_precision']} ({facts['precision_from']})")
+            f"mixed precision {facts['mixed_precision']} ({facts['precision_from']})"
+            + (f"; compiled ({facts['compile']})" if facts.get("compile", "off") != "off" else ""))
 
 
 def lock_run_folder(acc: Accelerator, run: RunFolder) -> RunLock:
