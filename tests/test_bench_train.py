@@ -1,4 +1,5 @@
-"""scripts/bench_train.py (a benchmark script, not a timed test): its CPU smoke run."""
+"""scripts/bench_train.py (a benchmark script, not a timed test): the model-FLOP count
+behind its MFU, the device peaks, its JSON schema and its CPU smoke runs."""
 
 from __future__ import annotations
 
@@ -6,38 +7,115 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import load_script
+from torch.utils.flop_counter import FlopCounterMode
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_train.py"
+import uvic_kernels
+from uvic.config import ModelConfig, load_config
+from uvic.models.flops import forward_flops, num_tokens, training_flops
+from uvic.models.uvit import build_model
+
+REPO = Path(__file__).resolve().parents[1]
+RECORD_KEYS = {"dataset", "preset", "model", "backend", "compile", "batch",
+               "grad_checkpointing", "tokens", "train_flops_per_image", "ms_per_step",
+               "images_per_s", "mfu", "peak_mib", "status"}
+RUN_KEYS = {"device", "device_type", "smoke", "peak_bf16_tflops", "torch", "triton", "cuda",
+            "date", "git_commit", "git_dirty", "steps", "warmup", "results", "table"}
 
 
 def load_bench():
     return load_script("scripts/bench_train.py")
 
 
+def plain_attention(q, k, v, mode, scale, backend=None):
+    """Attention as two visible matmuls (FlopCounterMode does not see inside the kernel)."""
+    return torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1) @ v
+
+
+@pytest.mark.parametrize("arch", [
+    dict(img_size=8, patch_size=2, embed_dim=32, depth=2, num_heads=2),  # CIFAR-like
+    dict(img_size=8, patch_size=2, in_chans=4, embed_dim=48, depth=4, num_heads=3,
+         num_classes=11, mlp_time_embed=True, conv=False, mlp_ratio=2.5),  # ImageNet H-like
+    dict(img_size=8, patch_size=4, in_chans=4, embed_dim=32, depth=2, num_heads=2,
+         clip_dim=12, num_clip_token=7, skip=False, qkv_bias=True),  # MS-COCO-like
+])
+def test_flop_count_matches_torchs_flop_counter(arch, monkeypatch) -> None:
+    """forward_flops, from the config alone, equals what torch's FlopCounterMode counts
+    (matmuls and convolutions) in a real forward, attention written as plain matmuls."""
+    monkeypatch.setattr(uvic_kernels, "attention", plain_attention)
+    m = ModelConfig(**arch, attention_backend="torch")
+    model, batch = build_model(m), 3
+    x = torch.randn(batch, m.in_chans, m.img_size, m.img_size)
+    context = torch.randn(batch, m.num_clip_token, m.clip_dim) if m.clip_dim else None
+    y = torch.randint(0, m.num_classes, (batch,)) if m.num_classes > 0 else None
+    with FlopCounterMode(display=False) as counter:
+        model(x, torch.rand(batch) * 999, context=context, y=y)
+    assert forward_flops(m) * batch == counter.get_total_flops()
+    assert training_flops(m) == 3 * forward_flops(m)
+
+
+def test_flop_count_of_the_paper_models() -> None:
+    """U-ViT-S/2 on CIFAR-10: ~73 GFLOP per image for a training step (issue 24's figure);
+    the H/2 at ImageNet-256: 258 tokens (256 patches, time, label)."""
+    cifar = load_config(REPO / "configs" / "cifar10_uvit.py").model
+    assert num_tokens(cifar) == 257 and round(training_flops(cifar) / 1e9) == 73
+    huge = load_config(REPO / "configs" / "imagenet256_uvit_huge.py").model
+    assert num_tokens(huge) == 258 and huge.embed_dim == 1152
+
+
+def test_peaks_and_mfu() -> None:
+    from uvic.cli import bench_train as bench
+
+    assert bench.peak_tflops("NVIDIA H100 80GB HBM3") == 989.4
+    assert bench.peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert bench.peak_tflops("NVIDIA H200") == 989.4
+    assert bench.peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+    assert bench.peak_tflops("NVIDIA GeForce RTX 4090") is None
+    assert bench.mfu(73e9, 2298.0, 989.4) == pytest.approx(0.1696, abs=1e-4)
+    assert bench.mfu(73e9, 2298.0, None) is None
+    assert bench.default_out("NVIDIA H100 80GB HBM3", "2026-11-24T01:02:03+00:00", True) == (
+        REPO / "kernels" / "results" / "2026-11-24_nvidia-h100-80gb-hbm3_train.json")
+
+
 def test_bench_train_smoke(tmp_path, capsys):
+    """Every default row on the CPU (our kernels' rows through PyTorch's path), the U-ViT-H/2
+    rows without and with gradient checkpointing; the JSON's schema."""
     bench = load_bench()
     out = tmp_path / "train.json"
-    assert bench.main(["--smoke", "--steps", "1", "--out", str(out)]) == 0
+    assert bench.main(["--smoke", "--huge", "--steps", "1", "--out", str(out)]) == 0
     payload = json.loads(out.read_text())
     assert payload["smoke"] and "timings need a gpu" in capsys.readouterr().out.lower()
-    cells = {(r["dataset"], r["model"], r["backend"]): r for r in payload["results"]}
-    # sdpa is a softmax-only baseline: U-ViT only; both settings, both models
-    assert set(cells) == {(d, m, b) for d in ("cifar10", "mscoco") for m, bs in
-                          (("uvit", ("torch", "sdpa")), ("uvic", ("torch",))) for b in bs}
-    for r in cells.values():
-        assert r["status"] == "ok" and r["train_ms"] > 0 and r["sample_images_per_s"] > 0
-    assert cells["cifar10", "uvit", "torch"]["tokens"] == 17  # 8x8 smoke images, patch 2
-    assert "| cifar10 (17) | uvic | torch |" in payload["table"]
+    assert set(payload) == RUN_KEYS and payload["peak_bf16_tflops"] is None
+    assert payload["torch"] == torch.__version__ and len(payload["git_commit"]) == 40
+    rows = payload["results"]
+    cells = [(r["dataset"], r["model"], r["backend"], r["grad_checkpointing"]) for r in rows]
+    assert cells == [(d, m, b, False) for d in ("cifar10", "mscoco") for m, bs in
+                     (("uvit", ("torch", "sdpa")), ("uvic", ("torch",))) for b in bs] + [
+        ("imagenet256", "uvit", b, ckpt) for ckpt in (False, True) for b in ("torch", "sdpa")]
+    for r in rows:
+        assert set(r) == RECORD_KEYS and r["status"] == "ok" and r["compile"] == "off"
+        assert r["ms_per_step"] > 0 and r["images_per_s"] == pytest.approx(
+            r["batch"] / r["ms_per_step"] * 1e3) and r["mfu"] is None and r["peak_mib"] is None
+    assert rows[0]["tokens"] == 17  # 8x8 smoke images, patch 2
+    assert "| cifar10 (17) | uvic | torch | off | no | 2 |" in payload["table"]
+    assert "| imagenet256 (18) | uvit | sdpa | off | yes | 2 |" in payload["table"]
 
 
-def test_bench_train_backends_option(tmp_path, capsys):
+def test_bench_train_compiled_row_and_options(tmp_path, capsys):
+    """A compile mode's row (reduce-overhead: on a CPU without CUDA graphs, said once)
+    beside eager; the options refuse unknown values in one line."""
     bench = load_bench()
     out = tmp_path / "train.json"
-    assert bench.main(["--smoke", "--backends", "sdpa", "--out", str(out)]) == 0
+    assert bench.main(["--smoke", "--datasets", "cifar10", "--models", "uvit", "--backends",
+                       "sdpa", "--compile", "off,reduce-overhead", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.count("CUDA graphs need a CUDA device") == 1
     rows = json.loads(out.read_text())["results"]
-    cells = [(r["dataset"], r["model"], r["backend"]) for r in rows]
-    assert cells == [("cifar10", "uvit", "sdpa"), ("mscoco", "uvit", "sdpa")]
-    with pytest.raises(SystemExit) as exc:
-        bench.main(["--smoke", "--backends", "sdpa,flash", "--out", str(out)])
-    assert exc.value.code == 2 and "unknown backend 'flash'" in capsys.readouterr().err
+    assert [(r["backend"], r["compile"], r["status"]) for r in rows] == [
+        ("sdpa", "off", "ok"), ("sdpa", "reduce-overhead", "ok")]
+    for flag, value, message in [("--backends", "sdpa,flash", "unknown value 'flash'"),
+                                 ("--compile", "off,fast", "unknown value 'fast'"),
+                                 ("--datasets", "imagenet", "unknown value 'imagenet'")]:
+        with pytest.raises(SystemExit) as exc:
+            bench.main(["--smoke", flag, value, "--out", str(out)])
+        assert exc.value.code == 2 and f"{flag}: {message}" in capsys.readouterr().err

@@ -1,6 +1,7 @@
-"""Training-step and sampling-forward speed of U-ViT vs U-ViC, per attention backend.
+"""Training-step speed of U-ViT vs U-ViC, per attention backend and compile mode, side by side.
 
-    uvic-bench-train [--steps 20] [--out runs/bench/train.json]  # or python scripts/bench_train.py
+    uvic-bench-train [--compile off,default,reduce-overhead,max-autotune] [--huge]
+                     [--steps 20] [--out FILE]        # or python scripts/bench_train.py
 
 For the paper's two settings, with the real U-ViT-S/2 / U-ViC-S/2 configs (random
 weights: speed does not depend on them):
@@ -9,127 +10,151 @@ weights: speed does not depend on them):
 * MS-COCO: batch 64 (one GPU's share of the release's 256 on 4 GPUs), 32x32x4 latents
   and 77 CLIP tokens -> N = 334;
 
-it times one training step (forward, backward and AdamW step under bf16 autocast, as
-`uvic.training.trainer` runs it) and the sampling forward (no grad, batch 500), for each
-attention backend of `model.attention_backend`:
+and with `--huge` U-ViT-H/2 at ImageNet-256 latent size (configs/imagenet256_uvit_huge.py,
+N = 258, batch 128) without and with gradient checkpointing, it times the trainer's
+step: forward, loss, backward, AdamW and the EMA update, under bf16 autocast, with the
+model compiled as `train.compile=<mode>` compiles it (`uvic.training.compile`: inductor,
+fullgraph). Rows: every (dataset, model, attention backend, compile mode), where the
+backends of `model.attention_backend` are
 
 * ``triton``: our fused kernels (Cog and softmax);
-* ``torch``: the same algorithm in PyTorch (chunked; a correctness fallback);
-* ``sdpa``: PyTorch's ``scaled_dot_product_attention`` (U-ViT only: softmax blocks).
+* ``sdpa``: PyTorch's ``scaled_dot_product_attention`` (U-ViT only: softmax blocks);
+* ``torch``: the same algorithm as ours in PyTorch (chunked; a correctness fallback).
 
-It prints a markdown table (ms / step, images / s, peak memory) and writes JSON.  Without
-CUDA it runs a tiny smoke configuration on the CPU and says that timings need a GPU.
+Columns: ms / step (mean over `--steps` after `--warmup` steps, which include the
+compilation), images / s, MFU (the model's matmul FLOPs, `uvic.models.flops`, over the
+device's dense bf16 peak, `PEAK_BF16_TFLOPS`; n/a for another device) and peak memory.
+It prints a markdown table and writes JSON (`kernels/results/README.md` has the schema):
+by default `kernels/results/<date>_<device>_train.json` on a GPU. Without CUDA (or with
+`--smoke`) it runs a tiny configuration on the CPU (our kernels' rows run PyTorch's
+path, `torch`), writes `runs/bench/train.json` by default and says that timings need a
+GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import platform
+import re
+import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from uvic.config import Config, load_config
+from uvic.models.flops import num_tokens, training_flops
 from uvic.presets import preset_path
+from uvic.training.checks import COMPILE_MODES
 
 if TYPE_CHECKING:
     import torch
 
 MIB = 1 << 20
+REPO = Path(__file__).resolve().parents[2]
 SETTINGS = {"cifar10": 128, "mscoco": 64}  # training batch per GPU
-SAMPLING_BATCH = 500
+HUGE = ("imagenet256", "imagenet256_uvit_huge", 128)  # dataset, preset, batch
 SMOKE = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=8"]
 SMOKE_BATCH = 2
+# Dense bf16 peak (TFLOP/s, no sparsity) by device name, first match: NVIDIA's data sheets.
+PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("A100", 312.0))
+GPU_COMPILE = ",".join(m for m in COMPILE_MODES if m != "max-autotune-no-cudagraphs")
+
+
+@dataclass
+class Cell:
+    """One row: what is timed."""
+
+    dataset: str
+    preset: str
+    model: str  # uvit | uvic
+    backend: str
+    compile: str
+    batch: int
+    grad_checkpointing: bool = False
+
+
+def peak_tflops(device_name: str) -> float | None:
+    """The dense bf16 peak of the device named `device_name`; None for one not in the table."""
+    return next((peak for key, peak in PEAK_BF16_TFLOPS if key in device_name), None)
+
+
+def mfu(flops_per_image: int, images_per_s: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation: achieved model FLOP/s over the peak (None: no peak known)."""
+    return None if peak is None else flops_per_image * images_per_s / (peak * 1e12)
 
 
 def make_batch(cfg: Config, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Random images (or latents) and, for text conditioning, random CLIP contexts."""
+    """Random images (or latents) and, for conditional models, CLIP contexts or labels."""
     import torch
 
     m = cfg.model
     out = {"x": torch.randn(batch, m.in_chans, m.img_size, m.img_size, device=device)}
     if m.clip_dim > 0:
         out["context"] = torch.randn(batch, m.num_clip_token, m.clip_dim, device=device)
+    if m.num_classes > 0:
+        out["y"] = torch.randint(0, m.num_classes, (batch,), device=device)
     return out
 
 
-def timed_ms(fn: Callable[[], object], device: torch.device, steps: int) -> float:
-    """Mean wall time of ``fn()`` over ``steps`` calls, in ms (CUDA-synchronised)."""
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) / steps * 1e3
-
-
-def peak_mib(fn: Callable[[], object], device: torch.device) -> float | None:
-    """Peak memory allocated during one ``fn()`` (CUDA only), in MiB."""
-    import torch
-
-    if device.type != "cuda":
-        return None
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) / MIB
-
-
-def bench_one(cfg: Config, batch: int, sampling_batch: int, steps: int,
-              device: torch.device) -> dict[str, object]:
-    """Training step and sampling forward of one (config, backend)."""
+def train_step(cfg: Config, cell: Cell, device: torch.device) -> Callable[[], None]:
+    """The trainer's step for the cell: its model (compiled as `train.compile`), AdamW, EMA."""
     import torch
 
     from uvic.diffusion.schedule import Diffusion, diffusion_loss
     from uvic.models.uvit import build_model
+    from uvic.training.compile import dynamo_kwargs
+    from uvic.training.ema import EMA
+    from uvic.training.optim import make_optimizer
 
     torch.manual_seed(0)
-    model = build_model(cfg.model).to(device)
-    diffusion = Diffusion(cfg.diffusion)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr,
-                                  weight_decay=cfg.optim.weight_decay, betas=cfg.optim.betas)
-    data = make_batch(cfg, batch, device)
+    model = build_model(cfg.model).to(device).train()
+    ema = EMA(model, cfg.train.ema_decay).to(device)
+    optimizer, _ = make_optimizer(model, cfg.optim, cfg.train.max_steps)
+    if cell.compile != "off":
+        torch._dynamo.reset()  # each cell compiles afresh: no recompile limit across cells
+        model = torch.compile(model, **dynamo_kwargs(cell.compile)["dynamo_plugin"].to_kwargs())
+    diffusion, data = Diffusion(cfg.diffusion), make_batch(cfg, cell.batch, device)
+    m = cfg.model
+    empty = (torch.zeros(m.num_clip_token, m.clip_dim, device=device) if m.clip_dim > 0
+             else None)
+    null_class = m.num_classes - 1 if m.num_classes > 0 else None
     generator = torch.Generator(device=device).manual_seed(0)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
 
-    def train_step() -> None:
+    def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        with autocast:
-            loss = diffusion_loss(model, diffusion, data, generator)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = diffusion_loss(model, diffusion, data, generator, empty_context=empty,
+                                  p_uncond=cfg.diffusion.p_uncond, null_class=null_class)
         loss.backward()
         optimizer.step()
+        ema.update(model)
 
-    sample = make_batch(cfg, sampling_batch, device)
-    t = torch.full((sampling_batch,), 500.0, device=device)
-
-    def sampling_forward() -> None:
-        with torch.no_grad(), autocast:
-            model(sample["x"], t, context=sample.get("context"))
-
-    row: dict[str, object] = {"batch": batch, "sampling_batch": sampling_batch}
-    for name, fn, n in (("train", train_step, batch), ("sample", sampling_forward,
-                                                         sampling_batch)):
-        for _ in range(3):  # warm-up: autotuning, allocator, cuDNN heuristics
-            fn()
-        ms = timed_ms(fn, device, steps)
-        row[f"{name}_ms"] = ms
-        row[f"{name}_images_per_s"] = n / ms * 1e3
-        row[f"{name}_peak_mib"] = peak_mib(fn, device)
-    return row
+    return step
 
 
-def num_tokens(cfg: Config) -> int:
-    """Sequence length the attention sees: patches, time token, label or text tokens."""
-    m = cfg.model
-    extras = 1 + (m.num_classes > 0) + (m.num_clip_token if m.clip_dim > 0 else 0)
-    return (m.img_size // m.patch_size) ** 2 + extras
+def time_cell(step: Callable[[], None], device: torch.device, steps: int,
+              warmup: int) -> tuple[float, float | None]:
+    """Mean ms per call of `step` over `steps` calls after `warmup` (CUDA-synchronised),
+    and the peak memory allocated while timing (CUDA only), in MiB."""
+    import torch
+
+    for _ in range(warmup):  # compilation, autotuning, CUDA-graph recording, allocator
+        step()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+    ms = (time.perf_counter() - start) / steps * 1e3
+    return ms, torch.cuda.max_memory_allocated(device) / MIB if cuda else None
 
 
 def backends_for(attention: str) -> list[str]:
@@ -142,77 +167,137 @@ def backends_for(attention: str) -> list[str]:
     return [b for b, runs in BACKEND_MODES.items() if modes <= set(runs)]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=20, help="timed steps per cell")
-    p.add_argument("--out", default="runs/bench/train.json")
-    p.add_argument("--smoke", action="store_true", help="tiny CPU configuration")
-    p.add_argument("--backends", default=None,
-                   help="comma-separated attention backends to time (default: all three, "
-                   "triton, torch and sdpa)")
-    args = p.parse_args(argv)
-    from uvic_kernels.fused_attention import BACKENDS  # torch: once the other arguments parse
-
-    given = args.backends if args.backends is not None else ",".join(BACKENDS)
-    args.backends = [b.strip() for b in given.split(",") if b.strip()]
-    unknown = sorted(set(args.backends) - set(BACKENDS))
-    if unknown or not args.backends:
-        p.error(f"--backends: unknown backend {unknown[0] if unknown else given!r}; "
-                f"choose from {', '.join(BACKENDS)}")
-    return args
+def plan_cells(args: argparse.Namespace, cuda: bool) -> list[Cell]:
+    """The rows, in table order: each setting's models x backends x compile modes, then the
+    U-ViT-H/2 rows (--huge) without and with gradient checkpointing. On a CPU our kernels'
+    rows run PyTorch's path (the interpreter is a test tool, not a benchmark)."""
+    backends = [b if cuda or b != "triton" else "torch" for b in args.backends]
+    backends = list(dict.fromkeys(backends))  # triton -> torch on a CPU: once
+    settings = [(d, f"{d}_{m}", m, SETTINGS[d], False) for d in args.datasets for m in args.models]
+    if args.huge:
+        dataset, preset, batch = HUGE
+        settings += [(dataset, preset, "uvit", batch, ckpt) for ckpt in (False, True)]
+    cells = []
+    for dataset, preset, model, batch, ckpt in settings:
+        for backend in (b for b in backends if b in backends_for(model)):
+            cells += [Cell(dataset, preset, model, backend, mode,
+                           batch if cuda else SMOKE_BATCH, ckpt) for mode in args.compile]
+    return cells
 
 
-def run_cells(wanted: list[str], steps: int, device: torch.device) -> list[dict[str, object]]:
-    """Every (dataset, model, backend) cell: its timings, or "OOM"."""
+def run_cell(cell: Cell, steps: int, warmup: int, device: torch.device,
+             peak: float | None) -> dict[str, Any]:
+    """One row's record: the cell, its tokens and model FLOPs, and its timings (or the
+    status "OOM", or "error" with the message)."""
     import torch
 
     cuda = device.type == "cuda"
-    rows = []
-    for dataset, batch in SETTINGS.items():
-        for attention in ("uvit", "uvic"):
-            for backend in (b for b in backends_for(attention) if b in wanted):
-                if not cuda and backend == "triton":
-                    continue  # the interpreter is a test tool, not a benchmark
-                overrides = [f"model.attention_backend={backend}"] + ([] if cuda else SMOKE)
-                cfg = load_config(preset_path(f"{dataset}_{attention}"), overrides)
-                cell = {"dataset": dataset, "model": attention, "backend": backend,
-                        "tokens": num_tokens(cfg)}
-                try:
-                    cell.update(bench_one(cfg, batch if cuda else SMOKE_BATCH,
-                                          SAMPLING_BATCH if cuda else SMOKE_BATCH, steps, device))
-                    cell["status"] = "ok"
-                except torch.cuda.OutOfMemoryError:
-                    cell["status"] = "OOM"
-                finally:
-                    if cuda:
-                        torch.cuda.empty_cache()
-                rows.append(cell)
-                print(f"{dataset} {attention} {backend}: {cell.get('train_ms', float('nan')):.1f}"
-                      " ms/step", flush=True)
-    return rows
+    overrides = [f"model.attention_backend={cell.backend}",
+                 f"model.grad_checkpointing={cell.grad_checkpointing}"] + ([] if cuda else SMOKE)
+    cfg = load_config(preset_path(cell.preset), overrides)
+    flops = training_flops(cfg.model)
+    record: dict[str, Any] = {**asdict(cell), "tokens": num_tokens(cfg.model),
+                              "train_flops_per_image": flops, "ms_per_step": None,
+                              "images_per_s": None, "mfu": None, "peak_mib": None}
+    try:
+        ms, peak_mib = time_cell(train_step(cfg, cell, device), device, steps, warmup)
+        images_per_s = cell.batch / ms * 1e3
+        record.update(status="ok", ms_per_step=ms, images_per_s=images_per_s,
+                      mfu=mfu(flops, images_per_s, peak), peak_mib=peak_mib)
+    except torch.cuda.OutOfMemoryError:
+        record["status"] = "OOM"
+    except Exception as err:  # a compile or kernel failure: said, and the next cell runs
+        record.update(status="error", error=f"{type(err).__name__}: {err}".splitlines()[0])
+    finally:
+        if cuda:
+            torch.cuda.empty_cache()
+    return record
 
 
-def markdown_table(rows: list[dict[str, object]], header: str) -> str:
-    """The cells as a markdown table under `header`."""
+def markdown_table(rows: list[dict[str, Any]], header: str) -> str:
+    """The rows as a markdown table under `header`."""
     lines = [header, "",
-             "| dataset (N) | model | attention backend | batch | train ms/step | train images/s | "
-             "train peak MiB | sampling batch | sampling ms | sampling images/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| dataset (N) | model | attention backend | compile | grad ckpt | batch | "
+             "ms/step | images/s | MFU | peak MiB |", "|---|---|---|---|---|---|---|---|---|---|"]
 
-    def fmt(value: object, digits: int = 1) -> str:
-        return "—" if value is None else f"{value:.{digits}f}"
+    def fmt(value: float | None, digits: int = 1, scale: float = 1.0, unit: str = "") -> str:
+        return "n/a" if value is None else f"{value * scale:.{digits}f}{unit}"
 
     for r in rows:
+        cells = (f"| {r['dataset']} ({r['tokens']}) | {r['model']} | {r['backend']} | "
+                 f"{r['compile']} | {'yes' if r['grad_checkpointing'] else 'no'} | {r['batch']} |")
         if r["status"] != "ok":
-            lines.append(f"| {r['dataset']} ({r['tokens']}) | {r['model']} | {r['backend']} | "
-                         f"{r['status']} |||||||")
+            lines.append(f"{cells} {r['status']} | | | |")
             continue
-        lines.append(f"| {r['dataset']} ({r['tokens']}) | {r['model']} | {r['backend']} | "
-                     f"{r['batch']} | "
-                     f"{fmt(r['train_ms'])} | {fmt(r['train_images_per_s'], 0)} | "
-                     f"{fmt(r['train_peak_mib'], 0)} | {r['sampling_batch']} | "
-                     f"{fmt(r['sample_ms'])} | {fmt(r['sample_images_per_s'], 0)} |")
+        lines.append(f"{cells} {fmt(r['ms_per_step'])} | {fmt(r['images_per_s'], 0)} | "
+                     f"{fmt(r['mfu'], 1, 100, '%')} | {fmt(r['peak_mib'], 0)} |")
     return "\n".join(lines)
+
+
+def _choices(given: str, allowed: tuple[str, ...] | list[str], flag: str,
+             parser: argparse.ArgumentParser) -> list[str]:
+    """The comma-separated values of `flag`, each one of `allowed` (else a usage error)."""
+    values = [v.strip() for v in given.split(",") if v.strip()]
+    unknown = [v for v in values if v not in allowed]
+    if unknown or not values:
+        parser.error(f"{flag}: unknown value {unknown[0] if unknown else given!r}; "
+                     f"choose from {', '.join(allowed)}")
+    return values
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=20, help="timed steps per row")
+    p.add_argument("--warmup", type=int, default=5,
+                   help="untimed steps first (compilation, autotuning, CUDA graphs)")
+    p.add_argument("--out", default=None, help="JSON file (default: kernels/results/"
+                   "<date>_<device>_train.json on a GPU, runs/bench/train.json on a CPU)")
+    p.add_argument("--smoke", action="store_true", help="tiny CPU configuration")
+    p.add_argument("--backends", default="triton,sdpa",
+                   help="attention backends: triton (ours), sdpa, torch (default triton,sdpa)")
+    p.add_argument("--compile", default=None, help="compile modes, comma-separated, of "
+                   f"{', '.join(COMPILE_MODES)} (default: {GPU_COMPILE} on a GPU, off on a CPU)")
+    p.add_argument("--datasets", default=",".join(SETTINGS), help="cifar10, mscoco")
+    p.add_argument("--models", default="uvit,uvic", help="uvit, uvic")
+    p.add_argument("--huge", action="store_true",
+                   help="add U-ViT-H/2 at ImageNet-256 latent size, batch 128, without and "
+                   "with gradient checkpointing")
+    args = p.parse_args(argv)
+    from uvic_kernels.fused_attention import BACKENDS  # torch: once the other arguments parse
+
+    args.backends = _choices(args.backends, BACKENDS, "--backends", p)
+    if args.compile is not None:  # None: the device's default, chosen in main
+        args.compile = _choices(args.compile, COMPILE_MODES, "--compile", p)
+    args.datasets = _choices(args.datasets, tuple(SETTINGS), "--datasets", p)
+    args.models = _choices(args.models, ("uvit", "uvic"), "--models", p)
+    return args
+
+
+def versions() -> dict[str, Any]:
+    """torch, Triton and CUDA versions, the date (UTC) and the checkout's git commit."""
+    import torch
+
+    try:
+        import triton
+        triton_version: str | None = triton.__version__
+    except ImportError:
+        triton_version = None
+    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                         text=True, check=False)
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"],
+                           capture_output=True, text=True, check=False)
+    return {"torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "git_commit": git.stdout.strip() or None,
+            "git_dirty": bool(dirty.stdout.strip()) if git.returncode == 0 else None}
+
+
+def default_out(device_name: str, date: str, cuda: bool) -> Path:
+    """kernels/results/<date>_<device>_train.json on a GPU; runs/bench/train.json on a CPU."""
+    if not cuda:
+        return Path("runs/bench/train.json")
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+    return REPO / "kernels" / "results" / f"{date[:10]}_{slug}_train.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,24 +305,37 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
+    from uvic.training.compile import compile_note
+
     cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device("cuda" if cuda else "cpu")
+    args.compile = args.compile or (GPU_COMPILE.split(",") if cuda else ["off"])
     if not cuda:
         print("No CUDA device (or --smoke): tiny smoke configuration on the CPU; "
               "timings need a GPU.")
-    steps = args.steps if cuda else 1
-    rows = run_cells(args.backends, steps, device)
-
+    for mode in args.compile:
+        note = compile_note(mode, device.type)
+        if note is not None:
+            print(note)
     name = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
-    table = markdown_table(rows, f"Training step (fwd+bwd+AdamW, bf16 autocast) and sampling "
-                           f"forward on {name}{'' if cuda else ' (smoke, CPU: not a timing)'}, "
-                           f"torch {torch.__version__}:")
+    peak = peak_tflops(name) if cuda else None
+    steps, warmup = (args.steps, args.warmup) if cuda else (1, 1)
+    rows = []
+    for cell in plan_cells(args, cuda):
+        rows.append(run_cell(cell, steps, warmup, device, peak))
+        r = rows[-1]
+        result = f"{r['ms_per_step']:.1f} ms/step" if r["status"] == "ok" else r["status"]
+        print(f"{cell.dataset} {cell.model} {cell.backend} compile={cell.compile} "
+              f"grad ckpt={cell.grad_checkpointing}: {result}", flush=True)
+    facts = {"device": name, "device_type": device.type, "smoke": not cuda,
+             "peak_bf16_tflops": peak, **versions(), "steps": steps, "warmup": warmup}
+    table = markdown_table(rows, f"Training step (fwd+bwd+AdamW+EMA, bf16 autocast) on {name}"
+                           f"{'' if cuda else ' (smoke, CPU: not a timing)'}, torch "
+                           f"{facts['torch']}, {facts['date'][:10]}:")
     print("\n" + table)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else default_out(name, facts["date"], cuda)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": name, "cuda": cuda, "smoke": not cuda,
-                               "torch": torch.__version__, "steps": steps, "results": rows,
-                               "table": table}, indent=2) + "\n")
+    out.write_text(json.dumps({**facts, "results": rows, "table": table}, indent=2) + "\n")
     print(f"\nwrote {out}")
     return 0
 
