@@ -473,8 +473,10 @@ def test_autocast_bf16_attention_runs_in_bf16(monkeypatch: pytest.MonkeyPatch) -
 
 def test_torch_compile_training_step_matches_eager() -> None:
     """Forward and backward through inductor (the kernel's fake ops must match the real
-    ones, strides included) give the eager model's gradients."""
-    model = tiny("uncond", attention="uvic")
+    ones, strides included) give the eager model's gradients, in one graph with gradient
+    checkpointing too (the blocks' recomputation is traced, not a graph break; the plain
+    path's compiled training: tests/test_compile.py)."""
+    model = tiny("uncond", attention="uvic", grad_checkpointing=True)
     x, t, _, _ = inputs("uncond")
     x = x.permute(0, 1, 3, 2)  # non-contiguous input: q/k/v and grads take odd strides
     model(x, t).square().mean().backward()
