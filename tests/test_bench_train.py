@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 RECORD_KEYS = {"dataset", "preset", "model", "backend", "compile", "batch",
                "grad_checkpointing", "tokens", "train_flops_per_image", "ms_per_step",
                "images_per_s", "mfu", "peak_mib", "status"}
-RUN_KEYS = {"device", "device_type", "smoke", "peak_bf16_tflops", "torch", "triton", "cuda",
-            "date", "git_commit", "git_dirty", "steps", "warmup", "results", "table"}
+RUN_KEYS = {"kind", "device", "device_type", "smoke", "peak_bf16_tflops", "torch", "triton", "cuda",
+            "date", "git_commit", "git_dirty", "steps", "warmup", "records", "table"}
 
 
 def load_bench():
@@ -86,9 +86,10 @@ def test_bench_train_smoke(tmp_path, capsys):
     assert bench.main(["--smoke", "--huge", "--steps", "1", "--out", str(out)]) == 0
     payload = json.loads(out.read_text())
     assert payload["smoke"] and "timings need a gpu" in capsys.readouterr().out.lower()
-    assert set(payload) == RUN_KEYS and payload["peak_bf16_tflops"] is None
+    assert set(payload) == RUN_KEYS and payload["kind"] == "train"
+    assert payload["peak_bf16_tflops"] is None
     assert payload["torch"] == torch.__version__ and len(payload["git_commit"]) == 40
-    rows = payload["results"]
+    rows = payload["records"]
     cells = [(r["dataset"], r["model"], r["backend"], r["grad_checkpointing"]) for r in rows]
     assert cells == [(d, m, b, False) for d in ("cifar10", "mscoco") for m, bs in
                      (("uvit", ("torch", "sdpa")), ("uvic", ("torch",))) for b in bs] + [
@@ -110,7 +111,7 @@ def test_bench_train_compiled_row_and_options(tmp_path, capsys):
     assert bench.main(["--smoke", "--datasets", "cifar10", "--models", "uvit", "--backends",
                        "sdpa", "--compile", "off,reduce-overhead", "--out", str(out)]) == 0
     assert capsys.readouterr().out.count("CUDA graphs need a CUDA device") == 1
-    rows = json.loads(out.read_text())["results"]
+    rows = json.loads(out.read_text())["records"]
     assert [(r["backend"], r["compile"], r["status"]) for r in rows] == [
         ("sdpa", "off", "ok"), ("sdpa", "reduce-overhead", "ok")]
     for flag, value, message in [("--backends", "sdpa,flash", "unknown value 'flash'"),

@@ -21,7 +21,7 @@ from test_train import shapes_config
 from uvic.config import ConfigError, apply_overrides, from_dict, load_config, to_dict
 from uvic.run.folder import RunFolder
 from uvic.run.weights import unwrap_model
-from uvic.training.checks import COMPILE_MODES, compile_mode
+from uvic.training.checks import TRAIN_COMPILE_MODES, compile_mode
 from uvic.training.compile import compile_note, dynamo_kwargs
 from uvic.training.launch import TrainError, make_accelerator
 from uvic.training.trainer import train
@@ -50,7 +50,7 @@ def fresh_accelerate_state():
 def test_compile_modes_and_the_old_bool(tmp_path: Path) -> None:
     """true = default, false = off (configs and run folders from before the modes); every
     mode by name; anything else one line naming the key and the allowed values."""
-    assert [compile_mode(m) for m in COMPILE_MODES] == list(COMPILE_MODES)
+    assert [compile_mode(m) for m in TRAIN_COMPILE_MODES] == list(TRAIN_COMPILE_MODES)
     assert compile_mode(True) == "default" and compile_mode(False) == "off"
     base = load_config(REPO / "configs" / "cifar10_uvit.py")
     assert base.train.compile == "off"

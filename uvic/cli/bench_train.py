@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from uvic.config import Config, load_config
 from uvic.models.flops import num_tokens, training_flops
 from uvic.presets import preset_path
-from uvic.training.checks import COMPILE_MODES
+from uvic.training.checks import TRAIN_COMPILE_MODES
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +61,7 @@ SMOKE = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_
 SMOKE_BATCH = 2
 # Dense bf16 peak (TFLOP/s, no sparsity) by device name, first match: NVIDIA's data sheets.
 PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("A100", 312.0))
-GPU_COMPILE = ",".join(m for m in COMPILE_MODES if m != "max-autotune-no-cudagraphs")
+GPU_COMPILE = ",".join(m for m in TRAIN_COMPILE_MODES if m != "max-autotune-no-cudagraphs")
 
 
 @dataclass
@@ -255,8 +255,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny CPU configuration")
     p.add_argument("--backends", default="triton,sdpa",
                    help="attention backends: triton (ours), sdpa, torch (default triton,sdpa)")
-    p.add_argument("--compile", default=None, help="compile modes, comma-separated, of "
-                   f"{', '.join(COMPILE_MODES)} (default: {GPU_COMPILE} on a GPU, off on a CPU)")
+    p.add_argument("--compile", default=None,
+                   help=f"compile modes, comma-separated, of {', '.join(TRAIN_COMPILE_MODES)} "
+                   f"(default: {GPU_COMPILE} on a GPU, off on a CPU)")
     p.add_argument("--datasets", default=",".join(SETTINGS), help="cifar10, mscoco")
     p.add_argument("--models", default="uvit,uvic", help="uvit, uvic")
     p.add_argument("--huge", action="store_true",
@@ -267,7 +268,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     args.backends = _choices(args.backends, BACKENDS, "--backends", p)
     if args.compile is not None:  # None: the device's default, chosen in main
-        args.compile = _choices(args.compile, COMPILE_MODES, "--compile", p)
+        args.compile = _choices(args.compile, TRAIN_COMPILE_MODES, "--compile", p)
     args.datasets = _choices(args.datasets, tuple(SETTINGS), "--datasets", p)
     args.models = _choices(args.models, ("uvit", "uvic"), "--models", p)
     return args
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         result = f"{r['ms_per_step']:.1f} ms/step" if r["status"] == "ok" else r["status"]
         print(f"{cell.dataset} {cell.model} {cell.backend} compile={cell.compile} "
               f"grad ckpt={cell.grad_checkpointing}: {result}", flush=True)
-    facts = {"device": name, "device_type": device.type, "smoke": not cuda,
+    facts = {"kind": "train", "device": name, "device_type": device.type, "smoke": not cuda,
              "peak_bf16_tflops": peak, **versions(), "steps": steps, "warmup": warmup}
     table = markdown_table(rows, f"Training step (fwd+bwd+AdamW+EMA, bf16 autocast) on {name}"
                            f"{'' if cuda else ' (smoke, CPU: not a timing)'}, torch "
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + table)
     out = Path(args.out) if args.out else default_out(name, facts["date"], cuda)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**facts, "results": rows, "table": table}, indent=2) + "\n")
+    out.write_text(json.dumps({**facts, "records": rows, "table": table}, indent=2) + "\n")
     print(f"\nwrote {out}")
     return 0
 

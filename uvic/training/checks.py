@@ -12,18 +12,18 @@ from uvic.config import OptimConfig, TrainConfig, require
 MIXED_PRECISIONS = ("", "no", "fp16", "bf16")  # "": the launcher's
 LR_SCHEDULES = ("constant", "cosine")  # after warm-up (uvic.training.optim)
 # train.compile (uvic.training.compile): torch.compile's modes, and "off"
-COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune",
+TRAIN_COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune",
                  "max-autotune-no-cudagraphs")
 
 
 def compile_mode(value: bool | str, key: str = "train.compile") -> str:
-    """The compile mode `value` names: one of COMPILE_MODES. A bool, as configs and runs
+    """The compile mode `value` names: one of TRAIN_COMPILE_MODES. A bool, as configs and runs
     from before the modes hold it, reads true = "default", false = "off"; anything else is
     a ConfigError naming `key` and the allowed values."""
     if isinstance(value, bool):
         return "default" if value else "off"
-    require([(value in COMPILE_MODES, f"{key}={value!r} must be one of "
-              f"{', '.join(COMPILE_MODES)} (or true = default, false = off)")])
+    require([(value in TRAIN_COMPILE_MODES, f"{key}={value!r} must be one of "
+              f"{', '.join(TRAIN_COMPILE_MODES)} (or true = default, false = off)")])
     return value
 
 

@@ -1,6 +1,6 @@
 """torch.compile of the training model through Accelerate (`train.compile`).
 
-The mode (`uvic.training.checks.COMPILE_MODES`; a bool from an older config: true =
+The mode (`uvic.training.checks.TRAIN_COMPILE_MODES`; a bool from an older config: true =
 "default", false = "off") becomes Accelerate's `TorchDynamoPlugin`: backend inductor,
 torch.compile's mode, `fullgraph=True` (U-ViT's forward has no graph break: a break would
 stop the run at its first step). Accelerate compiles the model last in `prepare`, around
