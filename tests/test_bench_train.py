@@ -74,8 +74,20 @@ def test_peaks_and_mfu() -> None:
     assert bench.peak_tflops("NVIDIA GeForce RTX 4090") is None
     assert bench.mfu(73e9, 2298.0, 989.4) == pytest.approx(0.1696, abs=1e-4)
     assert bench.mfu(73e9, 2298.0, None) is None
-    assert bench.default_out("NVIDIA H100 80GB HBM3", "2026-11-24T01:02:03+00:00", True) == (
-        REPO / "kernels" / "results" / "2026-11-24_nvidia-h100-80gb-hbm3_train.json")
+
+
+def test_default_record_paths() -> None:
+    """Both benchmarks' record files: kernels/results/<date>_<device>_<kind>.json of the
+    checkout on a GPU, runs/bench/<kind>.json on a CPU (uvic.cli.bench_records)."""
+    from uvic.cli.bench_records import default_out
+
+    h100 = {"device": "NVIDIA H100 80GB HBM3", "device_type": "cuda",
+            "date": "2026-11-24T01:02:03+00:00"}
+    for kind in ("train", "sampling"):
+        assert default_out(kind, h100) == (
+            REPO / "kernels" / "results" / f"2026-11-24_nvidia-h100-80gb-hbm3_{kind}.json")
+        assert default_out(kind, {**h100, "device": "x86_64", "device_type": "cpu"}) == (
+            Path("runs/bench") / f"{kind}.json")
 
 
 def test_bench_train_smoke(tmp_path, capsys):

@@ -30,17 +30,12 @@ one record per (dataset, model, backend, compile, protocol). Without CUDA (or wi
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
-import re
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from uvic.cli.bench_records import environment, peak_mib, write_records
 from uvic.config import Config, ConfigError, load_config
 from uvic.presets import preset_path
 from uvic.sampling.checks import COMPILE_MODES, PRECISIONS
@@ -48,7 +43,6 @@ from uvic.sampling.checks import COMPILE_MODES, PRECISIONS
 if TYPE_CHECKING:
     import torch
 
-MIB = 1 << 20
 FID_50K = 50_000
 BATCHES = {"cifar10": 500, "mscoco": 50}  # images per sampling batch (--*-batch)
 MODELS = ("uvit", "uvic")
@@ -90,19 +84,6 @@ def time_ms(fn: Callable[[], object], device: torch.device, iters: int, repeats:
         sync()
         means.append((time.perf_counter() - start) / iters * 1e3)
     return statistics.median(means)
-
-
-def peak_mib(fn: Callable[[], object], device: torch.device) -> float | None:
-    """Peak memory allocated during one fn() (CUDA only), in MiB."""
-    import torch
-
-    if device.type != "cuda":
-        return None
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) / MIB
 
 
 def bench_network(cfg: Config, images: int, compile_mode: str, args: argparse.Namespace,
@@ -270,44 +251,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def git(*args: str) -> str | None:
-    """Output of `git args` in the checkout this package runs from (None: not a checkout,
-    or no git)."""
-    try:
-        done = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[2]), *args],
-                              capture_output=True, text=True, check=False)
-    except OSError:
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-def environment(device: torch.device) -> dict[str, Any]:
-    """Device, versions, date and git commit: what a record file's numbers depend on."""
-    import torch
-
-    cuda = device.type == "cuda"
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    commit, status = git("rev-parse", "HEAD"), git("status", "--porcelain")
-    return {"device": torch.cuda.get_device_name(device) if cuda
-            else platform.processor() or "cpu",
-            "torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "git_commit": commit, "git_dirty": None if status is None else bool(status)}
-
-
-def default_out(env: dict[str, Any], cuda: bool) -> Path:
-    """kernels/results/<date>_<device>_sampling.json on a GPU; a CPU smoke run's figures
-    are not timings and go to runs/bench/."""
-    if not cuda:
-        return Path("runs/bench/sampling.json")
-    slug = re.sub(r"[^a-z0-9]+", "-", env["device"].lower()).strip("-")
-    return Path("kernels/results") / f"{env['date'][:10]}_{slug}_sampling.json"
-
-
 def markdown_table(records: list[dict[str, Any]], header: str) -> str:
     """The records as a markdown table under `header`."""
     lines = [header, "", "| dataset | model | backend | compile | batch (rows) | ms / eval | "
@@ -342,13 +285,9 @@ def main(argv: list[str] | None = None) -> int:
                            f"({args.precision if cuda else 'smoke, CPU: not a timing'}), "
                            f"torch {env['torch']}:")
     print("\n" + table)
-    out = Path(args.out) if args.out else default_out(env, cuda)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"kind": "sampling", **env, "smoke": not cuda,
-                               "precision": args.precision, "iters": args.iters,
-                               "repeats": args.repeats, "records": records, "table": table},
-                              indent=2) + "\n")
-    print(f"\nwrote {out}")
+    write_records(args.out, "sampling", env, {"smoke": not cuda, "precision": args.precision,
+                                               "iters": args.iters, "repeats": args.repeats},
+                  records, table)
     return 0
 
 

@@ -34,17 +34,12 @@ GPU.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
-import re
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from uvic.cli.bench_records import environment, peak_memory_mib, reset_peak_memory, write_records
 from uvic.config import Config, load_config
 from uvic.models.flops import num_tokens, training_flops
 from uvic.presets import preset_path
@@ -53,8 +48,6 @@ from uvic.training.checks import TRAIN_COMPILE_MODES
 if TYPE_CHECKING:
     import torch
 
-MIB = 1 << 20
-REPO = Path(__file__).resolve().parents[2]
 SETTINGS = {"cifar10": 128, "mscoco": 64}  # training batch per GPU
 HUGE = ("imagenet256", "imagenet256_uvit_huge", 128)  # dataset, preset, batch
 SMOKE = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=8"]
@@ -140,21 +133,14 @@ def time_cell(step: Callable[[], None], device: torch.device, steps: int,
               warmup: int) -> tuple[float, float | None]:
     """Mean ms per call of `step` over `steps` calls after `warmup` (CUDA-synchronised),
     and the peak memory allocated while timing (CUDA only), in MiB."""
-    import torch
-
     for _ in range(warmup):  # compilation, autotuning, CUDA-graph recording, allocator
         step()
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
+    reset_peak_memory(device)
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    if cuda:
-        torch.cuda.synchronize(device)
-    ms = (time.perf_counter() - start) / steps * 1e3
-    return ms, torch.cuda.max_memory_allocated(device) / MIB if cuda else None
+    peak = peak_memory_mib(device)  # CUDA: once the steps are done
+    return (time.perf_counter() - start) / steps * 1e3, peak
 
 
 def backends_for(attention: str) -> list[str]:
@@ -274,33 +260,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def versions() -> dict[str, Any]:
-    """torch, Triton and CUDA versions, the date (UTC) and the checkout's git commit."""
-    import torch
-
-    try:
-        import triton
-        triton_version: str | None = triton.__version__
-    except ImportError:
-        triton_version = None
-    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
-                         text=True, check=False)
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"],
-                           capture_output=True, text=True, check=False)
-    return {"torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "git_commit": git.stdout.strip() or None,
-            "git_dirty": bool(dirty.stdout.strip()) if git.returncode == 0 else None}
-
-
-def default_out(device_name: str, date: str, cuda: bool) -> Path:
-    """kernels/results/<date>_<device>_train.json on a GPU; runs/bench/train.json on a CPU."""
-    if not cuda:
-        return Path("runs/bench/train.json")
-    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
-    return REPO / "kernels" / "results" / f"{date[:10]}_{slug}_train.json"
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns the exit status."""
     args = parse_args(argv)
@@ -318,8 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         note = compile_note(mode, device.type)
         if note is not None:
             print(note)
-    name = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
-    peak = peak_tflops(name) if cuda else None
+    peak = peak_tflops(torch.cuda.get_device_name(device)) if cuda else None
     steps, warmup = (args.steps, args.warmup) if cuda else (1, 1)
     rows = []
     for cell in plan_cells(args, cuda):
@@ -328,16 +286,14 @@ def main(argv: list[str] | None = None) -> int:
         result = f"{r['ms_per_step']:.1f} ms/step" if r["status"] == "ok" else r["status"]
         print(f"{cell.dataset} {cell.model} {cell.backend} compile={cell.compile} "
               f"grad ckpt={cell.grad_checkpointing}: {result}", flush=True)
-    facts = {"kind": "train", "device": name, "device_type": device.type, "smoke": not cuda,
-             "peak_bf16_tflops": peak, **versions(), "steps": steps, "warmup": warmup}
-    table = markdown_table(rows, f"Training step (fwd+bwd+AdamW+EMA, bf16 autocast) on {name}"
+    env = environment(device)  # after the rows: its date is when the run ended
+    table = markdown_table(rows, "Training step (fwd+bwd+AdamW+EMA, bf16 autocast) on "
+                           f"{env['device']}"
                            f"{'' if cuda else ' (smoke, CPU: not a timing)'}, torch "
-                           f"{facts['torch']}, {facts['date'][:10]}:")
+                           f"{env['torch']}, {env['date'][:10]}:")
     print("\n" + table)
-    out = Path(args.out) if args.out else default_out(name, facts["date"], cuda)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**facts, "records": rows, "table": table}, indent=2) + "\n")
-    print(f"\nwrote {out}")
+    write_records(args.out, "train", env, {"smoke": not cuda, "peak_bf16_tflops": peak,
+                                           "steps": steps, "warmup": warmup}, rows, table)
     return 0
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -276,20 +277,30 @@ def protocol_table(results: list[dict[str, Any]]) -> str:
               "parameters), under the U-ViT release's protocol; release: the U-ViT "
               "repository's reported FID. Our numbers are comparable with them only in a "
               "column whose protocol is marked *release protocol*."]
-    if any(not p.inception for p in names):
-        lines += ["", "Columns marked *stand-in: not FID* use features other than Inception "
-                  "(eval.features=projection: a fixed random projection, no downloads): they "
-                  f"check the pipeline; their numbers are {NOT_FID}."]
-    lines += ["", "Protocols:", ""]
-    for p, name in names.items():
+    def mark(p: Protocol) -> str:
         d = next(dd for dd, pp in columns if pp == p)
-        mark = " — *release protocol*" if RELEASE.get(d) == p else ""
-        lines.append(f"- {name}: {p.label()}{mark}")
+        return " — *release protocol*" if RELEASE.get(d) == p else ""
+
+    lines += protocol_notes(names, "Columns", mark)
     details = [_describe(r, p, names[p]) for (_, _, p), r in sorted(
         cells.items(), key=lambda kv: (kv[0][1], kv[0][0], names[kv[0][2]]))]
     if details:
         lines += ["", "Results shown:", "", *details]
     return "\n".join(lines) + "\n"
+
+
+def protocol_notes(names: dict[Protocol, str], marked: str,
+                   mark: Callable[[Protocol], str]) -> list[str]:
+    """The notes under a protocol table (Table 3, the release table): what the stand-in
+    mark means where any protocol is a stand-in (`marked`: "Columns" or "Lines", what the
+    table marks), then the protocols by their short names, each followed by `mark(p)`."""
+    lines: list[str] = []
+    if any(not p.inception for p in names):
+        lines += ["", f"{marked} marked *stand-in: not FID* use features other than Inception "
+                  "(eval.features=projection: a fixed random projection, no downloads): they "
+                  f"check the pipeline; their numbers are {NOT_FID}."]
+    return lines + ["", "Protocols:", ""] + [f"- {name}: {p.label()}{mark(p)}"
+                                             for p, name in names.items()]
 
 
 def _describe(r: dict[str, Any], protocol: Protocol, name: str) -> str:

@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from uvic.evaluation.protocols import (
-    NOT_FID,
     RELEASE_ROWS,
     Protocol,
     ReleaseRow,
     protocol_from_result,
+    protocol_notes,
 )
 
 MODELS = ("U-ViT", "U-ViC")
@@ -59,15 +59,12 @@ def release_table(results: list[dict[str, Any]]) -> str:
     lines += ["", "Lower is better. Release: the FID the U-ViT repository reports for the row "
               "(50k samples). Our numbers are comparable with it only on a line whose protocol "
               "is marked *release protocol*."]
-    if any(not p.inception for p in names):
-        lines += ["", "Lines marked *stand-in: not FID* use features other than Inception "
-                  "(eval.features=projection: a fixed random projection, no downloads): they "
-                  f"check the pipeline; their numbers are {NOT_FID}."]
-    lines += ["", "Protocols:", ""]
-    for p, name in names.items():
+
+    def mark(p: Protocol) -> str:
         rows = [row for row, q, _ in lines_of if q == p and row.protocol == p]
-        mark = f" — *release protocol*: {rows[0].label()}" if rows else ""
-        lines.append(f"- {name}: {p.label()}{mark}")
+        return f" — *release protocol*: {rows[0].label()}" if rows else ""
+
+    lines += protocol_notes(names, "Lines", mark)
     shown = [(row, p, cell[m]) for row, p, cell in lines_of for m in MODELS if m in cell]
     if shown:
         lines += ["", "Results shown:", ""]
