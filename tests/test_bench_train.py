@@ -132,3 +132,38 @@ def test_bench_train_compiled_row_and_options(tmp_path, capsys):
         with pytest.raises(SystemExit) as exc:
             bench.main(["--smoke", flag, value, "--out", str(out)])
         assert exc.value.code == 2 and f"{flag}: {message}" in capsys.readouterr().err
+
+
+def test_profile_step_counts_the_step_operators() -> None:
+    """The profile of a step of known work: its operators and calls per step, and the
+    host time of their own within the wall time; no GPU figures on a CPU."""
+    from uvic.cli.bench_profile import profile_lines, profile_step
+
+    a = torch.randn(64, 64)
+
+    def step() -> None:
+        for _ in range(3):
+            torch.mm(a, a)
+        torch.add(a, a)
+
+    record = profile_step(step, torch.device("cpu"), steps=4)
+    calls = {op["name"]: op["calls"] for op in record["host_top"]}
+    assert calls["aten::mm"] == 3 and calls["aten::add"] == 1
+    assert 0 < record["host_ms"] <= record["wall_ms"]
+    assert record["device_ms"] is None and record["gpu_busy"] is None
+    assert record["kernels_top"] == []
+    lines = profile_lines("step", record)
+    assert "GPU busy n/a" in lines[0] and any("aten::mm" in line for line in lines)
+
+
+def test_bench_train_profile_row(tmp_path, capsys):
+    """--profile adds each row's profile to its record and prints it."""
+    bench = load_bench()
+    out = tmp_path / "train.json"
+    assert bench.main(["--smoke", "--datasets", "cifar10", "--models", "uvic", "--profile",
+                       "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["records"]
+    assert set(row) == RECORD_KEYS | {"profile"}
+    names = {op["name"] for op in row["profile"]["host_top"]}
+    assert any(name.startswith("aten::") for name in names)
+    assert "profile of cifar10 uvic torch compile=off" in capsys.readouterr().out

@@ -1,7 +1,7 @@
 """Training-step speed of U-ViT vs U-ViC, per attention backend and compile mode, side by side.
 
     uvic-bench-train [--compile off,default,reduce-overhead,max-autotune] [--huge]
-                     [--steps 20] [--out FILE]        # or python scripts/bench_train.py
+                     [--steps 20] [--profile] [--out FILE]   # or python scripts/bench_train.py
 
 For the paper's two settings, with the real U-ViT-S/2 / U-ViC-S/2 configs (random
 weights: speed does not depend on them):
@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from uvic.cli.bench_profile import profile_lines, profile_step
 from uvic.cli.bench_records import environment, peak_memory_mib, reset_peak_memory, write_records
 from uvic.config import Config, load_config
 from uvic.models.flops import num_tokens, training_flops
@@ -172,9 +173,10 @@ def plan_cells(args: argparse.Namespace, cuda: bool) -> list[Cell]:
 
 
 def run_cell(cell: Cell, steps: int, warmup: int, device: torch.device,
-             peak: float | None) -> dict[str, Any]:
+             peak: float | None, profile: bool = False) -> dict[str, Any]:
     """One row's record: the cell, its tokens and model FLOPs, and its timings (or the
-    status "OOM", or "error" with the message)."""
+    status "OOM", or "error" with the message); with `profile`, where the step's time goes
+    (`uvic.cli.bench_profile`)."""
     import torch
 
     cuda = device.type == "cuda"
@@ -186,10 +188,13 @@ def run_cell(cell: Cell, steps: int, warmup: int, device: torch.device,
                               "train_flops_per_image": flops, "ms_per_step": None,
                               "images_per_s": None, "mfu": None, "peak_mib": None}
     try:
-        ms, peak_mib = time_cell(train_step(cfg, cell, device), device, steps, warmup)
+        step = train_step(cfg, cell, device)
+        ms, peak_mib = time_cell(step, device, steps, warmup)
         images_per_s = cell.batch / ms * 1e3
         record.update(status="ok", ms_per_step=ms, images_per_s=images_per_s,
                       mfu=mfu(flops, images_per_s, peak), peak_mib=peak_mib)
+        if profile:
+            record["profile"] = profile_step(step, device)
     except torch.cuda.OutOfMemoryError:
         record["status"] = "OOM"
     except Exception as err:  # a compile or kernel failure: said, and the next cell runs
@@ -249,6 +254,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--huge", action="store_true",
                    help="add U-ViT-H/2 at ImageNet-256 latent size, batch 128, without and "
                    "with gradient checkpointing")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile each row's step (torch.profiler): GPU busy fraction, "
+                   "top host operators and kernels, in the printout and the JSON")
     args = p.parse_args(argv)
     from uvic_kernels.fused_attention import BACKENDS  # torch: once the other arguments parse
 
@@ -281,11 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     steps, warmup = (args.steps, args.warmup) if cuda else (1, 1)
     rows = []
     for cell in plan_cells(args, cuda):
-        rows.append(run_cell(cell, steps, warmup, device, peak))
+        rows.append(run_cell(cell, steps, warmup, device, peak, args.profile))
         r = rows[-1]
         result = f"{r['ms_per_step']:.1f} ms/step" if r["status"] == "ok" else r["status"]
-        print(f"{cell.dataset} {cell.model} {cell.backend} compile={cell.compile} "
-              f"grad ckpt={cell.grad_checkpointing}: {result}", flush=True)
+        title = (f"{cell.dataset} {cell.model} {cell.backend} compile={cell.compile} "
+                 f"grad ckpt={cell.grad_checkpointing}")
+        print(f"{title}: {result}", flush=True)
+        if "profile" in r:
+            print("\n".join(profile_lines(f"  profile of {title}", r["profile"])), flush=True)
     env = environment(device)  # after the rows: its date is when the run ended
     table = markdown_table(rows, "Training step (fwd+bwd+AdamW+EMA, bf16 autocast) on "
                            f"{env['device']}"
