@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install quickstart test lint bench clean
+.PHONY: install quickstart test lint bench gpu-results clean
 
 install: $(STAMP)
 
@@ -25,6 +25,15 @@ test: install
 
 bench: install
 	$(BIN)/python -m uvic_kernels.bench $(ARGS)
+
+# On a GPU machine with the package installed (PY: its python): the measurements of
+# kernels/BENCHMARKS.md in one go, kernels first (they warm Triton's cache), each
+# writing its JSON (kernels: runs/bench/kernels.json; the others under kernels/results/).
+PY ?= $(BIN)/python
+gpu-results:
+	$(PY) -m uvic_kernels.bench --shapes "128,8,257,64;256,8,334,64;32,8,1024,64;4,8,4096,64"
+	$(PY) scripts/bench_train.py --compile off,reduce-overhead --profile --steps 30 --huge
+	$(PY) scripts/bench_sampling.py --compile off,reduce-overhead
 
 clean:
 	rm -rf $(VENV) runs/quickstart

@@ -63,8 +63,8 @@ def _parse_methods(text: str) -> list[str]:
 
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; returns 0.  See ``--help``."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (no torch imported: ``--help`` answers at once)."""
     parser = argparse.ArgumentParser(
         prog="python -m uvic_kernels.bench",
         description=__doc__,
@@ -83,7 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-cuda-graphs", action="store_true", help="skip CUDA-graph timings")
     parser.add_argument("--smoke", action="store_true", help="CPU smoke configuration")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; returns 0.  See ``--help``."""
+    args = parse_args(argv)
     import torch  # and triton, the kernels: once the arguments parse
 
     from uvic_kernels.bench_cells import bench_cell, environment, markdown_table, methods

@@ -1,4 +1,4 @@
-"""Training-step and sampling-forward speed of U-ViT vs U-ViC, per attention backend.
+"""Training-step speed of U-ViT vs U-ViC, per attention backend and compile mode.
 
 This file runs `uvic.cli.bench_train` (installed as `uvic-bench-train`); see there for the
 options.

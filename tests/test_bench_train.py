@@ -167,3 +167,21 @@ def test_bench_train_profile_row(tmp_path, capsys):
     names = {op["name"] for op in row["profile"]["host_top"]}
     assert any(name.startswith("aten::") for name in names)
     assert "profile of cifar10 uvic torch compile=off" in capsys.readouterr().out
+
+
+def test_make_gpu_results_commands_parse() -> None:
+    """`make gpu-results` (the GPU session's measurements) names only flags and values
+    its three benchmark programs accept."""
+    import shlex
+
+    from uvic.cli import bench_sampling, bench_train
+    from uvic_kernels import bench as kernel_bench
+
+    recipe = (REPO / "Makefile").read_text().split("\ngpu-results:\n")[1].split("\n\n")[0]
+    commands = [shlex.split(line.strip())[1:] for line in recipe.splitlines()]
+    programs = {"-m": lambda argv: kernel_bench.parse_args(argv[1:]),
+                "scripts/bench_train.py": bench_train.parse_args,
+                "scripts/bench_sampling.py": bench_sampling.parse_args}
+    assert [argv[0] for argv in commands] == list(programs)
+    for argv in commands:
+        programs[argv[0]](argv[1:])  # an unknown flag or value exits 2

@@ -1,5 +1,7 @@
-"""Sampling speed of U-ViT and U-ViC per network evaluation, eager and compiled, and the
-projected wall time of a 50k-sample FID run under each paper / release protocol.
+"""Sampling speed of U-ViT and U-ViC per network evaluation, and the time of FID runs.
+
+Eager and compiled, with the projected wall time of a 50k-sample FID run under each
+paper / release protocol.
 
     uvic-bench-sampling [--compile off,reduce-overhead] [--precision fp16] [--out FILE]
     # or: python scripts/bench_sampling.py ...
