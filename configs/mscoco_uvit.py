@@ -32,7 +32,10 @@ def get_config() -> Config:
         ),
         data=DataConfig(
             name="mscoco", root="data/mscoco_features", random_flip=False,
-            scale_factor=0.23010, vae="stabilityai/sd-vae-ft-ema",
+            scale_factor=0.23010,  # the release's autoencoder scale_factor for MS-COCO
+            # The release's autoencoder_kl.pth, Stable Diffusion's own KL-f8 autoencoder, both
+            # for the features and for decoding samples (docs/conventions.md, "Autoencoders").
+            vae="CompVis/stable-diffusion-v1-4/vae",
             clip_model="ViT-L-14-quickgelu", clip_pretrained="openai",
         ),
         diffusion=DiffusionConfig(

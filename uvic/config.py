@@ -97,7 +97,9 @@ class DataConfig:
     # latent scale factor of the Stable Diffusion KL-f8 VAE (the release's: mscoco 0.23010,
     # imagenet_features 0.18215)
     scale_factor: float = 0.23010
-    vae: str = "stabilityai/sd-vae-ft-ema"  # hub name or local folder (diffusers AutoencoderKL)
+    # hub name, diffusers folder or LDM weights file (uvic.models.autoencoder.load_vae);
+    # the default is the release's autoencoder_kl.pth (uvic.models.autoencoder.DEFAULT_VAE)
+    vae: str = "CompVis/stable-diffusion-v1-4/vae"
     clip_model: str = "ViT-L-14-quickgelu"  # open_clip model name
     clip_pretrained: str = "openai"  # open_clip tag or a local checkpoint path
 
