@@ -574,10 +574,10 @@ def test_cifar10_reference_from_local_copy(tmp_path: Path, monkeypatch) -> None:
     np.testing.assert_array_equal(np.asarray(Image.open(exported[3])), data["train"][3])
     assert stats.feats.shape == (10, 16) and "CIFAR-10 train" in stats.source
     # cached: the second call loads the file instead of recomputing features
-    monkeypatch.setattr(fid, "files_features", lambda *a, **k: pytest.fail("recomputed"))
+    monkeypatch.setattr(fid_ref, "files_features", lambda *a, **k: pytest.fail("recomputed"))
     cached = fid_ref.reference_statistics(cfg, tiny_features(), stats_dir=tmp_path / "stats")
-    np.testing.assert_allclose(cached.mu, stats.mu) and np.testing.assert_allclose(
-        cached.sigma, stats.sigma)
+    np.testing.assert_allclose(cached.mu, stats.mu)
+    np.testing.assert_allclose(cached.sigma, stats.sigma)
 
 
 def test_center_crop_resize() -> None:

@@ -242,7 +242,7 @@ def evaluate(
         "kid": kid,
         "mode": job.cfg.eval.mode,
         "feature_extractor": extractor_tag(feat_extractor),
-        "reference": ref.source,
+        "reference": ref.source, "reference_digest": ref.digest,  # see fingerprint.digest
         "samples_dir": str(job.samples_dir),
         "result_json": str(job.out_json),
         "generated": generated,

@@ -10,18 +10,23 @@ statistics raise `ReferenceStatsMissing` naming the file, where, and the URL, be
 sampling. A local .npz may be clean-fid's or uvic's, the U-ViT release's `fid_stats` (mu,
 sigma) or an ADM reference batch (mu/sigma of the pool features; or its `arr_0` images
 alone, scored with the local Inception weights); a missing key or a wrong shape is
-`ReferenceStatsInvalid`, also before any sampling. The features are
-`uvic.evaluation.statistics`'.
+`ReferenceStatsInvalid`, also before any sampling. Statistics uvic builds carry the
+fingerprint of their source (`uvic.evaluation.fingerprint`: the files, feature extractor,
+mode and resolution) and are rebuilt, with a line saying why, when it no longer matches.
+The features are `uvic.evaluation.statistics`'.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import cleanfid
 import numpy as np
@@ -35,6 +40,7 @@ from tqdm import tqdm
 
 from uvic.config import Config
 from uvic.data.datasets import SHAPES_SEEDS, CIFAR10Images, save_shapes_folder
+from uvic.evaluation import fingerprint as fp
 from uvic.evaluation.checks import check_mode
 from uvic.evaluation.statistics import (
     build_inception,
@@ -44,9 +50,10 @@ from uvic.evaluation.statistics import (
     extractor_tag,
     feature_statistics,
     files_features,
+    inception_weights_path,
     list_images,
 )
-from uvic.run.files import atomic_write
+from uvic.run.files import atomic_write, write_json
 
 STATS_URL = "https://www.cs.cmu.edu/~clean-fid/stats"  # clean-fid's get_reference_statistics
 
@@ -64,12 +71,14 @@ class ReferenceStatsInvalid(ValueError):
 
 @dataclass
 class ReferenceStats:
-    """Reference mean/covariance, features for KID when available, and where they came from."""
+    """Reference mean/covariance, features for KID when available, where they came from,
+    and a digest identifying them (`uvic.evaluation.fingerprint.digest`)."""
 
     mu: np.ndarray
     sigma: np.ndarray
     feats: np.ndarray | None
     source: str
+    digest: str = ""
 
 
 def default_stats_dir() -> Path:
@@ -88,11 +97,13 @@ def _cleanfid_stats_path(name: str, mode: str, split: str, res: int, kid: bool =
 class ReferenceImages:
     """Local images to build reference statistics from: `key` names the set in cache files,
     `prepare()` returns the folder (rendering or exporting it first if needed), `check()`
-    raises before any sampling if `prepare()` could not work."""
+    raises before any sampling if `prepare()` could not work, `source()` is the cheap
+    fingerprint of what the images come from (`uvic.evaluation.fingerprint`)."""
 
     key: str
     description: str
     prepare: Callable[[], Path]
+    source: Callable[[], dict[str, Any]]
     check: Callable[[], None] = lambda: None
 
 
@@ -111,7 +122,8 @@ def reference_images(cfg: Config, stats_dir: Path) -> ReferenceImages | None:
         if (src / "cifar-10-batches-py").is_dir():
             return _cifar10_images(src, ev.ref_split, stats_dir)
         digest = hashlib.sha256(str(src.resolve()).encode()).hexdigest()[:8]
-        return ReferenceImages(f"{src.name}-{digest}", str(src), lambda: src)
+        return ReferenceImages(f"{src.name}-{digest}", str(src), lambda: src,
+                               lambda: fp.files_source(src, list_images(src)))
     if cfg.data.name == "shapes":
         n, seed, size = cfg.eval.n_samples, SHAPES_SEEDS["val"], cfg.model.img_size
         key = f"shapes_seed{seed}_n{n}_{size}px"
@@ -123,47 +135,100 @@ def reference_images(cfg: Config, stats_dir: Path) -> ReferenceImages | None:
                 (folder / ".complete").touch()
             return folder
 
-        return ReferenceImages(key, f"Shapes held-out set (seed {seed})", prepare)
+        source = {"kind": "shapes", "seed": seed, "n": n, "size": size}
+        return ReferenceImages(key, f"Shapes held-out set (seed {seed})", prepare,
+                               lambda: source)
     if cfg.data.name == "cifar10" and (Path(cfg.data.root) / "cifar-10-batches-py").is_dir():
         return _cifar10_images(Path(cfg.data.root), ev.ref_split, stats_dir)
     return None
 
 
 def _cifar10_images(root: Path, split: str, stats_dir: Path) -> ReferenceImages:
-    """The torchvision CIFAR-10 copy in `root`, exported as PNGs once (cached). It is read
-    with uvic.data's loader (torchvision's MD5 check): a missing or corrupt copy is one
-    `DatasetError` line, raised by `check()` before an evaluation samples anything."""
-    folder = stats_dir / f"cifar10_{split}_png"
+    """The torchvision CIFAR-10 copy in `root`, exported as PNGs (cached, with the batch
+    files' fingerprint in its `.complete`: another or a changed copy is exported again). It
+    is read with uvic.data's loader (torchvision's MD5 check): a missing or corrupt copy is
+    one `DatasetError` line, raised by `check()` before an evaluation samples anything."""
+    folder, subset = stats_dir / f"cifar10_{split}_png", "train" if split == "train" else "test"
+    batches = root / "cifar-10-batches-py"
+    names = [f"data_batch_{i}" for i in range(1, 6)] if subset == "train" else ["test_batch"]
     loaded: list[np.ndarray] = []  # the arrays, once read
 
+    def source() -> dict[str, Any]:
+        return fp.files_source(batches, [batches / name for name in names], content=True)
+
+    def exported() -> bool:
+        try:
+            return json.loads((folder / ".complete").read_text()) == source()
+        except (OSError, ValueError):  # none yet, or an empty marker of an older uvic
+            return False
+
     def check() -> None:
-        if not loaded and not (folder / ".complete").is_file():
-            loaded.append(CIFAR10Images(root, "train" if split == "train" else "test").data.data)
+        if not loaded and not exported():
+            loaded.append(CIFAR10Images(root, subset).data.data)
 
     def prepare() -> Path:
-        if not (folder / ".complete").is_file():
+        if not exported():
+            marked = source()
             check()
             folder.mkdir(parents=True, exist_ok=True)
+            (folder / ".complete").unlink(missing_ok=True)
+            for old in folder.glob("*.png"):
+                old.unlink()
             for i, array in enumerate(loaded[0]):
                 Image.fromarray(array).save(folder / f"{i:06d}.png")
-            (folder / ".complete").touch()
+            write_json(folder / ".complete", marked)
         return folder
 
-    return ReferenceImages(f"cifar10_{split}", f"CIFAR-10 {split} from {root}", prepare, check)
+    return ReferenceImages(f"cifar10_{split}", f"CIFAR-10 {split} from {root}", prepare,
+                           source, check)
+
+
+class StatsPlan(NamedTuple):
+    """Where the reference statistics come from (`stats_plan`): kind, path, images, why a
+    cache is rebuilt ("" if not) and the fingerprint of what they are built from."""
+
+    kind: str
+    path: Path
+    images: ReferenceImages | None
+    reason: str = ""
+    fingerprint: dict[str, Any] | None = None
+
+
+def _fingerprint(cfg: Config, images: ReferenceImages, feat_extractor: Callable | None,
+                 mode: str) -> dict[str, Any]:
+    """What statistics built from `images` depend on: their source, the feature extractor
+    (Inception: its weights file), the mode and the resolution."""
+    weights = inception_weights_path(cfg, mode)[0] if feat_extractor is None else None
+    return {"version": fp.VERSION, "source": images.source(), "mode": mode,
+            "features": fp.extractor_identity(feat_extractor, extractor_tag(feat_extractor),
+                                              weights),
+            "res": cfg.eval.ref_res}
+
+
+def _cached(path: Path, images: ReferenceImages, fingerprint: dict[str, Any]) -> StatsPlan:
+    """Load the statistics at `path` if they were built from `fingerprint`'s data, else
+    plan their (re)build, saying why."""
+    reason = fp.stale(path, fingerprint) if path.is_file() else ""
+    if path.is_file() and not reason:
+        return StatsPlan("file", path, images, fingerprint=fingerprint)
+    images.check()
+    return StatsPlan("build", path, images, reason, fingerprint)
 
 
 def stats_plan(
     cfg: Config, mode: str, feat_extractor: Callable | None, stats_dir: Path,
     allow_download: bool,
-) -> tuple[str, Path, ReferenceImages | None]:
+) -> StatsPlan:
     """Decide where the reference statistics come from, without heavy work (a CIFAR-10 copy
     still to be exported is read once, to check it before any sampling).
 
-    Returns (kind, path, images): "file" (load `path`), "build" (features of `images`,
-    saved to `path`) or "download" (clean-fid fetches its named statistics). In order:
-    eval.ref_stats as a local .npz (built there from the images if missing); clean-fid's
-    named statistics in its package folder; our cache of statistics built from local
-    images (stats_dir, one file per image set, mode and extractor); clean-fid's download.
+    Returns (kind, path, images, reason, fingerprint): "file" (load `path`), "build"
+    (features of `images`, saved to `path`; `reason` says why an existing file is rebuilt)
+    or "download" (clean-fid fetches its named statistics). In order: eval.ref_stats as a
+    local .npz (built there from the images if missing, and rebuilt if uvic built it from
+    files that have changed since); clean-fid's named statistics in its package folder;
+    our cache of statistics built from local images (stats_dir, one file per image set,
+    mode and extractor, used only while its fingerprint matches); clean-fid's download.
     A stand-in extractor never uses Inception statistics. Raises ReferenceStatsMissing.
     """
     ev = cfg.eval
@@ -176,25 +241,25 @@ def stats_plan(
         if path.is_file():
             if check_stats_file(path) == "images":
                 check_inception(cfg, mode)  # the file's images are scored with Inception
-            return "file", path, None
+            if images is None or fp.stored(path) is None:  # the user's file: used as is
+                return StatsPlan("file", path, None)
+            return _cached(path, images, _fingerprint(cfg, images, feat_extractor, mode))
         if images is not None:
             images.check()
-            return "build", path, images
+            return StatsPlan("build", path, images,
+                             fingerprint=_fingerprint(cfg, images, feat_extractor, mode))
         raise ReferenceStatsMissing(
             f"FID reference statistics not found at {path} (eval.ref_stats, e.g. --set "
             f"eval.ref_stats=PATH): put the statistics file there (the U-ViT release's "
             f"assets/fid_stats/{path.name} or ADM's reference batch) or set eval.ref_images "
             "to the reference images to build it there")
     if feat_extractor is None and not is_file and named.is_file():
-        return "file", named, None
+        return StatsPlan("file", named, None)
     if images is not None:
         path = stats_dir / f"{images.key}_{mode}_{tag}_{ev.ref_res}.npz"
-        if path.is_file():
-            return "file", path, images
-        images.check()
-        return "build", path, images
+        return _cached(path, images, _fingerprint(cfg, images, feat_extractor, mode))
     if feat_extractor is None and allow_download:
-        return "download", named, None
+        return StatsPlan("download", named, None)
     hint = "set eval.ref_images to a folder of reference images to build them"
     if cfg.data.name == "cifar10":
         hint += " (or data.root to a torchvision CIFAR-10 copy)"
@@ -220,18 +285,22 @@ def reference_statistics(
     """
     mode = check_mode(mode or cfg.eval.mode)
     stats_dir = Path(stats_dir) if stats_dir is not None else default_stats_dir()
-    kind, path, images = stats_plan(cfg, mode, feat_extractor, stats_dir, allow_download)
+    plan = stats_plan(cfg, mode, feat_extractor, stats_dir, allow_download)
+    kind, path, images = plan[:3]
     if kind == "download":
         ev = cfg.eval
         name, res, split = ev.ref_stats or cfg.data.name, ev.ref_res, ev.ref_split
         mu, sigma = get_reference_statistics(name, res, mode=mode, split=split)
         feats = get_reference_statistics(name, res, mode=mode, split=split, metric="KID")
-        return ReferenceStats(mu, sigma, feats, f"clean-fid {path.name} (downloaded)")
+        return ReferenceStats(mu, sigma, feats, f"clean-fid {path.name} (downloaded)",
+                              fp.file_digest(path))
     if kind == "file":
         if check_stats_file(path, INCEPTION_DIM if feat_extractor is None else None) == "images":
             extractor = feat_extractor or build_inception(cfg, mode, device)
             return _images_stats(path, extractor, mode, device, batch_size, progress)
         return _load_stats(path)
+    if plan.reason:
+        print(f"rebuilding the reference statistics {path}: {plan.reason}", file=sys.stderr)
     folder = images.prepare()
     files = list_images(folder)
     if len(files) < 2:
@@ -247,8 +316,8 @@ def reference_statistics(
     source = f"{images.description}, {len(files)} images"
     with atomic_write(path, suffix=".npz") as tmp:
         np.savez_compressed(tmp, mu=mu, sigma=sigma, feats=feats.astype(np.float32),
-                            source=np.array(source))
-    return ReferenceStats(mu, sigma, feats, f"{source} ({path})")
+                            source=np.array(source), fingerprint=fp.encode(plan.fingerprint))
+    return ReferenceStats(mu, sigma, feats, f"{source} ({path})", fp.digest(plan.fingerprint))
 
 
 def check_stats_file(path: Path, dim: int | None = INCEPTION_DIM) -> str:
@@ -303,8 +372,10 @@ def _load_stats(path: Path) -> ReferenceStats:
     source = str(data["source"]) if "source" in data else str(path)
     if "arr_0" in data.files and source == str(path):
         source = f"{path} (ADM reference batch: mu/sigma of pool features, mu_s/sigma_s unused)"
+    built = fp.stored(path)  # uvic's statistics: what they were built from, else the file
     return ReferenceStats(mu, sigma, feats, source if source.startswith(str(path))
-                          else f"{source} ({path})")
+                          else f"{source} ({path})",
+                          fp.digest(built) if built is not None else fp.file_digest(path))
 
 
 def _images_stats(path: Path, extractor: Callable, mode: str, device: torch.device | str,
@@ -323,4 +394,6 @@ def _images_stats(path: Path, extractor: Callable, mode: str, device: torch.devi
         feats.append(get_batch_features(batch, extractor, torch.device(device)))
     feats = np.concatenate(feats).astype(np.float64)
     mu, sigma = feature_statistics(feats)
-    return ReferenceStats(mu, sigma, feats, f"{path} ({len(images)} arr_0 images, {mode})")
+    scored = {"file": fp.file_digest(path), "features": extractor_tag(extractor), "mode": mode}
+    return ReferenceStats(mu, sigma, feats, f"{path} ({len(images)} arr_0 images, {mode})",
+                          fp.digest(scored))
