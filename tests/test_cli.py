@@ -141,16 +141,49 @@ def test_config_by_preset_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         resolve_config("cifar10")
 
 
-def test_train_names_an_unknown_preset_in_one_line(tmp_path: Path, capsys,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from uvic.cli.train import main
+# The commands that take --config (uvic.cli.config_options), with the other arguments
+# they require.
+CONFIG_COMMANDS = {
+    "uvic-train": [],
+    "uvic-sample": ["--ckpt", "c.safetensors", "--out", "o"],
+    "uvic-fid": ["--ckpt", "c.safetensors"],
+    "uvic-export": ["run", "--out", "o"],
+    "uvic-analyze-attention": ["c.safetensors", "--out", "o"],
+}
 
-    monkeypatch.chdir(tmp_path)
-    assert main(["--config", "cifar100_uvit"]) == 2
+
+def test_config_commands_are_listed(capsys) -> None:
+    """CONFIG_COMMANDS is every command whose usage has --config."""
+    with_config = set()
+    for name, entry in SCRIPTS.items():
+        module, func = entry.split(":")
+        with pytest.raises(SystemExit):
+            getattr(importlib.import_module(module), func)(["--help"])
+        if "--config CONFIG" in capsys.readouterr().out:
+            with_config.add(name)
+    assert with_config == set(CONFIG_COMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIG_COMMANDS))
+def test_config_takes_a_preset_name(name: str, tmp_path: Path, capsys,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every command's --config takes a preset's name (the program sees its file) as well
+    as a path; an unknown name ends the program with one line listing the presets, exit
+    status 2. --set gathers into args.set."""
+    parse_args = importlib.import_module(SCRIPTS[name].split(":")[0]).parse_args
+    rest = CONFIG_COMMANDS[name]
+    monkeypatch.chdir(tmp_path)  # no configs/ here: the shipped presets
+    args = parse_args(["--config", "cifar10_uvic", "--set", "train.seed=1", *rest])
+    assert Path(args.config) == ROOT / "configs" / "cifar10_uvic.py"
+    assert args.set == ["train.seed=1"]
+    assert parse_args(["--config", "runs/x/config.json", *rest]).config == "runs/x/config.json"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit:
+        parse_args(["--config", "cifar100_uvit", *rest])
+    assert exit.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no preset config 'cifar100_uvit' (presets: ")
-    assert "cifar10_uvic, cifar10_uvit" in err and len(err.splitlines()) == 1
-    assert err.count("\n") == 1
+    assert "cifar10_uvic, cifar10_uvit" in err and err.count("\n") == 1
 
 
 def test_extraction_defaults_are_the_configs_models() -> None:

@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 
 from uvic.cli import positive_int, unit_float
+from uvic.cli.config_options import add_config_options
 from uvic.config import ConfigError, load_config
-from uvic.presets import resolve_config
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:
@@ -59,19 +59,13 @@ def _query(text: str) -> tuple[int, int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", required=True,
-                   help="configs/*.py, a preset's name or a run's config.json")
+    add_config_options(p, model_from_config=True)
     p.add_argument("checkpoints", nargs="*", metavar="[LABEL=]PATH",
                    help="checkpoints (.safetensors or .pth); same as --checkpoint")
     p.add_argument("--checkpoint", action="append", default=[], metavar="LABEL=PATH",
                    help="checkpoint to analyse (repeat); a bare PATH is labelled by its folder")
     p.add_argument("--attention", action="append", default=[], metavar="LABEL=SPEC",
                    help="attention pattern of one checkpoint (uvit, uvic or a list)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override, e.g. --set data.root=/data/coco_features")
-    p.add_argument("--model-from-config", action="store_true",
-                   help="build every checkpoint as --config and --set say, not as the model "
-                   "config stored with it")
     p.add_argument("--num-images", type=positive_int, default=8, help="images (default 8)")
     p.add_argument("--split", default="test", help="dataset split (default test)")
     p.add_argument("--levels", type=positive_int, default=5, help="noise levels (default 5)")
@@ -105,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(attention) - set(checkpoints))
         if unknown:
             raise ValueError(f"--attention names label {unknown[0]!r}, which no checkpoint has")
-        cfg = load_config(resolve_config(args.config), args.set)
+        cfg = load_config(args.config, args.set)
         choice = ModelChoice.from_overrides(args.set, args.model_from_config, args.config)
         models = load_models(cfg, checkpoints, attention, device=args.device, choice=choice,
                              say=print)

@@ -8,11 +8,12 @@
 The source is a run folder or checkpoint folder (its ema.safetensors and config.json), an
 EMA .safetensors file (its architecture is in the file; the schedule, VAE and text encoder
 come from the config.json beside it or of its run, or from --config), or a released
-nnet_ema.pth with --config. The folder written holds model_index.json, transformer/,
-scheduler/ and, for latent models, vae/ (uvic.pipelines.export); load it with
-`UViTPipeline.from_pretrained(folder)` (uvic.pipelines). Installed as `uvic-export`;
-`scripts/export.py` runs the same. A source that is none of these, or an output folder
-that is not empty, ends with a one-line `error: ...` and exit status 2.
+nnet_ema.pth with --config (a file or a preset's name, e.g. cifar10_uvit). The folder
+written holds model_index.json, transformer/, scheduler/ and, for latent models, vae/
+(uvic.pipelines.export); load it with `UViTPipeline.from_pretrained(folder)`
+(uvic.pipelines). Installed as `uvic-export`; `scripts/export.py` runs the same. A source
+that is none of these, or an output folder that is not empty, ends with a one-line
+`error: ...` and exit status 2.
 """
 
 from __future__ import annotations
@@ -20,19 +21,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from uvic.cli.config_options import add_config_options
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("source", help="run folder, checkpoint folder, .safetensors checkpoint or "
                    "released .pth (with --config)")
     p.add_argument("--out", required=True, help="the pipeline folder to write (new or empty)")
-    p.add_argument("--config", help="configs/*.py or a run's config.json (default: the "
-                   "source's run config; required for a released .pth)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override, e.g. --set sample.scheduler=UniPCMultistepScheduler")
-    p.add_argument("--model-from-config", action="store_true",
-                   help="build the model as --config and --set say, not as the model config "
-                   "stored with the checkpoint")
+    add_config_options(p, model_from_config=True, optional_config="the source's run "
+                       "config; required for a released .pth")
     p.add_argument("--null-class", type=int, metavar="ID",
                    help="class-conditional models: the class id of 'no class' for guidance "
                    "(the release's ImageNet models: num_classes - 1)")

@@ -34,7 +34,8 @@ table.
 The checkpoint is built as the architecture it was trained with (its stored model config,
 else its run's config.json; `--config`'s for a released nnet_ema.pth), as `uvic-sample`
 does: a `--set model.*` value that differs from it is refused with one line, and
-`--model-from-config` builds `--config`'s model instead.
+`--model-from-config` builds `--config`'s model instead. `--config` is a file or a
+preset's name (cifar10_uvit).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from uvic.cli.config_options import add_config_options
 from uvic.cli.sampler_options import guidance_option, sampler_overrides
 from uvic.evaluation.checks import FID_FEATURES, FID_MODES
 from uvic.evaluation.protocols import NOT_FID
@@ -50,7 +52,7 @@ from uvic.sampling.checks import PRECISIONS
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", required=True, help="configs/*.py or a run's config.json")
+    add_config_options(p, model_from_config=True)
     p.add_argument("--ckpt", required=True, help="EMA .safetensors or released nnet_ema.pth")
     p.add_argument("--n", "--num-samples", dest="n", type=int,
                    help="number of samples (default: eval.n_samples)")
@@ -78,11 +80,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="let clean-fid download missing Inception weights / statistics")
     p.add_argument("--feature-batch-size", type=int, default=64)
     p.add_argument("--num-workers", type=int, help="image loading workers for features")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override, e.g. --set eval.ref_images=data/coco/val2014")
-    p.add_argument("--model-from-config", action="store_true",
-                   help="build the model as --config and --set say, not as the model config "
-                   "stored with the checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p.parse_args(argv)
 

@@ -37,6 +37,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from uvic.cli.config_options import add_set_option
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -44,8 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="auto: gpu when CUDA is available, else cpu")
     parser.add_argument("--out", default="runs/quickstart",
                         help="output folder (its uvit/ and uvic/ runs are replaced on a rerun)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE", help="config override, repeatable")
+    add_set_option(parser)
     parser.add_argument("--n-grid", type=int, default=16, help="images per model in grid.png")
     parser.add_argument("--n-quality", type=int, default=128,
                         help="samples per model (and real images) for the quality figures")

@@ -71,7 +71,7 @@ def build_config(args: argparse.Namespace) -> Config:
     preset = args.preset
     if preset == "auto":
         preset = "gpu" if torch.cuda.is_available() else "cpu"
-    overrides = (GPU_PRESET if preset == "gpu" else []) + list(args.overrides)
+    overrides = (GPU_PRESET if preset == "gpu" else []) + list(args.set)
     cfg = load_config(preset_path("quickstart"), overrides)
     check_guide(cfg)
     return cfg

@@ -16,7 +16,8 @@
     # many images on all GPUs:
     accelerate launch scripts/sample.py ... --n 1000 --save-individual
 
-The config may also be a run's saved config.json. Checkpoints are our EMA .safetensors or a
+The config may also be a preset's name (cifar10_uvic) or a run's saved config.json
+(uvic.cli.config_options). Checkpoints are our EMA .safetensors or a
 released U-ViT nnet_ema.pth. The same --seed gives the same images on any device, batch
 size or number of processes. Installed as `uvic-sample`; `scripts/sample.py` runs the same.
 
@@ -50,13 +51,14 @@ import argparse
 import sys
 
 from uvic.cli import int_list, positive_int
+from uvic.cli.config_options import add_config_options
 from uvic.cli.sampler_options import guidance_option, sampler_overrides
 from uvic.sampling.checks import PRECISIONS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", required=True, help="configs/*.py or a run's config.json")
+    add_config_options(p, model_from_config=True)
     p.add_argument("--ckpt", action="append", required=True,
                    help="checkpoint (.safetensors or .pth); repeat for a side-by-side grid")
     p.add_argument("--label", action="append", help="grid label per --ckpt (same order)")
@@ -78,11 +80,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
                    help="autocast dtype on CUDA (default fp32)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override, e.g. --set data.root=/data/coco_features")
-    p.add_argument("--model-from-config", action="store_true",
-                   help="build every checkpoint as --config and --set say, not as the model "
-                   "config stored with it (run a checkpoint under another attention pattern)")
     p.add_argument("--upscale", type=positive_int, metavar="N",
                    help="enlarge grids N times, nearest neighbour (default: the smallest N "
                    "that makes a grid at least 512 px wide; 1: native size)")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from uvic.cli.config_options import add_set_option
 from uvic.config import Config, ConfigError, load_config
 from uvic.evaluation.protocols import load_results, protocol_of
 from uvic.presets import preset_path
@@ -222,8 +223,7 @@ def parse_args(table: Table, argv: Sequence[str] | None = None) -> argparse.Name
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="autocast dtype for FID sampling on CUDA")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override applied to every row")
+    add_set_option(p)  # applied to every row
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     args.out = args.out or (f"runs/{table.name}_smoke" if args.smoke else f"runs/{table.name}")

@@ -5,7 +5,8 @@
         --config configs/mscoco_uvic.py --set train.batch_size=256 --resume latest
     python scripts/train.py --config configs/quickstart.py --output-dir runs/try
 
-`--config` takes a configs/*.py file or a run's config.json; `--set section.field=value`
+`--config` takes a configs/*.py file, a preset's name (cifar10_uvic; an unknown name is a
+usage error listing the presets) or a run's config.json; `--set section.field=value`
 (repeatable) overrides any field; `--resume latest` continues the run in
 train.output_dir from its newest checkpoint (refused if it has none: `--resume
 latest-or-new` starts it then), `--resume latest-intact` from its newest checkpoint whose
@@ -34,8 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from uvic.cli.config_options import add_config_options
 from uvic.config import ConfigError, load_config
-from uvic.presets import resolve_config
 
 
 def expected_errors() -> tuple[type[Exception], ...]:
@@ -50,11 +51,7 @@ def expected_errors() -> tuple[type[Exception], ...]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True,
-                        help="configs/*.py (defines get_config()), a preset's name "
-                        "(cifar10_uvic) or a run's config.json")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="SECTION.FIELD=VALUE", help="override a config field (repeatable)")
+    add_config_options(parser)
     parser.add_argument("--resume", default=None,
                         metavar="latest|latest-intact|latest-or-new|PATH",
                         help="continue from the newest (intact) checkpoint of the run, or "
@@ -84,14 +81,14 @@ def report_error(line: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit status."""
     args = parse_args(argv)
-    overrides = list(args.overrides)
+    overrides = list(args.set)
     if args.output_dir is not None:
         overrides.append(f"train.output_dir={args.output_dir}")
     from uvic.training.trainer import train  # torch, Accelerate: once the arguments parse
 
     errors = expected_errors()
     try:
-        cfg = load_config(resolve_config(args.config), overrides)
+        cfg = load_config(args.config, overrides)
         run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
     except errors as err:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
