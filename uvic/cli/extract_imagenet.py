@@ -33,9 +33,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--splits", nargs="+", default=["train"],
                    help="split folders under --imagenet, each in class folders (the release "
                    "extracts train)")
-    p.add_argument("--vae", default=None, help="diffusers AutoencoderKL hub name or folder "
-                   "(default: uvic.models.autoencoder.DEFAULT_VAE, stabilityai/sd-vae-ft-ema, "
-                   "whose encoder is Stable Diffusion's)")
+    p.add_argument("--vae", default=None, help="diffusers AutoencoderKL hub name or folder, "
+                   "or the release's autoencoder_kl.pth (default: uvic.models.autoencoder."
+                   "DEFAULT_VAE, CompVis/stable-diffusion-v1-4/vae: the autoencoder the "
+                   "release extracts every row's features with)")
     p.add_argument("--batch-size", type=positive_int, default=64,
                    help="images per VAE batch (each encoded with its mirror image)")
     p.add_argument("--chunk-size", type=positive_int, default=1000,

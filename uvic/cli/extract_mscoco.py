@@ -7,8 +7,8 @@ memory-mapped arrays and then atomically rewriting ``progress.json``; a rerun wi
 settings skips committed chunks, so an interrupted extraction resumes where it stopped.
 
     uvic-extract-mscoco --coco data/coco --out data/mscoco_features \\
-        [--splits train val] [--vae stabilityai/sd-vae-ft-ema] [--clip-model ViT-L-14-quickgelu] \\
-        [--clip-pretrained openai] [--batch-size 64] [--device cuda] [--limit N]
+        [--splits train val] [--vae CompVis/stable-diffusion-v1-4/vae] \\
+        [--clip-model ViT-L-14-quickgelu] [--clip-pretrained openai] [--batch-size 64] [--device cuda] [--limit N]
 
 Expects ``<coco>/{train,val}2014/*.jpg`` and ``<coco>/annotations/captions_{train,val}2014.json``.
 (`python scripts/extract_mscoco_features.py` runs the same program; the extraction itself
@@ -32,7 +32,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="output feature folder (data.root)")
     p.add_argument("--splits", nargs="+", default=["train", "val"], choices=["train", "val"])
     data = DataConfig()  # the models the MS-COCO configs load by default
-    p.add_argument("--vae", default=data.vae, help="diffusers AutoencoderKL hub name or folder")
+    p.add_argument("--vae", default=data.vae, help="diffusers AutoencoderKL hub name or folder, "
+                   "or the release's autoencoder_kl.pth")
     p.add_argument("--clip-model", default=data.clip_model, help="open_clip model name")
     p.add_argument("--clip-pretrained", default=data.clip_pretrained,
                    help="open_clip tag or local checkpoint file")
