@@ -8,7 +8,8 @@ settings skips committed chunks, so an interrupted extraction resumes where it s
 
     uvic-extract-mscoco --coco data/coco --out data/mscoco_features \\
         [--splits train val] [--vae CompVis/stable-diffusion-v1-4/vae] \\
-        [--clip-model ViT-L-14-quickgelu] [--clip-pretrained openai] [--batch-size 64] [--device cuda] [--limit N]
+        [--clip-model ViT-L-14-quickgelu] [--clip-pretrained openai] [--batch-size 64] \\
+        [--device cuda] [--limit N]
 
 Expects ``<coco>/{train,val}2014/*.jpg`` and ``<coco>/annotations/captions_{train,val}2014.json``.
 (`python scripts/extract_mscoco_features.py` runs the same program; the extraction itself
