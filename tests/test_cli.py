@@ -5,6 +5,7 @@ preset configs by name."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -196,3 +197,44 @@ def test_extraction_defaults_are_the_configs_models() -> None:
     args = parse_args(["--coco", "c", "--out", "o"])
     assert (args.vae, args.clip_model, args.clip_pretrained) == (
         DEFAULT_VAE, DEFAULT_MODEL, DEFAULT_PRETRAINED)
+
+
+def declared_options(name: str, argv: list[str],
+                     monkeypatch: pytest.MonkeyPatch) -> dict[str, argparse.Action]:
+    """The options of command `name` (its module's parse_args on `argv`) by flag."""
+    parsers = []
+    parse = argparse.ArgumentParser.parse_args
+
+    def record(self: argparse.ArgumentParser, *args, **kwargs):
+        parsers.append(self)
+        return parse(self, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(argparse.ArgumentParser, "parse_args", record)
+        importlib.import_module(SCRIPTS[name].split(":")[0]).parse_args(argv)
+    return {flag: action for action in parsers[0]._actions for flag in action.option_strings}
+
+
+# Commands that share options (uvic.cli.sampler_options, uvic.cli.extract_options): the
+# options both declare alike, with each command's required arguments.
+SHARED_OPTIONS = [
+    (("uvic-sample", ["--config", "cifar10_uvic", "--ckpt", "c", "--out", "o"]),
+     ("uvic-fid", ["--config", "cifar10_uvic", "--ckpt", "c"]),
+     ["--steps", "--scheduler", "--order", "--cfg-scale", "--batch-size", "--seed",
+      "--precision"]),
+    (("uvic-extract-imagenet", ["--imagenet", "i", "--out", "o"]),
+     ("uvic-extract-mscoco", ["--coco", "c", "--out", "o"]),
+     ["--out", "--workers", "--device", "--skip-corrupt", "--no-progress"]),
+]
+
+
+@pytest.mark.parametrize("first, second, flags", SHARED_OPTIONS)
+def test_shared_options_are_declared_alike(first: tuple, second: tuple, flags: list[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampler options of uvic-sample and uvic-fid, and the run options of the two
+    extraction commands, have the same type, default, choices and help in both."""
+    ours, theirs = (declared_options(name, argv, monkeypatch) for name, argv in (first, second))
+    for flag in flags:
+        a, b = ours[flag], theirs[flag]
+        assert (a.type, a.default, a.choices, a.help) == (b.type, b.default, b.choices,
+                                                          b.help), flag

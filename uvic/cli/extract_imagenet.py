@@ -16,11 +16,17 @@ empty class folder or an unreadable image is named in one line before or when it
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
 from uvic.cli import positive_int
+from uvic.cli.extract_options import (
+    STORED_DTYPES,
+    add_run_options,
+    add_vae_option,
+    add_worker_options,
+    extraction_device,
+)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -33,25 +39,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--splits", nargs="+", default=["train"],
                    help="split folders under --imagenet, each in class folders (the release "
                    "extracts train)")
-    p.add_argument("--vae", default=None, help="diffusers AutoencoderKL hub name or folder, "
-                   "or the release's autoencoder_kl.pth (default: uvic.models.autoencoder."
-                   "DEFAULT_VAE, CompVis/stable-diffusion-v1-4/vae: the autoencoder the "
-                   "release extracts every row's features with)")
+    add_vae_option(p, None, " (default: uvic.models.autoencoder.DEFAULT_VAE, "
+                   "CompVis/stable-diffusion-v1-4/vae: the autoencoder the release extracts "
+                   "every row's features with)")
     p.add_argument("--batch-size", type=positive_int, default=64,
                    help="images per VAE batch (each encoded with its mirror image)")
     p.add_argument("--chunk-size", type=positive_int, default=1000,
                    help="images per committed chunk")
-    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
-                   help="image decoding processes")
-    p.add_argument("--device", default=None, help="torch device (default: cuda if available)")
+    add_worker_options(p)
     p.add_argument("--per-class", type=positive_int, default=None,
                    help="only the first N images of every class (a quick subset)")
-    p.add_argument("--moments-dtype", default="float32", choices=["float32", "float16"],
+    p.add_argument("--moments-dtype", default="float32", choices=STORED_DTYPES,
                    help="stored moments (float32 as the release; float16 halves the disk: "
                    "ImageNet 256 takes 84 GB in float32, 512 takes 336 GB)")
-    p.add_argument("--skip-corrupt", action="store_true",
-                   help="skip unreadable images (recorded in progress.json) instead of failing")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_run_options(p)
     args = p.parse_args(argv)
     if args.resolution % 8:
         p.error(f"--resolution must be a multiple of 8 (the VAE downsamples by 8), got "
@@ -62,14 +63,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status (2: an error, named in one line)."""
     args = parse_args(argv)
-    import torch  # here: --help needs no torch
-
     from uvic.data.base import DatasetError
     from uvic.data.imagenet_extraction import extract_features, list_splits
     from uvic.models.autoencoder import DEFAULT_VAE, VAELoadError, load_vae
 
     vae_name = args.vae or DEFAULT_VAE
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = extraction_device(args.device)
     try:
         listings = list_splits(args.imagenet, args.splits, args.per_class)  # before the VAE
         vae = load_vae(vae_name, device)

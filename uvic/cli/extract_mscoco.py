@@ -19,10 +19,16 @@ is `uvic.data.mscoco_extraction`.)
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
+from uvic.cli.extract_options import (
+    STORED_DTYPES,
+    add_run_options,
+    add_vae_option,
+    add_worker_options,
+    extraction_device,
+)
 from uvic.config import DataConfig
 
 
@@ -33,8 +39,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="output feature folder (data.root)")
     p.add_argument("--splits", nargs="+", default=["train", "val"], choices=["train", "val"])
     data = DataConfig()  # the models the MS-COCO configs load by default
-    p.add_argument("--vae", default=data.vae, help="diffusers AutoencoderKL hub name or folder, "
-                   "or the release's autoencoder_kl.pth")
+    add_vae_option(p, data.vae)
     p.add_argument("--clip-model", default=data.clip_model, help="open_clip model name")
     p.add_argument("--clip-pretrained", default=data.clip_pretrained,
                    help="open_clip tag or local checkpoint file")
@@ -42,17 +47,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64, help="images per VAE batch")
     p.add_argument("--text-batch-size", type=int, default=256, help="captions per CLIP batch")
     p.add_argument("--chunk-size", type=int, default=1000, help="images per committed chunk")
-    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
-                   help="image decoding processes")
-    p.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")
+    add_worker_options(p)
     p.add_argument("--limit", type=int, default=None, help="only the first N images per split")
-    p.add_argument("--moments-dtype", default="float32", choices=["float32", "float16"])
-    p.add_argument("--context-dtype", default="float32", choices=["float32", "float16"],
+    p.add_argument("--moments-dtype", default="float32", choices=STORED_DTYPES)
+    p.add_argument("--context-dtype", default="float32", choices=STORED_DTYPES,
                    help="stored CLIP context dtype (default float32, as the release; float16 "
                    "halves the disk and rounds by about 5e-4)")
-    p.add_argument("--skip-corrupt", action="store_true",
-                   help="skip unreadable images (recorded in progress.json) instead of failing")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_run_options(p)
     return p.parse_args(argv)
 
 
@@ -62,14 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("batch_size", "text_batch_size", "chunk_size"):
         if getattr(args, name) < 1:
             raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1")
-    import torch
-
     from uvic.data.datasets import DatasetError
     from uvic.data.mscoco_extraction import CorruptImageError, check_inputs, extract_features
     from uvic.models.autoencoder import VAELoadError, load_vae
     from uvic.models.text_encoder import ClipLoadError, ClipTextEncoder
 
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.device = extraction_device(args.device)
     try:
         # fail fast, before loading the models
         check_inputs(args.coco, args.splits, args.limit, args.skip_corrupt)

@@ -44,10 +44,9 @@ import argparse
 import sys
 
 from uvic.cli.config_options import add_config_options
-from uvic.cli.sampler_options import guidance_option, sampler_overrides
+from uvic.cli.sampler_options import add_sampler_options, guidance_option, sampler_overrides
 from uvic.evaluation.checks import FID_FEATURES, FID_MODES
 from uvic.evaluation.protocols import NOT_FID
-from uvic.sampling.checks import PRECISIONS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,16 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--features", choices=FID_FEATURES,
                    help="inception: FID; projection: download-free stand-in features to "
                    f"check the pipeline, {NOT_FID} (default: eval.features)")
-    p.add_argument("--steps", type=int, help="sampling steps (default: sample.steps)")
-    p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, "
-                   "dpm_solver++_fast_time_uniform, dpm_solver_fast_logsnr, euler_maruyama "
-                   "or a diffusers class name (uvic.diffusion.samplers)")
-    p.add_argument("--order", type=int, help="DPM-Solver order (default: sample.order)")
-    p.add_argument("--cfg-scale", type=float, help="guidance s in eps = c + s (c - u)")
-    p.add_argument("--batch-size", type=int, help="samples per forward pass per process")
-    p.add_argument("--seed", type=int, default=0, help="sample seed (default 0)")
-    p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
-                   help="autocast dtype on CUDA for sampling (default fp32)")
+    add_sampler_options(p)
     p.add_argument("--inception-path", help="local Inception weights (eval.inception_path)")
     p.add_argument("--stats-dir", help="cache of built reference statistics "
                    "(default $UVIC_FID_STATS or ~/.cache/uvic/fid_stats, "

@@ -52,8 +52,7 @@ import sys
 
 from uvic.cli import int_list, positive_int
 from uvic.cli.config_options import add_config_options
-from uvic.cli.sampler_options import guidance_option, sampler_overrides
-from uvic.sampling.checks import PRECISIONS
+from uvic.cli.sampler_options import add_sampler_options, guidance_option, sampler_overrides
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,17 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n", "--num-samples", dest="n", type=int, default=64,
                    help="number of images (default 64)")
     p.add_argument("--nrow", type=positive_int, help="images per grid row")
-    p.add_argument("--steps", type=int, help="sampling steps (default: sample.steps)")
-    p.add_argument("--scheduler", help="dpm_solver++, dpm_solver, "
-                   "dpm_solver++_fast_time_uniform, dpm_solver_fast_logsnr, euler_maruyama "
-                   "or a diffusers class name (uvic.diffusion.samplers)")
-    p.add_argument("--order", type=int, help="DPM-Solver order (default: sample.order)")
-    p.add_argument("--cfg-scale", type=float,
-                   help="guidance s in eps = c + s (c - u) (diffusers' guidance_scale = s + 1)")
-    p.add_argument("--batch-size", type=int, help="images per forward pass")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
-                   help="autocast dtype on CUDA (default fp32)")
+    add_sampler_options(p)
     p.add_argument("--upscale", type=positive_int, metavar="N",
                    help="enlarge grids N times, nearest neighbour (default: the smallest N "
                    "that makes a grid at least 512 px wide; 1: native size)")

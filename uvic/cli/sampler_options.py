@@ -1,9 +1,29 @@
-"""What `uvic-sample` and `uvic-fid` share on their command lines: the sampler flags as
-config overrides. Light (no torch), so that `--help` answers at once."""
+"""What `uvic-sample` and `uvic-fid` share on their command lines: the sampler flags,
+declared once (`add_sampler_options`), and read back as config overrides. Light (no
+torch), so that `--help` answers at once."""
 
 from __future__ import annotations
 
 import argparse
+
+from uvic.sampling.checks import PRECISIONS
+
+
+def add_sampler_options(parser: argparse.ArgumentParser) -> None:
+    """--steps, --scheduler, --order, --cfg-scale, --batch-size (None unless given: the
+    config's `sample.*` then holds, see `sampler_overrides`), --seed and --precision."""
+    parser.add_argument("--steps", type=int, help="sampling steps (default: sample.steps)")
+    parser.add_argument("--scheduler", help="dpm_solver++, dpm_solver, "
+                        "dpm_solver++_fast_time_uniform, dpm_solver_fast_logsnr, "
+                        "euler_maruyama or a diffusers class name (uvic.diffusion.samplers)")
+    parser.add_argument("--order", type=int, help="DPM-Solver order (default: sample.order)")
+    parser.add_argument("--cfg-scale", type=float, help="guidance s in eps = c + s (c - u) "
+                        "(diffusers' guidance_scale = s + 1)")
+    parser.add_argument("--batch-size", type=int,
+                        help="images per forward pass per process")
+    parser.add_argument("--seed", type=int, default=0, help="sample seed (default 0)")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
+                        help="autocast dtype on CUDA for sampling (default fp32)")
 
 
 def sampler_overrides(args: argparse.Namespace) -> list[str]:
