@@ -19,14 +19,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from uvic.cli import positive_int
-from uvic.cli.extract_options import (
-    STORED_DTYPES,
-    add_run_options,
-    add_vae_option,
-    add_worker_options,
-    extraction_device,
-)
+from uvic.cli import extract_options, positive_int
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -39,20 +32,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--splits", nargs="+", default=["train"],
                    help="split folders under --imagenet, each in class folders (the release "
                    "extracts train)")
-    add_vae_option(p, None, " (default: uvic.models.autoencoder.DEFAULT_VAE, "
-                   "CompVis/stable-diffusion-v1-4/vae: the autoencoder the release extracts "
-                   "every row's features with)")
+    extract_options.add_vae_option(p, None, " (default: uvic.models.autoencoder.DEFAULT_VAE, "
+                                   "CompVis/stable-diffusion-v1-4/vae: the autoencoder the "
+                                   "release extracts every row's features with)")
     p.add_argument("--batch-size", type=positive_int, default=64,
                    help="images per VAE batch (each encoded with its mirror image)")
     p.add_argument("--chunk-size", type=positive_int, default=1000,
                    help="images per committed chunk")
-    add_worker_options(p)
+    extract_options.add_worker_options(p)
     p.add_argument("--per-class", type=positive_int, default=None,
                    help="only the first N images of every class (a quick subset)")
-    p.add_argument("--moments-dtype", default="float32", choices=STORED_DTYPES,
+    p.add_argument("--moments-dtype", default="float32", choices=extract_options.STORED_DTYPES,
                    help="stored moments (float32 as the release; float16 halves the disk: "
                    "ImageNet 256 takes 84 GB in float32, 512 takes 336 GB)")
-    add_run_options(p)
+    extract_options.add_run_options(p)
     args = p.parse_args(argv)
     if args.resolution % 8:
         p.error(f"--resolution must be a multiple of 8 (the VAE downsamples by 8), got "
@@ -68,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from uvic.models.autoencoder import DEFAULT_VAE, VAELoadError, load_vae
 
     vae_name = args.vae or DEFAULT_VAE
-    device = extraction_device(args.device)
+    device = extract_options.extraction_device(args.device)
     try:
         listings = list_splits(args.imagenet, args.splits, args.per_class)  # before the VAE
         vae = load_vae(vae_name, device)

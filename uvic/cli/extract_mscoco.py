@@ -22,13 +22,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from uvic.cli.extract_options import (
-    STORED_DTYPES,
-    add_run_options,
-    add_vae_option,
-    add_worker_options,
-    extraction_device,
-)
+from uvic.cli import extract_options
 from uvic.config import DataConfig
 
 
@@ -39,7 +33,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="output feature folder (data.root)")
     p.add_argument("--splits", nargs="+", default=["train", "val"], choices=["train", "val"])
     data = DataConfig()  # the models the MS-COCO configs load by default
-    add_vae_option(p, data.vae)
+    extract_options.add_vae_option(p, data.vae)
     p.add_argument("--clip-model", default=data.clip_model, help="open_clip model name")
     p.add_argument("--clip-pretrained", default=data.clip_pretrained,
                    help="open_clip tag or local checkpoint file")
@@ -47,13 +41,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64, help="images per VAE batch")
     p.add_argument("--text-batch-size", type=int, default=256, help="captions per CLIP batch")
     p.add_argument("--chunk-size", type=int, default=1000, help="images per committed chunk")
-    add_worker_options(p)
+    extract_options.add_worker_options(p)
     p.add_argument("--limit", type=int, default=None, help="only the first N images per split")
-    p.add_argument("--moments-dtype", default="float32", choices=STORED_DTYPES)
-    p.add_argument("--context-dtype", default="float32", choices=STORED_DTYPES,
+    p.add_argument("--moments-dtype", default="float32", choices=extract_options.STORED_DTYPES)
+    p.add_argument("--context-dtype", default="float32", choices=extract_options.STORED_DTYPES,
                    help="stored CLIP context dtype (default float32, as the release; float16 "
                    "halves the disk and rounds by about 5e-4)")
-    add_run_options(p)
+    extract_options.add_run_options(p)
     return p.parse_args(argv)
 
 
@@ -68,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from uvic.models.autoencoder import VAELoadError, load_vae
     from uvic.models.text_encoder import ClipLoadError, ClipTextEncoder
 
-    args.device = extraction_device(args.device)
+    args.device = extract_options.extraction_device(args.device)
     try:
         # fail fast, before loading the models
         check_inputs(args.coco, args.splits, args.limit, args.skip_corrupt)
