@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from uvic.cli import fid_table
 from uvic.config import apply_overrides, load_config
 from uvic.evaluation.protocols import (
     NOT_FID,
@@ -123,3 +125,67 @@ def test_table_marks_stand_in_columns() -> None:
 def test_table_refuses_results_without_protocol() -> None:
     with pytest.raises(ValueError, match="names no protocol"):
         protocol_table([{"model": "U-ViT", "dataset": "cifar10", "fid": 3.0, "_path": "old.json"}])
+
+
+def scored(model: str, fid: float, path: str, digest: str | None) -> dict:
+    """A CIFAR-10 result under the release protocol, scored against reference `digest`."""
+    r = {**result(model, "cifar10", fid, RELEASE["cifar10"]), "_path": path}
+    return r if digest is None else {**r, "reference_digest": digest}
+
+
+def table_rows(table: str) -> dict[str, list[str]]:
+    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in table.splitlines() if line.startswith("| U-Vi")}
+
+
+def test_table_keeps_results_of_different_references_apart() -> None:
+    """One protocol, two reference digests: two columns, each marked with its digest, the
+    best picked within each only, and a note naming the files of each."""
+    a, b = "abcdef0123456789", "0123456789abcdef"
+    table = protocol_table([scored("U-ViT", 3.30, "fid/a.json", a),
+                            scored("U-ViT", 3.10, "fid/b.json", b),  # better, other reference
+                            scored("U-ViC", 3.00, "fid/c.json", a)])
+    header = [c.strip() for c in table.splitlines()[0].split("|")[1:-1]]
+    assert header[1:3] == ["CIFAR-10 (P1, ref 01234567)", "CIFAR-10 (P1, ref abcdef01)"]
+    assert table_rows(table)["U-ViT"][:2] == ["3.10", "3.30"]
+    assert table_rows(table)["U-ViC"][:2] == ["—", "3.00"]
+    assert "scored against different reference statistics" in table
+    assert "- CIFAR-10, P1: ref 01234567: fid/b.json; ref abcdef01: fid/a.json, fid/c.json" \
+        in table.splitlines()
+    assert "- U-ViT / CIFAR-10 (P1, ref abcdef01): FID 3.300" in table
+
+
+def test_table_marks_an_unknown_reference_beside_a_known_one() -> None:
+    table = protocol_table([scored("U-ViT", 3.30, "fid/new.json", "abcdef0123456789"),
+                            scored("U-ViT", 3.10, "fid/old.json", None)])
+    header = [c.strip() for c in table.splitlines()[0].split("|")[1:-1]]
+    assert header[1:3] == ["CIFAR-10 (P1, ref abcdef01)", "CIFAR-10 (P1, ref unknown)"]
+    assert table_rows(table)["U-ViT"][:2] == ["3.30", "3.10"]
+    assert "- CIFAR-10, P1: ref abcdef01: fid/new.json; ref unknown: fid/old.json" \
+        in table.splitlines()
+
+
+@pytest.mark.parametrize("digest", [None, "abcdef0123456789"])
+def test_one_reference_leaves_the_table_as_it_was(digest: str | None) -> None:
+    """All results of a column with one digest, or none: no mark, no note, the same table."""
+    plain = [result("U-ViT", "cifar10", 3.3, RELEASE["cifar10"]),
+             result("U-ViC", "cifar10", 3.1, RELEASE["cifar10"])]
+    same = [r if digest is None else {**r, "reference_digest": digest} for r in plain]
+    assert protocol_table(same) == protocol_table(plain)
+    assert "ref abcdef01" not in protocol_table(same) and "reference statistics" not in \
+        protocol_table(same)
+
+
+def test_fid_table_names_the_files_of_each_reference(tmp_path: Path, capsys) -> None:
+    """uvic-fid-table on a folder of result JSONs: the note names the files as found."""
+    for name, digest in [("a", "abcdef0123456789"), ("b", "0123456789abcdef")]:
+        r = {k: v for k, v in scored("U-ViT", 3.0, "", digest).items() if k != "_path"}
+        (tmp_path / f"{name}.json").write_text(json.dumps(r))
+    assert fid_table.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"ref 01234567: {tmp_path / 'b.json'}; ref abcdef01: {tmp_path / 'a.json'}" in out
+    (tmp_path / "c.json").write_text(json.dumps({**r, "reference_digest": 12}))
+    assert fid_table.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {tmp_path / 'c.json'}: reference_digest 12 is not a hex digest " \
+                  "(a result JSON of eval/fid.py writes one)\n"

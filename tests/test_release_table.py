@@ -81,6 +81,31 @@ def test_table_lines_keep_protocols_apart() -> None:
         render([result("shapes_uvit", "U-ViT", row.protocol, 1.0)])
 
 
+def test_table_lines_keep_references_apart() -> None:
+    """One protocol, results scored against two references and an unknown one: a line each,
+    marked, the best picked within each only, and a note naming every file."""
+    row = RELEASE_ROWS["imagenet256_large"]
+    results = [{**result("imagenet256_large_uvit", "U-ViT", row.protocol, fid), "_path": path,
+                **({"reference_digest": digest} if digest else {})}
+               for fid, path, digest in [(3.5, "a.json", "aaaaaaaa11112222"),
+                                         (3.2, "b.json", "bbbbbbbb11112222"),
+                                         (3.1, "c.json", None)]]
+    text = render([*results, {**result("imagenet256_large_uvic", "U-ViC", row.protocol, 3.3),
+                              "_path": "d.json", "reference_digest": "aaaaaaaa11112222"}])
+    lines = [line for line in text.splitlines() if line.startswith("| ImageNet 256, U-ViT-L/2")]
+    title = "| ImageNet 256, U-ViT-L/2 (`imagenet256_uvit_large`)"
+    assert lines == [f"{title} | P4, ref aaaaaaaa | 3.50 | 3.30 | 3.40 |",
+                     f"{title} | P4, ref bbbbbbbb | 3.20 | — | 3.40 |",
+                     f"{title} | P4, ref unknown | 3.10 | — | 3.40 |"]
+    assert ("- ImageNet 256, U-ViT-L/2, P4: ref aaaaaaaa: a.json, d.json; ref bbbbbbbb: "
+            "b.json; ref unknown: c.json") in text.splitlines()
+    assert "scored against different reference statistics" in text
+    # one reference for all: the table is the one without digests
+    same = [{**r, "reference_digest": "aaaaaaaa11112222"} for r in results]
+    assert render(same) == render([{**r, "reference_digest": None} for r in results])
+    assert "ref " not in render(same).split("Protocols:")[0]
+
+
 def test_smoke_chain_on_every_kind_of_data_and_resume(tmp_path: Path, capsys) -> None:
     out = tmp_path / "rt"
     assert release_table.main(["--smoke", "--out", str(out), "--quiet"]) == 0

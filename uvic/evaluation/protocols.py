@@ -7,7 +7,8 @@ release's protocols, which the paper's Table 3 follows (the paper defers to U-Vi
 setup), and `RELEASE_ROWS` its protocol for every row of its own table (CelebA, ImageNet
 64, 256, 512 besides CIFAR-10 and MS-COCO: sampler, steps, guidance in the release's and
 diffusers' conventions, sample count, its statistics file); `protocol_table` renders Table
-3 with one column per (dataset, protocol), so two protocols never share a column. A
+3 with one column per (dataset, protocol), so two protocols never share a column (nor
+two reference statistics: `uvic.evaluation.reference_split`). A
 protocol whose features are not Inception (the download-free eval.features=projection,
 test extractors) is a stand-in: its label, its column and its result say it is not
 comparable with Inception FID. A result recorded under a retired sampler name
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from uvic.config import Config
+from uvic.evaluation.reference_split import ReferenceSplit, digest_order
 from uvic.sampling.checks import can_guide, fid_label_draw
 
 # The paper's Table 3 and the U-ViT release's reported FIDs.
@@ -234,42 +236,48 @@ def protocol_from_result(result: dict[str, Any]) -> Protocol:
 
 def protocol_table(results: list[dict[str, Any]]) -> str:
     """Markdown Table 3: rows U-ViT / U-ViC (and other attention patterns), one column per
-    (dataset, protocol) holding our best FID under that protocol, and the paper's column
-    per dataset. Protocols are listed under the table; the release's is marked."""
-    cells: dict[tuple[str, str, Protocol], dict[str, Any]] = {}
+    (dataset, protocol, reference digest) holding our best FID under that protocol and
+    reference (`uvic.evaluation.reference_split`: a protocol is split by reference, and
+    marked, only where its results' references differ), and the paper's column per
+    dataset. Protocols are listed under the table; the release's is marked."""
+    split = ReferenceSplit()
+    cells: dict[tuple[str, str, Protocol, str | None], dict[str, Any]] = {}
     for r in results:
-        key = (r["model"], r["dataset"], protocol_from_result(r))
+        p = protocol_from_result(r)
+        key = (r["model"], r["dataset"], p, split.add(r["dataset"], p, r))
         if key not in cells or r["fid"] < cells[key]["fid"]:
             cells[key] = r
     datasets = ["cifar10", "mscoco"]
-    datasets += sorted({d for _, d, _ in cells} - set(datasets))
+    datasets += sorted({key[1] for key in cells} - set(datasets))
     models = ["U-ViT", "U-ViC"]
-    models += sorted({m for m, _, _ in cells} - set(models))
+    models += sorted({key[0] for key in cells} - set(models))
 
-    columns: list[tuple[str, Protocol | None]] = []  # (dataset, protocol or None: paper)
+    # (dataset, protocol or None: the paper's, reference digest)
+    columns: list[tuple[str, Protocol | None, str | None]] = []
     for d in datasets:
-        protocols = sorted({p for _, dd, p in cells if dd == d},
-                           key=lambda p: (p != RELEASE.get(d), p.label()))
-        columns += [(d, p) for p in protocols]
+        keys = sorted({(p, g) for _, dd, p, g in cells if dd == d},
+                      key=lambda k: (k[0] != RELEASE.get(d), k[0].label(), digest_order(k[1])))
+        columns += [(d, p, g) for p, g in keys]
         if any(key[1] == d for key in PAPER_FID):
-            columns.append((d, None))
-    names = {p: f"P{i + 1}" for i, p in enumerate(dict.fromkeys(p for _, p in columns if p))}
+            columns.append((d, None, None))
+    names = {p: f"P{i + 1}" for i, p in enumerate(dict.fromkeys(p for _, p, _ in columns if p))}
+    tags = {(d, p, g): names[p] + split.tag(d, p, g) for d, p, g in columns if p}
 
     header = ["Model"]
-    for d, p in columns:
+    for d, p, g in columns:
         title = DATASET_TITLES.get(d, d)
         mark = "" if p is None or p.inception else ", stand-in: not FID"
-        header.append(f"{title} (paper)" if p is None else f"{title} ({names[p]}{mark})")
+        header.append(f"{title} (paper)" if p is None else f"{title} ({tags[d, p, g]}{mark})")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for m in models:
         row = [m]
-        for d, p in columns:
+        for d, p, g in columns:
             if p is None:
                 paper, release = PAPER_FID.get((m, d)), RELEASE_FID.get((m, d))
                 cell = "—" if paper is None else f"{paper:.2f}"
                 row.append(cell + (f" (release {release:.2f})" if release is not None else ""))
             else:
-                r = cells.get((m, d, p))
+                r = cells.get((m, d, p, g))
                 row.append("—" if r is None else f"{r['fid']:.2f}")
         lines.append("| " + " | ".join(row) + " |")
 
@@ -278,12 +286,15 @@ def protocol_table(results: list[dict[str, Any]]) -> str:
               "repository's reported FID. Our numbers are comparable with them only in a "
               "column whose protocol is marked *release protocol*."]
     def mark(p: Protocol) -> str:
-        d = next(dd for dd, pp in columns if pp == p)
+        d = next(dd for dd, pp, _ in columns if pp == p)
         return " — *release protocol*" if RELEASE.get(d) == p else ""
 
     lines += protocol_notes(names, "Columns", mark)
-    details = [_describe(r, p, names[p]) for (_, _, p), r in sorted(
-        cells.items(), key=lambda kv: (kv[0][1], kv[0][0], names[kv[0][2]]))]
+    lines += split.notes({(d, p): f"{DATASET_TITLES.get(d, d)}, {names[p]}"
+                          for d, p, _ in columns if p}, "column")
+    details = [_describe(r, p, tags[d, p, g]) for (_, d, p, g), r in sorted(
+        cells.items(), key=lambda kv: (kv[0][1], kv[0][0], names[kv[0][2]],
+                                       digest_order(kv[0][3])))]
     if details:
         lines += ["", "Results shown:", "", *details]
     return "\n".join(lines) + "\n"

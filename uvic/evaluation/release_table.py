@@ -3,9 +3,11 @@ U-ViT and its U-ViC twin side by side, beside the FID the release reports.
 
 A result belongs to the row its config is named after (`<row>_<model>`, as
 `uvic-release-table` names its runs, or the row's preset, e.g. `imagenet256_uvit_large`).
-As in Table 3 (`protocol_table`), results of different protocols never share a line; the
-release's protocol is marked, and stand-in features (eval.features=projection) are marked
-as not comparable with Inception FID.
+As in Table 3 (`protocol_table`), results of different protocols never share a line, nor
+do results of one protocol scored against different reference statistics (their own line
+each, marked `ref <digest>`, and a note naming their files: `uvic.evaluation.
+reference_split`); the release's protocol is marked, and stand-in features
+(eval.features=projection) are marked as not comparable with Inception FID.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from uvic.evaluation.protocols import (
     protocol_from_result,
     protocol_notes,
 )
+from uvic.evaluation.reference_split import ReferenceSplit, digest_order
 
 MODELS = ("U-ViT", "U-ViC")
 
@@ -34,43 +37,50 @@ def row_of(result: dict[str, Any]) -> ReleaseRow:
 
 
 def release_table(results: list[dict[str, Any]]) -> str:
-    """Markdown: a line per (release row, protocol) with our best U-ViT and U-ViC FID under
-    it and the release's reported FID; rows without results show their release protocol
-    and "—". Protocols are listed under the table, the release's with both guidance
-    conventions and its reference statistics file."""
-    best: dict[tuple[str, Protocol], dict[str, dict[str, Any]]] = {}
+    """Markdown: a line per (release row, protocol, reference digest) with our best U-ViT
+    and U-ViC FID under it and the release's reported FID (a protocol is split by reference,
+    and marked, only where its results' references differ); rows without results show their
+    release protocol and "—". Protocols are listed under the table, the release's with both
+    guidance conventions and its reference statistics file."""
+    split = ReferenceSplit()
+    best: dict[tuple[str, Protocol, str | None], dict[str, dict[str, Any]]] = {}
     for r in results:
-        cell = best.setdefault((row_of(r).key, protocol_from_result(r)), {})
+        key, p = row_of(r).key, protocol_from_result(r)
+        cell = best.setdefault((key, p, split.add(key, p, r)), {})
         if r["model"] not in cell or r["fid"] < cell[r["model"]]["fid"]:
             cell[r["model"]] = r
-    lines_of: list[tuple[ReleaseRow, Protocol, dict[str, dict[str, Any]]]] = []
+    lines_of: list[tuple[ReleaseRow, Protocol, str, dict[str, dict[str, Any]]]] = []
     for key, row in RELEASE_ROWS.items():
-        found = sorted((p for k, p in best if k == key),
-                       key=lambda p: (p != row.protocol, p.label()))
-        lines_of += [(row, p, best[key, p]) for p in found] or [(row, row.protocol, {})]
-    names = {p: f"P{i + 1}" for i, p in enumerate(dict.fromkeys(p for _, p, _ in lines_of))}
+        found = sorted(((p, g) for k, p, g in best if k == key),
+                       key=lambda k: (k[0] != row.protocol, k[0].label(), digest_order(k[1])))
+        lines_of += ([(row, p, split.tag(key, p, g), best[key, p, g]) for p, g in found]
+                     or [(row, row.protocol, "", {})])
+    names = {p: f"P{i + 1}" for i, p in enumerate(dict.fromkeys(p for _, p, _, _ in lines_of))}
 
     lines = ["| Release row | Protocol | U-ViT | U-ViC | Release (U-ViT) |", "|" + "---|" * 5]
-    for row, p, cell in lines_of:
+    for row, p, tag, cell in lines_of:
         mark = "" if p.inception else ", stand-in: not FID"
         fids = [f"{cell[m]['fid']:.2f}" if m in cell else "—" for m in MODELS]
-        lines.append(f"| {row.title} (`{row.uvit}`) | {names[p]}{mark} | {' | '.join(fids)} | "
-                     f"{row.release_fid:.2f} |")
+        lines.append(f"| {row.title} (`{row.uvit}`) | {names[p]}{tag}{mark} | "
+                     f"{' | '.join(fids)} | {row.release_fid:.2f} |")
     lines += ["", "Lower is better. Release: the FID the U-ViT repository reports for the row "
               "(50k samples). Our numbers are comparable with it only on a line whose protocol "
               "is marked *release protocol*."]
 
     def mark(p: Protocol) -> str:
-        rows = [row for row, q, _ in lines_of if q == p and row.protocol == p]
+        rows = [row for row, q, _, _ in lines_of if q == p and row.protocol == p]
         return f" — *release protocol*: {rows[0].label()}" if rows else ""
 
     lines += protocol_notes(names, "Lines", mark)
-    shown = [(row, p, cell[m]) for row, p, cell in lines_of for m in MODELS if m in cell]
+    lines += split.notes({(row.key, p): f"{row.title}, {names[p]}"
+                          for row, p, _, _ in lines_of}, "line")
+    shown = [(row, p, tag, cell[m])
+             for row, p, tag, cell in lines_of for m in MODELS if m in cell]
     if shown:
         lines += ["", "Results shown:", ""]
-        for row, p, r in shown:
+        for row, p, tag, r in shown:
             what = "FID" if p.inception else f"stand-in FID ({p.features} features)"
             step = f" step {r['step']}" if r.get("step") is not None else ""
-            lines.append(f"- {r['model']} / {row.key} ({names[p]}): {what} {r['fid']:.3f}; "
-                         f"{r['checkpoint']}{step}")
+            lines.append(f"- {r['model']} / {row.key} ({names[p]}{tag}): {what} "
+                         f"{r['fid']:.3f}; {r['checkpoint']}{step}")
     return "\n".join(lines) + "\n"

@@ -1,0 +1,89 @@
+"""Results scored against different reference statistics never share a table column or line.
+
+Every FID result records `reference_digest` (`uvic.evaluation.fingerprint`): a digest of
+the reference statistics it was scored against; results written before that have none
+(an *unknown* reference). Two results under one protocol but with different digests were
+scored against different statistics (another copy of the data, a changed file): their
+FIDs are not comparable, even though their protocols are equal.
+
+The rule, for Table 3 (`protocol_table`) and the release table (`release_table`): a
+column or line holds one protocol *and* one reference. Where all results of a protocol
+(in a dataset, or a release row) have the same digest, or none has one, the table is
+exactly as it would be without digests. Where they have several (an unknown reference
+counting as one), the protocol gets a column or line per reference, labelled `ref
+<first 8 hex digits>` or `ref unknown`; the best FID is picked within each only; and a
+note under the table names every result file of each reference, saying they were scored
+against different reference statistics. Splitting, rather than showing one reference and
+listing the others, keeps every number in view, and never sets a U-ViT and a U-ViC number
+scored against different statistics side by side as if comparable. The split columns of
+one protocol sit next to each other: known digests in hex order, the unknown one last.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # protocols.py imports this module
+    from uvic.evaluation.protocols import Protocol
+
+UNKNOWN = "unknown"  # how a result without `reference_digest` is named
+
+
+def digest_of(result: dict[str, Any]) -> str | None:
+    """The result's `reference_digest` (None: written before results recorded one);
+    ValueError naming the file if it is no hex digest."""
+    digest = result.get("reference_digest")
+    if digest is None:
+        return None
+    if not (isinstance(digest, str) and digest and set(digest) <= set(string.hexdigits)):
+        raise ValueError(f"{result.get('_path', 'result')}: reference_digest {digest!r} is "
+                         "not a hex digest (a result JSON of eval/fid.py writes one)")
+    return digest.lower()
+
+
+def digest_order(digest: str | None) -> tuple[bool, str]:
+    """Sort key of a column's or line's reference: known digests in hex order, unknown last."""
+    return digest is None, digest or ""
+
+
+def short(digest: str | None) -> str:
+    """A reference as the tables name it: its digest's first 8 hex digits, or `unknown`."""
+    return digest[:8] if digest else UNKNOWN
+
+
+class ReferenceSplit:
+    """The result files of every (place, protocol) by reference digest, a place being what
+    a table sets protocols apart within (a dataset for Table 3, a release row)."""
+
+    def __init__(self) -> None:
+        self.files: dict[tuple[Hashable, Protocol], dict[str | None, list[str]]] = {}
+
+    def add(self, place: Hashable, protocol: Protocol, result: dict[str, Any]) -> str | None:
+        """Record a result; returns its digest, the third part of its column's key."""
+        digest = digest_of(result)
+        name = str(result.get("_path") or result.get("checkpoint", "result"))
+        self.files.setdefault((place, protocol), {}).setdefault(digest, []).append(name)
+        return digest
+
+    def tag(self, place: Hashable, protocol: Protocol, digest: str | None) -> str:
+        """`, ref <8 hex>` (or `, ref unknown`) for a protocol split by reference; else ""."""
+        return f", ref {short(digest)}" if len(self.files.get((place, protocol), {})) > 1 else ""
+
+    def notes(self, titles: dict[tuple[Hashable, Protocol], str], marked: str) -> list[str]:
+        """The note under a table whose protocols were split by reference: for each split
+        (place, protocol), titled as `titles` says, every result file of each reference.
+        `marked` is what the table splits ("columns", "lines"). Empty if none was split."""
+        split = [(key, by) for key, by in self.files.items() if len(by) > 1]
+        if not split:
+            return []
+        lines = ["", f"Results of one protocol scored against different reference statistics "
+                 f"(reference digests differ; `ref unknown`: recorded before results named "
+                 f"their reference) are NOT comparable: each reference has its own "
+                 f"{marked}, and the best FID is picked within it only.", ""]
+        for key, by in split:
+            refs = "; ".join(f"ref {short(d)}: {', '.join(by[d])}"
+                             for d in sorted(by, key=digest_order))
+            lines.append(f"- {titles[key]}: {refs}")
+        return lines
