@@ -238,3 +238,15 @@ def test_shared_options_are_declared_alike(first: tuple, second: tuple, flags: l
         a, b = ours[flag], theirs[flag]
         assert (a.type, a.default, a.choices, a.help) == (b.type, b.default, b.choices,
                                                           b.help), flag
+
+
+@pytest.mark.parametrize("flag", ["--batch-size", "--text-batch-size", "--chunk-size"])
+def test_extract_mscoco_refuses_a_size_below_one(flag, capsys) -> None:
+    """A batch or chunk size below 1 is a usage error (exit 2) naming the flag, as in
+    uvic-extract-imagenet."""
+    from uvic.cli import extract_mscoco
+
+    with pytest.raises(SystemExit) as exc:
+        extract_mscoco.parse_args(["--coco", "c", "--out", "o", flag, "0"])
+    assert exc.value.code == 2
+    assert f"argument {flag}: must be >= 1, got 0" in capsys.readouterr().err

@@ -22,7 +22,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from uvic.cli import extract_options
+from uvic.cli import extract_options, positive_int
 from uvic.config import DataConfig
 
 
@@ -38,9 +38,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clip-pretrained", default=data.clip_pretrained,
                    help="open_clip tag or local checkpoint file")
     p.add_argument("--resolution", type=int, default=256, help="image side (latents: /8)")
-    p.add_argument("--batch-size", type=int, default=64, help="images per VAE batch")
-    p.add_argument("--text-batch-size", type=int, default=256, help="captions per CLIP batch")
-    p.add_argument("--chunk-size", type=int, default=1000, help="images per committed chunk")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="images per VAE batch")
+    p.add_argument("--text-batch-size", type=positive_int, default=256,
+                   help="captions per CLIP batch")
+    p.add_argument("--chunk-size", type=positive_int, default=1000,
+                   help="images per committed chunk")
     extract_options.add_worker_options(p)
     p.add_argument("--limit", type=int, default=None, help="only the first N images per split")
     p.add_argument("--moments-dtype", default="float32", choices=extract_options.STORED_DTYPES)
@@ -54,9 +56,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     args = parse_args(argv)
-    for name in ("batch_size", "text_batch_size", "chunk_size"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1")
     from uvic.data.datasets import DatasetError
     from uvic.data.mscoco_extraction import CorruptImageError, check_inputs, extract_features
     from uvic.models.autoencoder import VAELoadError, load_vae
