@@ -189,3 +189,14 @@ def test_fid_table_names_the_files_of_each_reference(tmp_path: Path, capsys) -> 
     err = capsys.readouterr().err
     assert err == f"error: {tmp_path / 'c.json'}: reference_digest 12 is not a hex digest " \
                   "(a result JSON of eval/fid.py writes one)\n"
+
+
+def test_results_shown_in_protocol_number_order() -> None:
+    """"Results shown" lists P2 before P10 (by number, not as text)."""
+    protocols = [Protocol("euler_maruyama", steps, 0.0, 50_000, "clean", "cifar10/train/32")
+                 for steps in range(10, 22)]
+    table = protocol_table([result("U-ViT", "cifar10", 3.0 + i, p)
+                            for i, p in enumerate(protocols)])
+    shown = table.split("Results shown:")[1]
+    order = [shown.index(f"(P{i})") for i in range(1, 13)]
+    assert order == sorted(order)

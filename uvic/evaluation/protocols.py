@@ -292,8 +292,9 @@ def protocol_table(results: list[dict[str, Any]]) -> str:
     lines += protocol_notes(names, "Columns", mark)
     lines += split.notes({(d, p): f"{DATASET_TITLES.get(d, d)}, {names[p]}"
                           for d, p, _ in columns if p}, "column")
+    number = {p: i for i, p in enumerate(names)}  # P2 before P10
     details = [_describe(r, p, tags[d, p, g]) for (_, d, p, g), r in sorted(
-        cells.items(), key=lambda kv: (kv[0][1], kv[0][0], names[kv[0][2]],
+        cells.items(), key=lambda kv: (kv[0][1], kv[0][0], number[kv[0][2]],
                                        digest_order(kv[0][3])))]
     if details:
         lines += ["", "Results shown:", "", *details]
