@@ -611,6 +611,15 @@ def test_cpu_flag_with_several_processes_is_refused(tmp_path):
     assert not out.exists()
 
 
+def wait_for_exec(pid: int, cmdline: bytes, timeout: float = 10.0) -> None:
+    """Wait until process `pid` runs `cmdline`: before its exec, /proc shows the forking
+    process's environment (or none), which would make the check read the wrong parent."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}/cmdline").read_bytes() != cmdline:
+        assert time.monotonic() < deadline, f"process {pid} did not start {cmdline!r}"
+        time.sleep(0.01)
+
+
 def test_a_users_own_master_addr_is_no_launch_of_several(tmp_path, monkeypatch):
     """The check looks at who set MASTER_ADDR: the launcher (absent from the parent's
     environment: refused) or the user (present there too: a single process is fine)."""
@@ -621,6 +630,7 @@ def test_a_users_own_master_addr_is_no_launch_of_several(tmp_path, monkeypatch):
         extra = {"MASTER_ADDR": "127.0.0.1"} if parent_has_it else {}
         parent = subprocess.Popen(["sleep", "60"], env={"PATH": os.environ["PATH"], **extra})
         try:
+            wait_for_exec(parent.pid, b"sleep\x0060\x00")  # its own environment, not ours
             monkeypatch.setattr(os, "getppid", lambda pid=parent.pid: pid)
             if parent_has_it:
                 assert make_accelerator(cfg, RunFolder(tmp_path)).num_processes == 1
