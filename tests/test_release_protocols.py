@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from uvic.config import apply_overrides, load_config
-from uvic.evaluation.protocols import RELEASE_ROWS, guidance_of, protocol_of
-from uvic.sampling.generate import effective_cfg_scale
+from uvic.evaluation.protocols import RELEASE_ROWS, protocol_of
+from uvic.sampling.checks import effective_cfg_scale
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -93,16 +93,16 @@ def test_labels_name_both_guidance_conventions() -> None:
         "ref fid_stats_imagenet512_guided_diffusion/train/512")
 
 
-@pytest.mark.parametrize("preset,overrides", [
-    ("imagenet256_uvit_large", []), ("imagenet256_uvit_large", ["diffusion.p_uncond=0"]),
-    ("imagenet64_uvit_mid", ["sample.cfg_scale=2"]), ("mscoco_uvit", []),
-    ("cifar10_uvit", ["sample.cfg_scale=3"]), ("celeba64_uvit_small", [])])
-def test_protocol_guidance_is_what_sampling_applies(preset: str, overrides: list[str]) -> None:
+@pytest.mark.parametrize("preset,overrides,expected", [
+    ("imagenet256_uvit_large", [], 0.4), ("imagenet256_uvit_large", ["diffusion.p_uncond=0"], 0),
+    ("imagenet64_uvit_mid", ["sample.cfg_scale=2"], 0), ("mscoco_uvit", [], 1.0),
+    ("cifar10_uvit", ["sample.cfg_scale=3"], 0), ("celeba64_uvit_small", [], 0)])
+def test_protocol_guidance_is_what_sampling_applies(preset: str, overrides: list[str],
+                                                    expected: float) -> None:
     """A class-conditional model guided against its null class records its guidance (it
     was recorded as 0 before: only text models counted)."""
     cfg = apply_overrides(load_config(CONFIGS / f"{preset}.py"), overrides)
-    assert guidance_of(cfg) == effective_cfg_scale(cfg)
-    assert protocol_of(cfg).guidance == effective_cfg_scale(cfg)
+    assert protocol_of(cfg).guidance == effective_cfg_scale(cfg) == expected
     unguided = dataclasses.replace(cfg, sample=dataclasses.replace(cfg.sample, cfg_scale=0.0))
     assert protocol_of(unguided).guidance == 0.0
 

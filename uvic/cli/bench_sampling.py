@@ -95,8 +95,9 @@ def bench_network(cfg: Config, images: int, compile_mode: str, args: argparse.Na
     import torch
 
     from uvic.models.uvit import build_model
+    from uvic.sampling.checks import effective_cfg_scale
     from uvic.sampling.compiled import compile_network
-    from uvic.sampling.generate import autocast, effective_cfg_scale, guided_eps
+    from uvic.sampling.generate import autocast, class_conditions, guided_eps
 
     torch.manual_seed(0)
     model = build_model(cfg.model).to(device).eval()
@@ -109,9 +110,7 @@ def bench_network(cfg: Config, images: int, compile_mode: str, args: argparse.Na
     if m.clip_dim > 0:
         cond = {"context": torch.randn(images, m.num_clip_token, m.clip_dim, device=device),
                 "uncond_context": torch.randn(m.num_clip_token, m.clip_dim, device=device)}
-    elif m.num_classes > 0:
-        cond = {"y": torch.zeros(images, dtype=torch.long, device=device),
-                "uncond_y": m.num_classes - 1}
+    cond.update(class_conditions(cfg, range(images), device))  # {} without class labels
 
     def call() -> None:
         with torch.inference_mode(), autocast(device, args.precision):
@@ -152,7 +151,6 @@ def protocols(dataset: str, cfg: Config) -> list[dict[str, Any]]:
     from uvic.diffusion.samplers import model_calls
     from uvic.diffusion.schedule import Diffusion
     from uvic.evaluation.protocols import RELEASE, protocol_of
-    from uvic.sampling.generate import effective_cfg_scale
 
     diffusion = Diffusion(cfg.diffusion)
     s = cfg.sample
@@ -163,7 +161,7 @@ def protocols(dataset: str, cfg: Config) -> list[dict[str, Any]]:
         found.append((p, model_calls(diffusion, p.sampler, p.steps), p.guidance != 0, 0.0))
     if not found or own != found[0][0]:
         calls = model_calls(diffusion, s.scheduler, s.steps, s.order, s.scheduler_kwargs)
-        found.append((own, calls, effective_cfg_scale(cfg) != 0, s.autoguidance_scale))
+        found.append((own, calls, own.guidance != 0, s.autoguidance_scale))
     return [{"protocol": p.label() + (f", autoguidance {auto:g}" if auto else ""),
              "n_samples": p.n_samples,
              "evals_per_image": calls * (2 if guided else 1) * (2 if auto else 1)}

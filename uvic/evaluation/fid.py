@@ -75,8 +75,8 @@ from uvic.run.files import write_json
 from uvic.run.folder import checkpoint_step
 from uvic.run.weights import file_sha256
 from uvic.sampling.assets import is_latent
-from uvic.sampling.checks import check_guidance, fid_label_draw
-from uvic.sampling.generate import distributed_state, effective_cfg_scale, sample_checkpoint
+from uvic.sampling.checks import check_guidance, effective_cfg_scale, fid_label_draw
+from uvic.sampling.generate import distributed_state, sample_checkpoint
 from uvic.sampling.images import save_images
 from uvic.sampling.labels import FIDLabels, fid_labels
 from uvic.validation import validate

@@ -27,7 +27,7 @@ from typing import Any
 
 from uvic.config import Config
 from uvic.evaluation.reference_split import ReferenceSplit, digest_order
-from uvic.sampling.checks import can_guide, fid_label_draw
+from uvic.sampling.checks import effective_cfg_scale, fid_label_draw
 
 # The paper's Table 3 and the U-ViT release's reported FIDs.
 PAPER_FID = {("U-ViT", "cifar10"): 3.39, ("U-ViT", "mscoco"): 5.99,
@@ -92,13 +92,6 @@ def reference_name(cfg: Config) -> str:
     return f"{stats}/{ev.ref_split}/{ev.ref_res}"
 
 
-def guidance_of(cfg: Config) -> float:
-    """The s of `eps = c + s (c - u)` that sampling applies: sample.cfg_scale for text-
-    and for class-conditional models trained with a null class (diffusion.p_uncond > 0),
-    else 0 (`uvic.sampling.checks.can_guide`, the rule sampling uses)."""
-    return cfg.sample.cfg_scale if can_guide(cfg) else 0.0
-
-
 def protocol_of(
     cfg: Config, n: int | None = None, features: str | None = None
 ) -> Protocol:
@@ -106,7 +99,7 @@ def protocol_of(
     `features` names a feature extractor other than eval.features' (tests)."""
     return Protocol(
         sampler=sampler_name(cfg), steps=cfg.sample.steps,
-        guidance=guidance_of(cfg),
+        guidance=effective_cfg_scale(cfg),
         n_samples=int(n if n is not None else cfg.eval.n_samples), fid_mode=cfg.eval.mode,
         reference=reference_name(cfg),
         features=features if features is not None else cfg.eval.features,

@@ -41,7 +41,7 @@ from uvic.pipelines.pipeline_uvit import UViTPipeline
 from uvic.run.architecture import ModelChoice, resolve_model
 from uvic.run.folder import RunFolder
 from uvic.sampling.assets import is_latent
-from uvic.sampling.generate import effective_cfg_scale
+from uvic.sampling.checks import effective_cfg_scale
 from uvic.sampling.load import load_model
 from uvic.validation import validate
 

@@ -64,6 +64,14 @@ def can_guide(cfg: Config) -> bool:
     return m.clip_dim > 0 or (m.num_classes > 0 and cfg.diffusion.p_uncond > 0)
 
 
+def effective_cfg_scale(cfg: Config) -> float:
+    """The guidance s of `eps = c + s (c - u)` for this config: `sample.cfg_scale` for
+    text-conditional models and for class-conditional ones trained with a null class
+    (`can_guide`), 0 for the others. (diffusers' `guidance_scale` is s + 1.) The one rule
+    of sampling and of the protocol a result records."""
+    return cfg.sample.cfg_scale if can_guide(cfg) else 0.0
+
+
 def conditioning(cfg: Config) -> str:
     """The model's conditioning in words, naming the fields that say so."""
     m = cfg.model

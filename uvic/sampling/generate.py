@@ -43,7 +43,7 @@ from uvic.diffusion.samplers import model_calls, run_sampler
 from uvic.diffusion.schedule import Diffusion
 from uvic.run.architecture import ModelChoice
 from uvic.sampling.assets import SamplingAssets, to_pixels
-from uvic.sampling.checks import PRECISIONS, can_guide, real_classes
+from uvic.sampling.checks import PRECISIONS, effective_cfg_scale, real_classes
 from uvic.sampling.compiled import compile_network, static_batch
 from uvic.sampling.labels import LabelFn
 from uvic.sampling.load import load_guide, load_model
@@ -161,13 +161,6 @@ def sample_images(
         eps_fn, diffusion, noise, scheduler=scheduler, steps=steps, order=order,
         scheduler_kwargs=scheduler_kwargs, generator=generator, progress=progress,
     )
-
-
-def effective_cfg_scale(cfg: Config) -> float:
-    """The guidance s of `eps = c + s (c - u)` for this config: `sample.cfg_scale` for
-    text-conditional models and for class-conditional ones trained with a null class
-    (`diffusion.p_uncond` > 0), 0 for the others. (diffusers' `guidance_scale` is s + 1.)"""
-    return cfg.sample.cfg_scale if can_guide(cfg) else 0.0
 
 
 def class_conditions(cfg: Config, indices: Sequence[int], device: torch.device | str = "cpu",
