@@ -27,7 +27,7 @@ from typing import Any
 
 from uvic.config import Config
 from uvic.evaluation.reference_split import ReferenceSplit, digest_order
-from uvic.sampling.checks import effective_cfg_scale, fid_label_draw
+from uvic.sampling.checks import effective_cfg_scale, fid_label_draw, label_draw
 
 # The paper's Table 3 and the U-ViT release's reported FIDs.
 PAPER_FID = {("U-ViT", "cifar10"): 3.39, ("U-ViT", "mscoco"): 5.99,
@@ -122,7 +122,9 @@ class ReleaseRow:
     U-ViC twin is `uvic`), the release's config file, the protocol the release evaluates it
     under (its eval script run with that config's `sample` section), the release's
     reference statistics file (`fid_stat` of its datasets.py; for ImageNet, ADM's
-    reference batches' mu and sigma), how it draws class labels, and the FID it reports."""
+    reference batches' mu and sigma), how it draws labels where the protocol does not say
+    (`labels`: unconditional rows, captions; class draws are the protocol's), and the FID
+    it reports."""
 
     key: str
     title: str
@@ -150,7 +152,8 @@ class ReleaseRow:
         guidance = (f"guidance s={p.guidance:g} (diffusers guidance_scale={self.guidance_scale:g})"
                     if p.guidance else "no guidance")
         return (f"{p.sampler}, {p.steps} steps, {guidance}, {p.n_samples} samples, "
-                f"labels: {self.labels}, the release's statistics: {self.release_stats}")
+                f"labels: {p.labels or self.labels}, the release's statistics: "
+                f"{self.release_stats}")
 
 
 def _release(sampler: str, steps: int, guidance: float, stats: str, res: int,
@@ -163,7 +166,7 @@ def _release(sampler: str, steps: int, guidance: float, stats: str, res: int,
 
 
 FAST_LOGSNR, FAST_TIME = "dpm_solver_fast_logsnr", "dpm_solver++_fast_time_uniform"
-UNIFORM, BY_COUNT = "uniform over 1000 classes", "1000 classes in training-set frequencies"
+UNIFORM, BY_COUNT = label_draw(1000, by_frequency=False), label_draw(1000, by_frequency=True)
 _IN64, _IN256, _IN512 = (f"fid_stats_imagenet{r}_guided_diffusion.npz" for r in (64, 256, 512))
 _CELEBA = "fid_stats_celeba64_train_50000_ddim.npz"
 # The release's rows (baofff/U-ViT: configs/*.py `sample`, eval.py / eval_ldm.py /
@@ -180,22 +183,22 @@ RELEASE_ROWS = {row.key: row for row in [
                _release("euler_maruyama", 1000, 0.0, _CELEBA, 64), _CELEBA, "none", 2.87),
     ReleaseRow("imagenet64_mid", "ImageNet 64, U-ViT-M/4", "imagenet64_uvit_mid",
                "configs/imagenet64_uvit_mid.py",
-               _release(FAST_LOGSNR, 50, 0.0, _IN64, 64, BY_COUNT), _IN64, BY_COUNT, 5.85),
+               _release(FAST_LOGSNR, 50, 0.0, _IN64, 64, BY_COUNT), _IN64, "", 5.85),
     ReleaseRow("imagenet64_large", "ImageNet 64, U-ViT-L/4", "imagenet64_uvit_large",
                "configs/imagenet64_uvit_large.py",
-               _release(FAST_LOGSNR, 50, 0.0, _IN64, 64, BY_COUNT), _IN64, BY_COUNT, 4.26),
+               _release(FAST_LOGSNR, 50, 0.0, _IN64, 64, BY_COUNT), _IN64, "", 4.26),
     ReleaseRow("imagenet256_large", "ImageNet 256, U-ViT-L/2", "imagenet256_uvit_large",
                "configs/imagenet256_uvit_large.py",
-               _release(FAST_LOGSNR, 50, 0.4, _IN256, 256, UNIFORM), _IN256, UNIFORM, 3.40),
+               _release(FAST_LOGSNR, 50, 0.4, _IN256, 256, UNIFORM), _IN256, "", 3.40),
     ReleaseRow("imagenet256_huge", "ImageNet 256, U-ViT-H/2", "imagenet256_uvit_huge",
                "configs/imagenet256_uvit_huge.py",
-               _release(FAST_TIME, 50, 0.4, _IN256, 256, UNIFORM), _IN256, UNIFORM, 2.29),
+               _release(FAST_TIME, 50, 0.4, _IN256, 256, UNIFORM), _IN256, "", 2.29),
     ReleaseRow("imagenet512_large", "ImageNet 512, U-ViT-L/4", "imagenet512_uvit_large",
                "configs/imagenet512_uvit_large.py",
-               _release(FAST_LOGSNR, 50, 0.7, _IN512, 512, UNIFORM), _IN512, UNIFORM, 4.67),
+               _release(FAST_LOGSNR, 50, 0.7, _IN512, 512, UNIFORM), _IN512, "", 4.67),
     ReleaseRow("imagenet512_huge", "ImageNet 512, U-ViT-H/4", "imagenet512_uvit_huge",
                "configs/imagenet512_uvit_huge.py",
-               _release(FAST_TIME, 50, 0.7, _IN512, 512, UNIFORM), _IN512, UNIFORM, 4.05),
+               _release(FAST_TIME, 50, 0.7, _IN512, 512, UNIFORM), _IN512, "", 4.05),
     ReleaseRow("mscoco", "MS-COCO 256 (text), U-ViT-S/2", "mscoco_uvit",
                "configs/mscoco_uvit_small.py", RELEASE["mscoco"], "fid_stats_mscoco256_val.npz",
                "the captions of random val images", 5.95),

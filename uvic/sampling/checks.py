@@ -99,8 +99,11 @@ def fid_label_draw(cfg: Config) -> str:
     class labels): in the training set's class frequencies (`FREQUENCY_LABEL_DATA`) or
     uniformly (`uvic.sampling.labels.FIDLabels` draws them)."""
     k = real_classes(cfg)
-    if k == 0:
-        return ""
-    if cfg.data.name in FREQUENCY_LABEL_DATA:
-        return f"{k} classes in training-set frequencies"
-    return f"uniform over {k} classes"
+    return label_draw(k, cfg.data.name in FREQUENCY_LABEL_DATA) if k else ""
+
+
+def label_draw(classes: int, by_frequency: bool) -> str:
+    """The words a protocol records for a draw of labels over `classes` classes."""
+    if by_frequency:
+        return f"{classes} classes in training-set frequencies"
+    return f"uniform over {classes} classes"
