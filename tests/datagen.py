@@ -37,6 +37,8 @@ import torchvision
 from diffusers import AutoencoderKL
 from PIL import Image
 
+from uvic.cli import smoke_data
+
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
                    "dog", "frog", "horse", "ship", "truck"]
 
@@ -174,15 +176,9 @@ def make_coco(root: str | Path, n_images: dict[str, int] | None = None,
 
 def tiny_vae(seed: int = 0) -> AutoencoderKL:
     """A random diffusers AutoencoderKL with the SD layout: 4 blocks (downsampling by 8),
-    4 latent channels, tiny widths. Encodes (B, 3, 64, 64) -> moments (B, 8, 8, 8)."""
-    torch.manual_seed(seed)
-    vae = AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4,
-        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=4,
-        sample_size=64,
-    )
-    return vae.eval()
+    4 latent channels, tiny widths. Encodes (B, 3, 64, 64) -> moments (B, 8, 8, 8). The
+    one `uvic-release-table --smoke` writes."""
+    return smoke_data.tiny_vae(seed)
 
 
 def tiny_vae_folder(path: str | Path, seed: int = 0) -> Path:

@@ -16,10 +16,14 @@ read by the same loaders as the real data (`uvic.data.imagenet`, `uvic.data.cele
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PIL import Image
 
 from uvic.data.datasets import render_shapes_image
+
+if TYPE_CHECKING:
+    from diffusers import AutoencoderKL
 
 WNIDS = ("n01440764", "n01443537", "n01484850")  # the first ILSVRC-2012 classes
 SIZES = ((72, 60), (48, 80), (64, 64), (96, 70))  # (width, height): the crops have work
@@ -54,19 +58,20 @@ def write_celeba(root: Path) -> None:
     (root / "list_eval_partition.txt").write_text("\n".join(lines) + "\n")
 
 
-def write_tiny_vae(folder: Path, seed: int = 0) -> None:
+def tiny_vae(seed: int = 0) -> AutoencoderKL:
     """A random diffusers AutoencoderKL in Stable Diffusion's layout (4 blocks: f8, 4 latent
-    channels) with tiny widths, saved with `save_pretrained`."""
+    channels) with tiny widths, in eval mode: (B, 3, 64, 64) -> moments (B, 8, 8, 8). The
+    smoke runs' autoencoder, and the tests'."""
     import torch
     from diffusers import AutoencoderKL
 
     torch.manual_seed(seed)
-    AutoencoderKL(
+    return AutoencoderKL(
         in_channels=3, out_channels=3, latent_channels=4,
         down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
         block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=4,
         sample_size=SMOKE_RESOLUTION,
-    ).save_pretrained(folder)
+    ).eval()
 
 
 def write_smoke_data(folder: Path) -> None:
@@ -78,7 +83,7 @@ def write_smoke_data(folder: Path) -> None:
         return
     write_imagenet(folder / "imagenet")
     write_celeba(folder / "celeba")
-    write_tiny_vae(folder / "vae")
+    tiny_vae().save_pretrained(folder / "vae")
     status = extract_imagenet.main([
         "--imagenet", str(folder / "imagenet"), "--out", str(folder / "imagenet_features"),
         "--resolution", str(SMOKE_RESOLUTION), "--vae", str(folder / "vae"),
