@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -94,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         report_error(f"error: {message}")
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as err:  # a run stopped on a signal saved its checkpoint first
+        return 128 + getattr(err, "signum", signal.SIGINT)
     if int(os.environ.get("RANK", "0")) == 0:  # once, not per process
         print(f"done: {run_dir}")
     return 0

@@ -12,6 +12,7 @@ The seeds themselves come from `uvic.seeds`.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 
 import torch
@@ -71,4 +72,13 @@ def seeded_loader(dataset: Dataset, seed: int, batch_size: int, num_workers: int
     return DataLoader(SeededItems(dataset, seed), batch_size=batch_size,
                       sampler=EpochSampler(len(dataset), seed), drop_last=True,
                       num_workers=num_workers, persistent_workers=num_workers > 0,
-                      pin_memory=pin_memory)
+                      pin_memory=pin_memory, worker_init_fn=leave_signals_to_the_trainer)
+
+
+def leave_signals_to_the_trainer(worker_id: int) -> None:
+    """DataLoader workers ignore SIGINT and SIGTERM, which a terminal and a scheduler send
+    to every process of a job: the training process stops them once it has saved its
+    checkpoint (`uvic.training.stop`), where a worker killed by the signal would end the
+    run with a DataLoader error first. (A worker still exits when its parent does.)"""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)

@@ -23,15 +23,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import re
 import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
 from uvic.run.files import atomic_write, fsync, fsync_tree
 from uvic.run.lock import RunLock
-from uvic.run.weights import CheckpointError, file_sha256
+from uvic.run.weights import CheckpointError, file_sha256, nonfinite_entry, nonfinite_message
 
 CHECKPOINT_PREFIX = "step_"  # checkpoints/step_000123/
 
@@ -254,24 +259,35 @@ def trainer_state(checkpoint: Path) -> dict[str, Any]:
 
 
 def checkpoint_problem(checkpoint: Path) -> str | None:
-    """None if every file of `checkpoint` reads back, else "<file>: <what is wrong>".
+    """None if every file of `checkpoint` reads back and holds finite values, else
+    "<file>: <what is wrong>".
 
-    Cheap structural checks, no tensors built: a safetensors file must be as long as its
-    header says; the torch.save files (optimizer, scheduler, RNG, EMA) are zip archives
-    whose every member must match its CRC; JSON files must parse.
+    Structure first: a safetensors file must be as long as its header says; the torch.save
+    files (optimizer, scheduler, RNG, EMA) are zip archives whose every member must match
+    its CRC; JSON files must parse. Then values: every floating-point tensor of the
+    weights and optimizer files must be finite (a resume must never start from NaN).
+    Files that hold more than tensors (Accelerate's RNG states) are checked for structure
+    only.
     """
     for path in sorted(checkpoint.iterdir()):
         if not path.is_file():
             continue
         try:
+            values: object = None
             if path.suffix == ".safetensors":
                 _check_safetensors(path)
+                values = load_file(str(path), device="cpu")
             elif path.suffix == ".json":
                 json.loads(path.read_text())
             elif path.suffix in (".bin", ".pkl", ".pt", ".pth"):
                 _check_zip(path)
-        except (ValueError, OSError, zipfile.BadZipFile) as err:
+                with contextlib.suppress(pickle.UnpicklingError):  # not tensors only
+                    values = torch.load(path, map_location="cpu", weights_only=True)
+        except (ValueError, OSError, zipfile.BadZipFile, SafetensorError) as err:
             return f"{path}: truncated or corrupt ({err})"
+        bad = nonfinite_entry(values)
+        if bad is not None:
+            return f"{path}: {nonfinite_message(bad)}"
     return None
 
 

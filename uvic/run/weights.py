@@ -93,7 +93,36 @@ def read_state_dict(path: str | Path, key: str | None = None) -> dict[str, Tenso
     else:
         raise CheckpointError(f"{path}: unknown checkpoint format {suffix!r} "
                               "(expected .pth, .pt or .safetensors)")
-    return strip_prefixes(_select_state_dict(obj, path, key))
+    state_dict = strip_prefixes(_select_state_dict(obj, path, key))
+    bad = nonfinite_entry(state_dict)
+    if bad is not None:
+        raise CheckpointError(f"{path}: {nonfinite_message(bad)}")
+    return state_dict
+
+
+def nonfinite_entry(obj: object, name: str = "") -> str | None:
+    """The name of the first floating-point tensor in `obj` (a tensor, or mappings and
+    sequences of them, as state dicts and optimizer states are) that holds NaN or inf;
+    None when every value is finite. Weights are checked where they are loaded: NaN bytes
+    in a file read back without an error and would otherwise pass as good weights."""
+    if isinstance(obj, Tensor):
+        return name if obj.is_floating_point() and not torch.isfinite(obj).all() else None
+    if isinstance(obj, Mapping):
+        items = obj.items()
+    elif isinstance(obj, list | tuple):
+        items = enumerate(obj)
+    else:
+        return None
+    for key, value in items:
+        found = nonfinite_entry(value, f"{name}.{key}" if name else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def nonfinite_message(name: str) -> str:
+    return (f"tensor {name!r} holds NaN or inf values (a corrupt file, or weights of a "
+            "diverged run)")
 
 
 def _select_state_dict(obj: object, path: Path, key: str | None) -> Mapping[str, Tensor]:

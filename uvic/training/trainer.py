@@ -13,9 +13,8 @@ started as an exact copy and updated after every optimizer step.
 Exact resumption: everything random in a step is a pure function of the seed and the
 position in the run (`uvic.data.order`: data order, item augmentations, noise), so a killed
 run continued from its last checkpoint reaches the same weights as an uninterrupted one.
-Checkpoints hold the model, EMA, optimizer, LR schedule, grad scaler (Accelerate's
-`save_state`) and the data position (`trainer_state.json`); `uvic.training.checkpoints`
-writes, finds and restores them.
+Checkpoints hold Accelerate's state (model, EMA, optimizer, LR schedule, grad scaler) and
+the data position; `uvic.training.checkpoints` writes, finds and restores them.
 
 Precision: `train.mixed_precision` when set, else the launcher's (`accelerate launch
 --mixed_precision`, `accelerate config`); accumulation and the seed come from the config.
@@ -27,21 +26,22 @@ several processes but got one (`make_accelerator`).
 
 The run folder (`train.output_dir`, layout in `uvic.run.folder`) gets config.json,
 log.jsonl, tensorboard/, sample grids of the EMA model from fixed noise, checkpoints (the
-last `train.keep_last`, and those of `train.keep_steps`), ema.safetensors and summary.json.
+last `train.keep_last`, those of `train.keep_steps`, and one when the run ends or stops on
+SIGINT/SIGTERM, `uvic.training.stop`), ema.safetensors and summary.json.
 
 Safety of the run folder: one run at a time (the lock); a fresh start over a previous run
 is refused unless `overwrite`; "latest" without a checkpoint is refused ("latest-or-new"
 starts the run); a resume refuses a changed model or seed and a train.max_steps below its
 step, applies and records (config.json `resumes`) every other change, and names a change
-of the LR schedule, so config.json describes what ran; a checkpoint with an unreadable file
-is named ("latest-intact" skips it); a failed write (disk full, read-only) is one line.
+of the LR schedule, so config.json describes what ran; a checkpoint with an unreadable or
+non-finite file is named ("latest-intact" skips it); a failed write is one line.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,7 +58,6 @@ from uvic.data.datasets import build_dataset, load_empty_context
 from uvic.data.order import seeded_loader
 from uvic.diffusion.schedule import Diffusion, diffusion_loss
 from uvic.models.uvit import build_model
-from uvic.run.files import write_json
 from uvic.run.folder import RunFolder
 from uvic.run.prepare import prepare_run_dir
 from uvic.sampling.generate import SampleGrid
@@ -74,6 +73,8 @@ from uvic.training.launch import (
     make_accelerator,
 )
 from uvic.training.optim import apply_optim_config, make_optimizer
+from uvic.training.stop import Interrupted, StopSignals
+from uvic.training.summary import logged_loss, write_summary
 from uvic.validation import validate
 
 
@@ -154,6 +155,9 @@ class Trainer:
         self.step, self.epoch = position.step, position.epoch
         self.batch_in_epoch, self.train_time = position.batch_in_epoch, position.train_time
         self.last_saved = self.step if self.resume_from is not None else -1
+        # the newest checkpoint known to be finite: the one resumed from (checked by
+        # `RunFolder.resolve_resume`) or the last one saved (checked before)
+        self.last_good: Path | None = self.resume_from
         if self.is_main:
             try:
                 prepare_run_dir(self.run, *self.start.recorded, self.step, self.overwrite,
@@ -171,80 +175,100 @@ class Trainer:
 
     def fit(self) -> Path:
         """Train up to `train.max_steps`, checkpoint, write summary.json; returns the run
-        folder."""
-        t, acc, clip = self.cfg.train, self.accelerator, self.cfg.optim.grad_clip
+        folder. On SIGINT/SIGTERM every process stops after the same step, saves its
+        checkpoint and raises `Interrupted` (`uvic.training.stop`)."""
         start_step, start_time = self.step, time.perf_counter()
-        batches = self._batches()
-        loss_sum = torch.zeros((), device=self.device)  # since the last log, on device
-        loss_steps = window_steps = 0
-        self.window_start = time.perf_counter()  # throughput window
-        self.last_loss: float | None = self._logged_loss()  # of the current step, if logged
-        grad_norm: Tensor | None = None
-        bar = tqdm(total=t.max_steps, initial=self.step, disable=not self.is_main,
+        bar = tqdm(total=self.cfg.train.max_steps, initial=self.step, disable=not self.is_main,
                    desc=self.cfg.name, dynamic_ncols=True)
         try:
-            while self.step < t.max_steps:
-                log_now = _every(self.step + 1, t.log_every) or self.step + 1 == t.max_steps
-                # One optimizer step over train.grad_accum micro-batches. The noise of
-                # micro-batch m comes from (seed, process, step, m): exact resumption.
-                step_loss = torch.zeros((), device=self.device)  # on device: no host sync
-                for micro in range(t.grad_accum):
-                    batch = next(batches)
-                    self.noise_generator.manual_seed(
-                        noise_seed(t.seed, acc.process_index, self.step, micro))
-                    with acc.accumulate(self.model):
-                        loss = diffusion_loss(self.model, self.diffusion, batch,
-                                              self.noise_generator,
-                                              empty_context=self.empty_context,
-                                              p_uncond=self.cfg.diffusion.p_uncond,
-                                              null_class=self.null_class)
-                        acc.backward(loss)
-                        if acc.sync_gradients and (clip > 0 or log_now):
-                            grad_norm = acc.clip_grad_norm_(self.model.parameters(),
-                                                            clip if clip > 0 else math.inf)
-                        self.optimizer.step()
-                        self.optimizer.zero_grad(set_to_none=True)
-                    step_loss += loss.detach()
-                if not acc.sync_gradients:
-                    raise RuntimeError("internal: optimizer step ended without gradient sync")
-                self.lr_scheduler.step()
-                self.ema.update(self.model)
-                self.step += 1
-                loss_sum += step_loss / t.grad_accum
-                loss_steps += 1
-                window_steps += 1
-                bar.update(1)
-
-                # Log (mean loss since the last log; stops on NaN), checkpoint, sample grid.
-                if log_now:
-                    elapsed = time.perf_counter() - self.window_start
-                    self._log(loss_sum, loss_steps, grad_norm, elapsed, window_steps, bar)
-                    self.train_time += elapsed
-                    loss_sum.zero_()
-                    loss_steps = window_steps = 0
-                    self.window_start = time.perf_counter()
-                pause = time.perf_counter()
-                if _every(self.step, t.ckpt_every) or self.step in t.keep_steps:
-                    self._save_checkpoint(loss_sum, loss_steps)
-                if _every(self.step, t.sample_every):
-                    self._sample_grid()
-                self.window_start += time.perf_counter() - pause  # saving/sampling: not training
-            if self.last_saved != self.step:
-                self._save_checkpoint(loss_sum, loss_steps)
-            trained = self.step > start_step
-            if trained and self.grid is not None and not _every(self.step, t.sample_every):
-                self._sample_grid()  # a grid of the final EMA weights
-            self._write_summary(start_step, time.perf_counter() - start_time)
-        except KeyboardInterrupt:
-            last = self.run.latest_checkpoint()
-            self._print(f"interrupted at step {self.step}; last checkpoint: "
-                        f"{last or 'none'} (continue with --resume latest)")
-            raise
+            with StopSignals(self.accelerator) as signals:  # recorded until the end
+                stop = self._train(signals, bar)
+                self._finish(start_step, time.perf_counter() - start_time, stop)
         finally:
             bar.close()
-            acc.end_training()  # flush and close the trackers
+            self.accelerator.end_training()  # flush and close the trackers
             self.lock.release()
         return self.run.root
+
+    def _train(self, signals: StopSignals, bar: tqdm) -> int:
+        """The steps up to train.max_steps, or up to the step after which every process
+        agrees to stop on a signal; returns that signal (0: none)."""
+        t, acc, clip = self.cfg.train, self.accelerator, self.cfg.optim.grad_clip
+        batches = self._batches()
+        self.unlogged_loss = torch.zeros((), device=self.device)  # summed, on device
+        self.unlogged_steps = window_steps = 0
+        self.window_start = time.perf_counter()  # throughput window
+        # the loss of the current step, if logged (a resume at a logged step)
+        self.last_loss = logged_loss(self.run, self.step) if self.is_main else None
+        grad_norm: Tensor | None = None
+        while self.step < t.max_steps:
+            log_now = _every(self.step + 1, t.log_every) or self.step + 1 == t.max_steps
+            # One optimizer step over train.grad_accum micro-batches. The noise of
+            # micro-batch m comes from (seed, process, step, m): exact resumption.
+            step_loss = torch.zeros((), device=self.device)  # on device: no host sync
+            for micro in range(t.grad_accum):
+                batch = next(batches)
+                self.noise_generator.manual_seed(
+                    noise_seed(t.seed, acc.process_index, self.step, micro))
+                with acc.accumulate(self.model):
+                    loss = diffusion_loss(self.model, self.diffusion, batch,
+                                          self.noise_generator,
+                                          empty_context=self.empty_context,
+                                          p_uncond=self.cfg.diffusion.p_uncond,
+                                          null_class=self.null_class)
+                    acc.backward(loss)
+                    if acc.sync_gradients and (clip > 0 or log_now):
+                        grad_norm = acc.clip_grad_norm_(self.model.parameters(),
+                                                        clip if clip > 0 else math.inf)
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+                step_loss += loss.detach()
+            if not acc.sync_gradients:
+                raise RuntimeError("internal: optimizer step ended without gradient sync")
+            self.lr_scheduler.step()
+            self.ema.update(self.model)
+            self.step += 1
+            self.unlogged_loss += step_loss / t.grad_accum
+            self.unlogged_steps += 1
+            window_steps += 1
+            bar.update(1)
+
+            # Log (mean loss since the last log; stops on NaN), checkpoint, sample grid.
+            if log_now:
+                elapsed = time.perf_counter() - self.window_start
+                self._log(grad_norm, elapsed, window_steps, bar)
+                self.train_time += elapsed
+                self.unlogged_loss.zero_()
+                self.unlogged_steps = window_steps = 0
+                self.window_start = time.perf_counter()
+            pause = time.perf_counter()
+            if _every(self.step, t.ckpt_every) or self.step in t.keep_steps:
+                self._save_checkpoint()
+            if _every(self.step, t.sample_every):
+                self._sample_grid()
+            self.window_start += time.perf_counter() - pause  # saving/sampling: not training
+            stop = signals.agreed()
+            if stop and self.step < t.max_steps:
+                return stop
+        return 0
+
+    def _finish(self, start_step: int, wall_time: float, stop: int) -> None:
+        """What every process does when the steps end (each takes part in the checkpoint
+        and the grid's synchronisation): the checkpoint of the last step unless it has one;
+        then, at train.max_steps, the grid of the final EMA weights and summary.json; on a
+        signal, `Interrupted` naming the checkpoint to continue from."""
+        if self.last_saved != self.step:
+            self._save_checkpoint()
+        if stop:
+            message = (f"stopped by {signal.Signals(stop).name} at step {self.step}; saved "
+                       f"{self.last_good} (continue with --resume latest)")
+            self._print(message)
+            raise Interrupted(stop, message)
+        t = self.cfg.train
+        if self.step > start_step and t.sample_every > 0 and not _every(self.step,
+                                                                         t.sample_every):
+            self._sample_grid()  # a grid of the final EMA weights
+        self._write_summary(start_step, wall_time)
 
     def _batches(self) -> Iterator[dict[str, Tensor]]:
         """Batches forever, epoch after epoch, from the current data position."""
@@ -261,19 +285,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ logging
 
-    def _log(self, loss_sum: Tensor, loss_steps: int, grad_norm: Tensor | None,
-             elapsed: float, steps: int, bar: tqdm) -> None:
+    def _log(self, grad_norm: Tensor | None, elapsed: float, steps: int, bar: tqdm) -> None:
         """Mean loss over processes and steps since the last log; stop on NaN/inf."""
-        loss = self.accelerator.reduce(loss_sum, reduction="mean").item() / max(loss_steps, 1)
+        loss = (self.accelerator.reduce(self.unlogged_loss, reduction="mean").item()
+                / max(self.unlogged_steps, 1))
         images_per_s = steps * self.cfg.train.batch_size / max(elapsed, 1e-9)
-        record = {
-            "step": self.step,
-            "loss": loss,
-            "lr": self.lr_scheduler.get_last_lr()[0],
-            "grad_norm": grad_norm.item() if grad_norm is not None else None,
-            "images_per_s": images_per_s,
-            "time": time.time(),
-        }
+        record = {"step": self.step, "loss": loss, "lr": self.lr_scheduler.get_last_lr()[0],
+                  "grad_norm": grad_norm.item() if grad_norm is not None else None,
+                  "images_per_s": images_per_s, "time": time.time()}
         self.last_loss = loss
         if self.is_main:
             with open(self.run.log, "a") as f:
@@ -285,7 +304,7 @@ class Trainer:
             self._diverged(f"loss is {loss} at step {self.step}")
 
     def _diverged(self, what: str) -> None:
-        last = self.run.latest_checkpoint()
+        last = self.last_good
         kept = f"the last good checkpoint {last} is kept" if last else "no checkpoint yet"
         raise TrainError(f"{what}; stopping ({kept}; try a lower optim.lr or "
                          "optim.grad_clip > 0)")
@@ -296,24 +315,25 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _check_finite(self, loss_sum: Tensor, loss_steps: int) -> None:
+    def _check_finite(self) -> None:
         """Never save NaN/inf: check the loss since the last log and every weight."""
-        if loss_steps:
-            loss = self.accelerator.reduce(loss_sum, reduction="mean").item() / loss_steps
+        if self.unlogged_steps:
+            loss = (self.accelerator.reduce(self.unlogged_loss, reduction="mean").item()
+                    / self.unlogged_steps)
             if not math.isfinite(loss):
-                self._diverged(f"loss is {loss} (mean of steps {self.step - loss_steps + 1}-"
-                               f"{self.step})")
+                self._diverged(f"loss is {loss} (mean of steps "
+                               f"{self.step - self.unlogged_steps + 1}-{self.step})")
         params = [*self.model.parameters(), *self.ema.model.parameters()]
         if not torch.stack([torch.isfinite(p).all() for p in params]).all().item():
             self._diverged(f"non-finite weights at step {self.step}")
 
-    def _save_checkpoint(self, loss_sum: Tensor, loss_steps: int) -> None:
+    def _save_checkpoint(self) -> None:
         """The checkpoint of the current step (`uvic.training.checkpoints.save_checkpoint`),
         never of NaN/inf weights."""
-        self._check_finite(loss_sum, loss_steps)
+        self._check_finite()
         save_checkpoint(self.accelerator, self.run, self.cfg, self.step, self.model,
                         self.ema.model, self.start.recorded, self._trainer_state)
-        self.last_saved = self.step
+        self.last_saved, self.last_good = self.step, self.run.checkpoint(self.step)
 
     def _trainer_state(self) -> dict[str, Any]:
         """What a checkpoint records of the run besides Accelerate's state (trainer_state.json)."""
@@ -357,40 +377,12 @@ class Trainer:
         self.accelerator.wait_for_everyone()
 
     def _write_summary(self, start_step: int, wall_time: float) -> None:
-        """summary.json of the run at its current step; a session that trained nothing
-        keeps the summary a previous session wrote at this step."""
-        if not self.is_main:
-            return
-        previous = self.run.summary
-        if self.step == start_step and previous.is_file():
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                if json.loads(previous.read_text())["steps"] == self.step:
-                    return
-        step_time = self.train_time / self.step if self.step else float("nan")
-        write_json(self.run.summary, {
-            "steps": self.step,
-            "steps_this_session": self.step - start_step,
-            "final_loss": self.last_loss,
-            "mean_step_time_s": step_time,
-            "images_per_s": self.cfg.train.batch_size / step_time if self.step else float("nan"),
-            "wall_time_s": wall_time,
-            "num_processes": self.accelerator.num_processes,
-            "global_batch": self.cfg.train.batch_size,
-            "resumed_from": str(self.resume_from) if self.resume_from else None,
-            "launch": self.launch,
-        })
-
-    def _logged_loss(self) -> float | None:
-        """The loss log.jsonl holds for the current step (a resume at a logged step)."""
-        path = self.run.log
-        if not self.is_main or not path.is_file():
-            return None
-        lines = path.read_text().splitlines()
-        with contextlib.suppress(ValueError, KeyError, TypeError, IndexError):
-            record = json.loads(lines[-1])
-            if record["step"] == self.step:
-                return record["loss"]
-        return None
+        if self.is_main:
+            write_summary(self.run, self.step, start_step, self.train_time, self.last_loss, {
+                "wall_time_s": wall_time, "num_processes": self.accelerator.num_processes,
+                "global_batch": self.cfg.train.batch_size,
+                "resumed_from": str(self.resume_from) if self.resume_from else None,
+                "launch": self.launch})
 
 
 # --------------------------------------------------------------------------- helpers
