@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2",
         "model.attention_backend=torch", "data.num_images=16", "data.num_workers=0",
         "train.batch_size=4", "train.sample_every=0", "train.ckpt_every=100",
-        "optim.lr=1e-3", "optim.warmup_steps=2", "train.max_steps=6", "train.log_every=1"]
+        "optim.lr=1e-3", "optim.warmup_steps=2", "train.max_steps=6", "train.log_every=1",
+        "sample.autoguidance_scale=0"]
 
 
 @pytest.fixture(autouse=True)

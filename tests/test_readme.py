@@ -582,6 +582,7 @@ class Assets:
             for preset in ("uvit", "uvic"):
                 self.train("quickstart.py", f"quickstart/{preset}", f"model.attention={preset}",
                            "model.attention_backend=torch", "train.max_steps=2",
+                           "sample.autoguidance_scale=0",
                            "data.num_images=64")
 
     def make_prompts(self) -> None:

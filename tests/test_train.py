@@ -28,7 +28,7 @@ from accelerate.utils import set_seed
 from conftest import load_script
 from datagen import make_cifar10, make_mscoco_features, patch_cifar10_checksums, tiny_vae_folder
 from record_batches import read_records, recording_loss
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import uvic.training.checkpoints as checkpoints_module
 import uvic.training.trainer as train_module
@@ -41,7 +41,7 @@ from uvic.run.architecture import stored_model_config
 from uvic.run.folder import RunFolder, checkpoint_problem
 from uvic.run.lock import LOCK_FILE
 from uvic.run.prepare import config_history
-from uvic.run.weights import load_weights
+from uvic.run.weights import CheckpointError, load_weights
 from uvic.seeds import derive_seed, noise_seed
 from uvic.training.ema import EMA
 from uvic.training.launch import make_accelerator
@@ -59,7 +59,8 @@ TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.patch
         "data.num_workers=0", "train.mixed_precision=no", "train.sample_every=0",
         "sample.steps=2", "train.n_grid=2",
         # the release's 32x32, constant LR and DPM-Solver, not the quickstart's demo settings
-        "model.img_size=32", "optim.lr_schedule=constant", "sample.scheduler=dpm_solver++"]
+        "model.img_size=32", "optim.lr_schedule=constant", "sample.scheduler=dpm_solver++",
+        "sample.autoguidance_scale=0"]  # no guide: it would be the step-1000 checkpoint
 
 
 def shapes_overrides(out: Path, *extra: str) -> list[str]:
@@ -948,6 +949,79 @@ def test_truncated_latest_checkpoint_is_named_and_can_be_skipped(
     assert "resumed from" in said and "step_000003 at step 3" in said
     assert [c.name for c in RunFolder(out).checkpoints()] == ["step_000006", "step_000009"]
     assert checkpoint_problem(out / "checkpoints" / "step_000006") is None  # rewritten
+
+
+def poison(path: Path) -> str:
+    """Write NaN into the first element of the largest tensor of a safetensors file, as
+    bad bytes would (the file stays well-formed); returns that tensor's name."""
+    tensors = load_file(path)
+    name = max(tensors, key=lambda k: tensors[k].numel())
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, path)
+    return name
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ([], "(step 1000) would never be written with train.max_steps=6"),
+    (["train.max_steps=1000"], "(step 1000) is the final model with train.max_steps=1000"),
+    (["train.keep_steps=[]"], "is neither a checkpoint this run keeps (train.keep_steps=[]"),
+])
+def test_a_guide_the_run_will_not_write_is_refused_before_training(tmp_path, capsys, extra,
+                                                                   needle):
+    """Issue 30: the quickstart preset guides its samples with the step-1000 checkpoint; a
+    shorter run would train, then fail when sampled. uvic-train says so before any step,
+    with the rule of uvic-quickstart (one rule: uvic.run.prepare.check_guide)."""
+    out = tmp_path / "run"
+    err = cli_error(capsys, out, "train.max_steps=6", "sample.autoguidance_scale=1.0", *extra)
+    assert err.startswith("error: sample.autoguidance_ckpt='checkpoints/step_001000/ema."
+                          "safetensors' ") and needle in err, err
+    assert not out.exists()
+    guide = tmp_path / "guide.safetensors"  # a guide from elsewhere that exists: accepted
+    guide.write_bytes(b"read when the run is sampled")
+    train(shapes_config(out, "train.max_steps=1", "sample.autoguidance_scale=1.0",
+                        f"sample.autoguidance_ckpt={guide}"))
+
+
+def test_nan_weights_in_a_checkpoint_are_refused_and_skipped(tmp_path, capsys, six_step_run):
+    """Issue 30: NaN bytes in the latest checkpoint's weights: --resume latest names the file
+    and tensor (no training on them); latest-intact continues from step 3; a divergence
+    afterwards names the checkpoint that was checked, not the newest one."""
+    out = tmp_path / "run"
+    shutil.copytree(six_step_run, out)
+    path = out / "checkpoints" / "step_000006" / "model.safetensors"
+    tensor = poison(path)
+    before = snapshot(out)
+    err = cli_error(capsys, out, "train.max_steps=9", resume="latest")
+    assert err == (f"error: cannot resume from {path}: tensor {tensor!r} holds NaN or inf "
+                   "values (a corrupt file, or weights of a diverged run); --resume "
+                   "latest-intact falls back to the newest intact one (of step_000003)")
+    assert snapshot(out) == before
+    with pytest.raises(TrainError, match=r"loss is nan .*the last good checkpoint "
+                       r".*step_000003 is kept"):
+        with pytest.MonkeyPatch.context() as patch:
+            real_loss = train_module.diffusion_loss
+            patch.setattr(train_module, "diffusion_loss",
+                          lambda *a, **k: real_loss(*a, **k) * float("nan"))
+            train(shapes_config(out, "train.max_steps=9", "train.ckpt_every=100"),
+                  resume="latest-intact")
+
+
+def test_nan_weights_are_refused_where_they_are_loaded(tmp_path, capsys, six_step_run):
+    """Sampling NaN EMA weights would write a black grid: the load names file and tensor."""
+    ema = tmp_path / "ema.safetensors"
+    shutil.copyfile(six_step_run / "ema.safetensors", ema)
+    tensor = poison(ema)
+    model = build_model(shapes_config(tmp_path / "unused").model)
+    with pytest.raises(CheckpointError, match=rf"{ema}: tensor '{tensor}' holds NaN or inf"):
+        load_weights(model, ema)
+    sample = load_script("scripts/sample.py")
+    capsys.readouterr()
+    assert sample.main(["--ckpt", str(ema), "--config", str(REPO / "configs" / "quickstart.py"),
+                        *[f"--set={o}" for o in TINY], "--n", "2",
+                        "--out", str(tmp_path / "samples")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and f"tensor '{tensor}' holds NaN or inf" in err
+    assert not (tmp_path / "samples").exists()
 
 
 @pytest.mark.parametrize("override, needle", [

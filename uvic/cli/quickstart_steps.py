@@ -44,6 +44,7 @@ from uvic.evaluation.quality import quality_figures
 from uvic.presets import preset_path
 from uvic.run.files import write_json
 from uvic.run.folder import RunFolder
+from uvic.run.prepare import check_guide
 from uvic.sampling.assets import to_pixels
 from uvic.sampling.generate import sample_checkpoint
 from uvic.sampling.images import save_comparison_grid
@@ -75,31 +76,6 @@ def build_config(args: argparse.Namespace) -> Config:
     cfg = load_config(preset_path("quickstart"), overrides)
     check_guide(cfg)
     return cfg
-
-
-def check_guide(cfg: Config) -> None:
-    """The quickstart samples right after training, so an autoguidance model must be a
-    checkpoint the run itself keeps, and an earlier one than the final model (guided by
-    itself, a model's eps does not change: twice the sampling time for nothing). Say so
-    before minutes of training, not after."""
-    s, t = cfg.sample, cfg.train
-    if s.autoguidance_scale == 0:
-        return
-    kept = {str(RunFolder("").checkpoint(step) / RunFolder.EMA): step for step in t.keep_steps}
-    step = kept.get(s.autoguidance_ckpt)
-    fix = ("point it at checkpoints/step_N/ema.safetensors for a step N in train.keep_steps "
-           "below train.max_steps, or set sample.autoguidance_scale=0")
-    if step is None:
-        raise ConfigError(
-            f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r} is not a checkpoint this run "
-            f"keeps (train.keep_steps={list(t.keep_steps)}, train.max_steps={t.max_steps}); "
-            + fix)
-    if step >= t.max_steps:
-        final = "is the final model" if step == t.max_steps else "would never be written"
-        raise ConfigError(
-            f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r} (step {step}) {final} with "
-            f"train.max_steps={t.max_steps}: a model guided by itself samples as unguided, "
-            "at twice the cost; " + fix)
 
 
 def make_deterministic(threads: int) -> None:

@@ -59,7 +59,7 @@ from uvic.data.order import seeded_loader
 from uvic.diffusion.schedule import Diffusion, diffusion_loss
 from uvic.models.uvit import build_model
 from uvic.run.folder import RunFolder
-from uvic.run.prepare import prepare_run_dir
+from uvic.run.prepare import check_guide, prepare_run_dir
 from uvic.sampling.generate import SampleGrid
 from uvic.sampling.images import save_grid
 from uvic.seeds import noise_seed
@@ -94,6 +94,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, resume: str | None = None, overwrite: bool = False) -> None:
         self.cfg = validate(cfg)
+        check_guide(cfg)  # the guide its samples will need: a checkpoint the run keeps
         if overwrite and resume is not None:
             raise ConfigError(f"--overwrite replaces a run and --resume {resume} continues "
                               "it: pass one of them")
