@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +19,7 @@ import numpy as np
 import open_clip
 import pytest
 import torch
+import torchvision
 from datagen import (
     fake_cifar10_checksums,
     make_cifar10,
@@ -107,6 +109,41 @@ def test_cifar10_missing_or_corrupt_gives_clear_error(tmp_path: Path,
     # fake files without the patched checksums fail torchvision's MD5 check
     with pytest.raises(DatasetError, match="MD5"):
         build_dataset(make_cfg("data.name=cifar10", f"data.root={cifar.root}"))
+
+
+@pytest.mark.parametrize("damage, needle", [
+    ("no_data_key", "data_batch_2 lacks the key(s) data"),
+    ("not_a_pickle", "data_batch_2 is not a readable pickle"),
+])
+def test_cifar10_malformed_batch_names_the_file(tmp_path: Path, damage: str,
+                                                needle: str) -> None:
+    """Issue 30: a CIFAR-10 batch that passes the MD5 check but is not what torchvision reads
+    (e.g. written by hand) was a raw KeyError: 'data'; it is one line naming the file."""
+    make_cifar10(tmp_path)
+    batch = tmp_path / "cifar-10-batches-py" / "data_batch_2"
+    if damage == "no_data_key":
+        batch.write_bytes(pickle.dumps({"labels": [0], "pixels": b"\0"}))
+    else:
+        batch.write_bytes(b"not a pickle")
+    with fake_cifar10_checksums(tmp_path), pytest.raises(DatasetError) as err:
+        build_dataset(make_cfg("data.name=cifar10", f"data.root={tmp_path}"))
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    assert str(batch) in str(err.value)
+
+
+def test_cifar10_failed_download_does_not_advise_downloading(tmp_path: Path,
+                                                            monkeypatch) -> None:
+    """Offline, data.download=true fails: the advice is to copy the files, not to pass the
+    setting that just failed."""
+    def offline(*args, **kwargs):
+        raise OSError("no network")
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "download", offline)
+    with pytest.raises(DatasetError) as err:
+        build_dataset(make_cfg("data.name=cifar10", f"data.root={tmp_path}",
+                               "data.download=true"))
+    message = str(err.value)
+    assert message.startswith(f"CIFAR-10 download to {tmp_path} failed (no network)")
+    assert "data.download=true" not in message and "cifar-10-python.tar.gz" in message
 
 
 def test_dataset_shape_must_fit_the_model(cifar: SimpleNamespace) -> None:

@@ -24,6 +24,7 @@ MS-COCO features are written by ``scripts/extract_mscoco_features.py`` in this l
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ PROGRESS_FILE = "progress.json"
 EXTRACT_HINT = "run `python scripts/extract_mscoco_features.py --coco data/coco --out {root}`"
 
 CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 
 
 # --------------------------------------------------------------------------- CIFAR-10
@@ -75,6 +77,8 @@ class CIFAR10Images(Dataset):
             self.data = datasets.CIFAR10(root=str(root), train=train, download=download)
         except (RuntimeError, OSError) as err:  # torchvision: not found/corrupted; no network
             raise DatasetError(_cifar10_problem(root, download, err)) from err
+        except (pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError) as err:
+            raise DatasetError(_cifar10_unreadable(root, err)) from err  # passed the MD5 check
         ops: list[Any] = [transforms.RandomHorizontalFlip()] if flip else []
         ops += [transforms.ToTensor(), transforms.Normalize((0.5,) * 3, (0.5,) * 3)]
         self.transform = transforms.Compose(ops)
@@ -91,14 +95,33 @@ class CIFAR10Images(Dataset):
 def _cifar10_problem(root: Path, download: bool, err: Exception) -> str:
     folder = root / "cifar-10-batches-py"
     missing = [name for name in CIFAR10_FILES if not (folder / name).is_file()]
-    how = "pass --set data.download=true or copy the extracted cifar-10-batches-py folder there"
+    copy = f"copy the extracted cifar-10-batches-py folder there (from {CIFAR10_URL})"
+    how = f"pass --set data.download=true or {copy}"
     if download:
-        return f"CIFAR-10 download to {root} failed ({err}); {how}"
+        return f"CIFAR-10 download to {root} failed ({err}); without a network, {copy}"
     if missing:
         return (f"CIFAR-10 not found: {folder} lacks {', '.join(missing)} (expected "
                 f"data_batch_1..5, test_batch, batches.meta); {how}")
     return (f"CIFAR-10 files in {folder} fail torchvision's MD5 check (corrupted or not the "
             f"official python version); {how}")
+
+
+def _cifar10_unreadable(root: Path, err: Exception) -> str:
+    """The CIFAR-10 file that does not unpickle to what torchvision reads from it (a batch:
+    'data' and 'labels'; the metadata: 'label_names'), named with what is wrong."""
+    folder = root / "cifar-10-batches-py"
+    for name in CIFAR10_FILES:
+        keys = ("label_names",) if name == "batches.meta" else ("data", "labels")
+        try:
+            with open(folder / name, "rb") as f:
+                entry = pickle.load(f, encoding="latin1")
+            lacking = [key for key in keys if key not in entry]
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError) as bad:
+            return f"CIFAR-10 file {folder / name} is not a readable pickle ({bad})"
+        if lacking:
+            return (f"CIFAR-10 file {folder / name} lacks the key(s) {', '.join(lacking)} "
+                    "(not the official python version of the data)")
+    return f"CIFAR-10 files in {folder} cannot be read ({type(err).__name__}: {err})"
 
 
 # --------------------------------------------------------------------------- Shapes
