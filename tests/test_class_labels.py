@@ -36,7 +36,14 @@ from uvic.presets import preset_path
 from uvic.run.weights import save_safetensors
 from uvic.sampling.generate import generate
 from uvic.sampling.images import save_grid, to_uint8
-from uvic.sampling.labels import LABEL_STREAM, FIDLabels, fid_labels
+from uvic.sampling.labels import (
+    LABEL_STREAM,
+    FIDLabels,
+    class_caption,
+    class_names,
+    fid_labels,
+    resolve_class_labels,
+)
 
 N_DRAWS = 30_000
 
@@ -252,13 +259,40 @@ def test_a_single_captioned_image_makes_a_grid(tmp_path: Path) -> None:
     np.testing.assert_array_equal(pixels, to_uint8(image)[0].numpy())
 
 
-def test_sample_class_labels_must_be_integers(tmp_path: Path, sample_main, capsys) -> None:
+def test_sample_class_labels_must_be_numbers_or_wordnet_ids(tmp_path: Path, sample_main,
+                                                           capsys) -> None:
     with pytest.raises(SystemExit) as stop:
         sample_main(["--config", "c.py", "--ckpt", "m.pth", "--out", "o",
                      "--class-labels", "207,tench"])
     assert stop.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
-        "argument --class-labels: 'tench' is not an integer (give ids like 207,360,387)")
+        "argument --class-labels: 'tench' is neither a class number nor a WordNet id (give "
+        "ids like 207,360 or n01440764)")
+
+
+def test_wordnet_ids_name_imagenet_classes(tmp_path: Path) -> None:
+    """Issue 30: ImageNet's class folders are named by WordNet id, and so may the classes
+    of --class-labels be: by the training folders where data.root has them (their sorted
+    order is the label order), else by ILSVRC-2012's 1000; grid captions carry the id and,
+    where ImageNet knows it, the name."""
+    root = tmp_path / "imagenet"
+    for wnid in ("n01530575", "n01440764", "n01443537"):  # written unsorted
+        (root / "train" / wnid).mkdir(parents=True)
+    cfg = tiny(4, 0.1, **{"data.name": "imagenet", "data.root": str(root)})
+    assert class_names(cfg) == ["n01440764", "n01443537", "n01530575"]
+    assert resolve_class_labels(cfg, ["n01530575", 0]) == [2, 0]
+    assert class_caption(0, class_names(cfg)) == "class 0 n01440764 tench"
+    assert class_caption(2, None) == "class 2"
+    with pytest.raises(ValueError, match=r"--class-labels n09999999 is not one of the 3 "):
+        resolve_class_labels(cfg, ["n09999999"])
+
+    release = tiny(1001, 0.1, **{"data.name": "imagenet_features",
+                                 "data.root": str(tmp_path / "nowhere")})
+    assert resolve_class_labels(release, ["n01440764", "n02099601"]) == [0, 207]
+    assert class_caption(207, class_names(release)) == "class 207 n02099601 golden retriever"
+    with pytest.raises(ValueError, match="tiny_classes has no WordNet class names "
+                       r"\(data.name='shapes'\); give class numbers"):
+        resolve_class_labels(tiny(), ["n01440764"])
 
 
 def test_fid_refuses_guidance_on_an_unconditional_model(tmp_path: Path, capsys) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
 
 def positive_int(text: str) -> int:
@@ -38,13 +39,12 @@ def unit_float(text: str) -> float:
     return value
 
 
-def int_list(text: str) -> list[int]:
-    """argparse type: comma-separated integers, e.g. `207,360,387`."""
+def class_list(text: str) -> list[int | str]:
+    """argparse type: comma-separated class ids, numbers or WordNet ids (`207,n01440764`)."""
     words = [w.strip() for w in text.split(",")]
-    try:
-        values = [int(w) for w in words]
-    except ValueError:
-        bad = next(w for w in words if not w.lstrip("-").isdigit())
-        raise argparse.ArgumentTypeError(f"{bad!r} is not an integer (give ids like "
-                                         "207,360,387)") from None
-    return values
+    bad = [w for w in words if not re.fullmatch(r"-?\d+|n\d{8}", w)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{bad[0]!r} is neither a class number nor a WordNet "
+                                         "id (give ids like 207,360 or n01440764)")
+    return [w if w.startswith("n") else int(w) for w in words]
+

@@ -31,9 +31,11 @@ and where it came from, and names the `--config` model values it did not use. A
 Several checkpoints of a side-by-side may differ (U-ViT and U-ViC) but must take the same
 inputs (image size, channels, conditioning).
 
-A class-conditional model shows each `--class-labels` id in a grid row of n // #ids
-images (at least one), as `--prompts` does with prompts; without them image i shows class
-i mod K (its K classes). The grid captions each row's class, which a line printed at the
+A class-conditional model shows each `--class-labels` id (a number, or for ImageNet a
+WordNet id such as n01440764, its class folder's name) in a grid row of n // #ids images
+(at least one), as `--prompts` does with prompts; without them image i shows class
+i mod K (its K classes). The grid captions each row's class (with its WordNet id and name
+for ImageNet), which a line printed at the
 start and `sample_config.json` (`class_labels`, one per image) list too. `--class-labels`
 for a model without class labels, an id outside [0, K), and a nonzero `--cfg-scale` (or
 `--set sample.cfg_scale`) for a model that cannot be guided stop with one line.
@@ -50,7 +52,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from uvic.cli import int_list, positive_int
+from uvic.cli import class_list, positive_int
 from uvic.cli.config_options import add_config_options
 from uvic.cli.sampler_options import add_sampler_options, guidance_option, sampler_overrides
 
@@ -62,9 +64,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="checkpoint (.safetensors or .pth); repeat for a side-by-side grid")
     p.add_argument("--label", action="append", help="grid label per --ckpt (same order)")
     p.add_argument("--prompts", help="text-to-image: file with one prompt per line")
-    p.add_argument("--class-labels", type=int_list, metavar="ID,ID,...",
-                   help="class-conditional: class ids to show, n // #ids images each, one "
-                   "grid row per id (default: image i shows class i mod K)")
+    p.add_argument("--class-labels", type=class_list, metavar="ID,ID,...",
+                   help="class-conditional: classes to show, by number or ImageNet WordNet id "
+                   "(n01440764), n // #ids images each, one grid row per id (default: image i "
+                   "shows class i mod K)")
     p.add_argument("--n", "--num-samples", dest="n", type=int, default=64,
                    help="number of images (default 64)")
     p.add_argument("--nrow", type=positive_int, help="images per grid row")

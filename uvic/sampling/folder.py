@@ -27,7 +27,7 @@ from uvic.sampling.assets import SamplingAssets, prompt_contexts, read_prompts, 
 from uvic.sampling.checks import check_guidance, effective_cfg_scale
 from uvic.sampling.generate import distributed_state, sample_checkpoint
 from uvic.sampling.images import save_comparison_grid, save_grid, save_images, to_uint8
-from uvic.sampling.labels import LabelFn, label_fn, shown_labels
+from uvic.sampling.labels import LabelFn, class_caption, class_names, label_fn, shown_labels
 from uvic.validation import validate
 
 
@@ -85,13 +85,14 @@ class _Prompts:
 
 
 def _classes(cfg: Config, n: int, nrow: int | None,
-             class_labels: Sequence[int] | None) -> _Prompts:
+             class_labels: Sequence[int | str] | None) -> _Prompts:
     """The class of each image (`shown_labels`: each of `class_labels` gets max(1, n //
     #labels) images, one grid row each; without them image i shows class i mod K), with
     the classes as grid captions."""
     labels, per_label = shown_labels(cfg, n, class_labels)
     nrow = nrow or (per_label if per_label > 1 else math.ceil(math.sqrt(len(labels))))
-    captions = [f"class {y}" for y in labels[::per_label]]
+    names = class_names(cfg)
+    captions = [class_caption(y, names) for y in labels[::per_label]]
     return _Prompts(len(labels), nrow, captions=captions, labels=labels,
                     label_fn=label_fn(labels))
 

@@ -16,7 +16,10 @@ path's `context_fn`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +33,7 @@ from uvic.data.imagenet import read_class_folders
 from uvic.sampling.checks import FREQUENCY_LABEL_DATA, conditioning, fid_label_draw, real_classes
 
 LabelFn = Callable[[Sequence[int]], torch.Tensor]
+WNID = re.compile(r"n\d{8}")  # a WordNet id: ImageNet's class folder names
 LABEL_STREAM = 2  # FID's per-sample generators: [seed, i, 2] (captions use stream 1)
 
 
@@ -48,16 +52,68 @@ def check_class_labels(cfg: Config, labels: Sequence[int]) -> None:
                              f"{k} classes{null})")
 
 
-def shown_labels(cfg: Config, n: int, labels: Sequence[int] | None) -> tuple[list[int], int]:
+def class_names(cfg: Config) -> list[str] | None:
+    """The WordNet id of each class of an ImageNet model, in label order: the names of the
+    class folders of `<data.root>/train` where they are (sorted, as `read_class_folders`
+    labels them), else ILSVRC-2012's 1000 in the same order (timm's ImageNetInfo); None for
+    other data, or when the count is not the model's."""
+    if not cfg.data.name.startswith("imagenet"):
+        return None
+    folder = Path(cfg.data.root) / "train"
+    if folder.is_dir():
+        with os.scandir(folder) as entries:
+            names = sorted(e.name for e in entries if e.is_dir() and WNID.fullmatch(e.name))
+    else:
+        from timm.data import ImageNetInfo
+
+        names = list(ImageNetInfo().label_names())
+    return names if len(names) == real_classes(cfg) else None
+
+
+def resolve_class_labels(cfg: Config, labels: Sequence[int | str]) -> list[int]:
+    """`--class-labels` as class ids: numbers as given, WordNet ids (n01440764, the names
+    of ImageNet's class folders) by `class_names`; checked (`check_class_labels`)."""
+    names = class_names(cfg) if any(isinstance(label, str) for label in labels) else None
+    ids = []
+    for label in labels:
+        if isinstance(label, int):
+            ids.append(label)
+        elif names is None:
+            raise ValueError(f"--class-labels {label}: {cfg.name} has no WordNet class names "
+                             f"(data.name={cfg.data.name!r}); give class numbers")
+        elif label not in names:
+            raise ValueError(f"--class-labels {label} is not one of the {len(names)} classes "
+                             f"of {cfg.name} (data.root={cfg.data.root})")
+        else:
+            ids.append(names.index(label))
+    check_class_labels(cfg, ids)
+    return ids
+
+
+def class_caption(label: int, names: Sequence[str] | None) -> str:
+    """A grid row's caption: "class 0", or with ImageNet's names "class 0 n01440764 tench"."""
+    if names is None:
+        return f"class {label}"
+    from timm.data import ImageNetInfo
+
+    wnid = names[label]
+    with contextlib.suppress(KeyError, ValueError):
+        return f"class {label} {wnid} {ImageNetInfo().label_name_to_description(wnid)}".split(
+            ",")[0]
+    return f"class {label} {wnid}"
+
+
+def shown_labels(cfg: Config, n: int,
+                 labels: Sequence[int | str] | None) -> tuple[list[int], int]:
     """The class of each of `uvic-sample`'s images, and images per label: each of `labels`
-    (checked) gets max(1, n // #labels) images in a row; without labels, image i of n shows
-    class i mod K, one image each."""
+    (resolved and checked) gets max(1, n // #labels) images in a row; without labels,
+    image i of n shows class i mod K, one image each."""
     if labels is None:
         k = real_classes(cfg)
         return [i % k for i in range(n)], 1
-    check_class_labels(cfg, labels)
-    per_label = max(1, n // len(labels))
-    return [label for label in labels for _ in range(per_label)], per_label
+    ids = resolve_class_labels(cfg, labels)
+    per_label = max(1, n // len(ids))
+    return [label for label in ids for _ in range(per_label)], per_label
 
 
 def label_fn(per_image: Sequence[int]) -> LabelFn:
