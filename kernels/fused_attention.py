@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 MODES = ("cog", "softmax", "expressive")
 # The modes each backend runs: SDPA is PyTorch's softmax attention, Cog and expressive
 # attention have no SDPA form. The one statement of that rule: the model's check of
-# `model.attention_backend` (uvic.models.checks) reads this table too.
+# `model.attention_backend` (uvic.config.models) reads this table too.
 BACKEND_MODES = {"triton": MODES, "torch": MODES, "sdpa": ("softmax",)}
 BACKENDS = tuple(BACKEND_MODES)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

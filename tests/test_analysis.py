@@ -24,9 +24,9 @@ from uvic.analysis import (
 )
 from uvic.analysis import metrics as M
 from uvic.analysis.capture import TokenLayout, row_metrics, token_layout
-from uvic.config import load_config, save_config
+from uvic.config import load_config
+from uvic.files import save_config, write_json
 from uvic.models.uvit import Attention, build_model
-from uvic.run.files import write_json
 from uvic_kernels import reference
 
 ROOT = Path(__file__).resolve().parents[1]

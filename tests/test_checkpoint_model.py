@@ -16,8 +16,9 @@ import torch
 from conftest import load_script
 from PIL import Image
 
-from uvic.config import Config, ConfigError, DataConfig, ModelConfig, SampleConfig, save_config
+from uvic.config import Config, ConfigError, DataConfig, ModelConfig, SampleConfig
 from uvic.diffusion.schedule import Diffusion
+from uvic.files import save_config
 from uvic.models.uvit import build_model
 from uvic.run.weights import load_weights, save_safetensors
 from uvic.sampling.generate import generate

@@ -177,7 +177,7 @@ def sample_main():
 
 
 def write_config(cfg: Config, path: Path) -> Path:
-    from uvic.config import save_config
+    from uvic.files import save_config
 
     save_config(cfg, path)
     return path

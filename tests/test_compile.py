@@ -19,13 +19,13 @@ from test_model import inputs, tiny
 from test_train import shapes_config
 
 from uvic.config import ConfigError, apply_overrides, from_dict, load_config, to_dict
+from uvic.config.training import TRAIN_COMPILE_MODES, compile_mode
+from uvic.config.validation import validate
 from uvic.run.folder import RunFolder
 from uvic.run.weights import unwrap_model
-from uvic.training.checks import TRAIN_COMPILE_MODES, compile_mode
 from uvic.training.compile import compile_note, dynamo_kwargs
 from uvic.training.launch import TrainError, make_accelerator
 from uvic.training.trainer import train
-from uvic.validation import validate
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, SPLIT = 4, 2  # runs of 4 steps; checkpoint (and resume) at step 2

@@ -18,9 +18,9 @@ from uvic.config import (
     apply_overrides,
     from_dict,
     load_config,
-    save_config,
     to_dict,
 )
+from uvic.files import save_config
 from uvic.models.uvit import build_model, resolve_attention
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

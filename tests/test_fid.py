@@ -30,10 +30,10 @@ from uvic.config import (
     SampleConfig,
     apply_overrides,
     load_config,
-    save_config,
 )
 from uvic.diffusion.schedule import Diffusion
 from uvic.evaluation.protocols import NOT_FID, RELEASE
+from uvic.files import save_config
 from uvic.models.uvit import build_model
 from uvic.run.architecture import ModelChoice
 from uvic.run.folder import checkpoint_step
@@ -250,7 +250,7 @@ def test_evaluate_script_cli(tmp_path: Path, monkeypatch, capsys) -> None:
     """eval/fid.py: a missing Inception file stops it with one line, before any sampling."""
     cfg = shapes_config(tmp_path)
     config = tmp_path / "config.json"
-    from uvic.config import save_config
+    from uvic.files import save_config
 
     save_config(cfg, config)
     main = load_script("eval/fid.py").main
@@ -268,7 +268,7 @@ def fid_cli_error(capsys, tmp_path: Path, *extra: str) -> str:
     """eval/fid.py on the tiny shapes checkpoint must fail with one line; returns it."""
     config = tmp_path / "config.json"
     if not config.exists():
-        from uvic.config import save_config
+        from uvic.files import save_config
 
         save_config(shapes_config(tmp_path), config)
     main = load_script("eval/fid.py").main

@@ -23,9 +23,10 @@ from PIL import Image
 
 from uvic.cli.export import main as export_main
 from uvic.cli.sample import main as sample_main
-from uvic.config import Config, load_config, save_config
+from uvic.config import Config, load_config
 from uvic.diffusion.samplers import make_scheduler
 from uvic.diffusion.schedule import Diffusion
+from uvic.files import save_config
 from uvic.models.text_encoder import ClipTextEncoder
 from uvic.models.uvit import UViT, build_model
 from uvic.pipelines import UViTPipeline

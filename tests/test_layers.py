@@ -4,8 +4,9 @@ Read from the source with `ast`, without importing anything: every import among 
 modules of `uvic/` and `kernels/` (`uvic_kernels`), at module level and inside
 functions, must point to the importer's layer or a lower one and close no cycle; every
 import of them anywhere in the repository (scripts, configs, tests too) must resolve.
-The config schema (`uvic/config.py`) imports no domain module, and the schema, the
-rules on values and the command-line choices load without torch.
+The layers are the table of docs/architecture.md, read here; the rules folder
+(`uvic/config/`) imports nothing above it, and the schema, the rules on values and the
+command-line choices load without torch.
 
 What counts as an import of a module (the rules of `resolve_imports`):
 * `import a.b.c` imports `a.b.c`; `from a.b import c` imports `a.b.c` when that is a
@@ -22,6 +23,7 @@ from __future__ import annotations
 import ast
 import functools
 import itertools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,25 +33,38 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"uvic": REPO / "uvic", "uvic_kernels": REPO / "kernels"}
 
-# docs/architecture.md, "Layers", lowest first: a module imports only from its own layer
-# or lower ones. A name matches a module and everything under it.
-LAYERS: list[tuple[str, ...]] = [
-    ("uvic_kernels", "uvic.config", "uvic.config_compare", "uvic.presets", "uvic.seeds",
-     "uvic.run.files"),
-    ("uvic.models.checks", "uvic.data.checks", "uvic.diffusion.checks", "uvic.sampling.checks",
-     "uvic.training.checks", "uvic.evaluation.checks", "uvic.validation"),
-    ("uvic.models", "uvic.diffusion", "uvic.data"),
-    ("uvic.run", "uvic.sampling", "uvic.training"),
-    ("uvic.evaluation", "uvic.analysis", "uvic.pipelines"),
-    ("uvic.cli",),
-]
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+
+
+def read_layers(text: str) -> list[tuple[str, ...]]:
+    """The layers of docs/architecture.md's "Layers" table, lowest first, as module names:
+    a row's folders and files in its second column (`uvic/config/` is `uvic.config` and
+    everything under it, `kernels/` is `uvic_kernels`, `uvic/__init__.py` is `uvic`)."""
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    layers = []
+    for row in section.splitlines():
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if len(cells) < 3 or not cells[0][:1].isdigit():
+            continue
+        names = []
+        for path in re.findall(r"`([^`]+)`", cells[1]):
+            path = path.removesuffix("/").removesuffix(".py").removesuffix("/__init__")
+            package, _, rest = path.partition("/")
+            names.append(".".join([{"kernels": "uvic_kernels"}.get(package, package),
+                                   *filter(None, rest.split("/"))]))
+        layers.append(tuple(names))
+    return layers
+
+
+# A module imports only from its own layer or lower ones; a name matches a module and
+# everything under it.
+LAYERS = read_layers(ARCHITECTURE.read_text())
 PUBLIC_API = "uvic"  # uvic/__init__.py, a facade over all layers: in the top one (exactly)
-# What the schema may import: the atomic JSON write (which imports no uvic module).
-CONFIG_MAY_IMPORT = {"uvic.run.files"}
+RULES = "uvic.config"  # the schema and the rules on values: import nothing above them
 # Modules that must load without torch (argparse choices, `--help`, config checks).
-LIGHT = ["uvic.config", "uvic.validation", "uvic.models.checks", "uvic.data.checks",
-         "uvic.diffusion.checks", "uvic.sampling.checks", "uvic.training.checks",
-         "uvic.evaluation.checks"]
+LIGHT = ["uvic.config", "uvic.config.validation", "uvic.config.models", "uvic.config.data",
+         "uvic.config.diffusion", "uvic.config.sampling", "uvic.config.training",
+         "uvic.config.evaluation", "uvic.config.compare"]
 
 
 def find_modules() -> dict[str, Path]:
@@ -231,6 +246,8 @@ def layer_of(name: str) -> int:
     best, level = "", -1
     for i, names in enumerate(LAYERS):
         for prefix in names:
+            if prefix == PUBLIC_API:  # the facade alone, not everything under uvic
+                continue
             if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > len(best):
                 best, level = prefix, i
     return level
@@ -245,23 +262,23 @@ def test_what_counts_as_an_import(tmp_path: Path) -> None:
     source = tmp_path / "example.py"
     source.write_text(
         "from typing import TYPE_CHECKING\n"
-        "import uvic.run.files\n"
+        "import uvic.files\n"
         "from uvic.config import Config\n"
-        "from uvic.data import checks as data_checks\n"
+        "from uvic.config import data as data_checks\n"
         "if TYPE_CHECKING:\n"
         "    from uvic.training.trainer import Trainer\n"
         "def later():\n"
-        "    from uvic.diffusion.checks import NAMED\n"
+        "    from uvic.config.diffusion import NAMED\n"
         "    import uvic.nowhere\n"
         "    from uvic.config import nothing\n"
         "    return data_checks.DATASETS, data_checks.NOTHING\n")
     edges, broken = resolve_imports(source)
-    assert edges == {"uvic.run.files": 2, "uvic.config": 3, "uvic.data.checks": 4,
-                     "uvic.diffusion.checks": 8}
+    assert edges == {"uvic.files": 2, "uvic.config": 3, "uvic.config.data": 4,
+                     "uvic.config.diffusion": 8}
     assert broken == [f"{source}:9: no module uvic.nowhere",
                       f"{source}:10: uvic.config has no 'nothing'",
-                      f"{source}:11: uvic.data.checks has no 'NOTHING'"]
-    assert GRAPH["uvic.validation"]["uvic.config"]  # the tree is read the same way
+                      f"{source}:11: uvic.config.data has no 'NOTHING'"]
+    assert GRAPH["uvic.config.validation"]["uvic.config"]  # the tree is read the same way
 
 
 def test_no_import_cycle() -> None:
@@ -278,7 +295,7 @@ def test_find_cycle_reports_the_path() -> None:
     assert find_cycle(graph) == ["uvic.config", "uvic.diffusion.samplers",
                                  "uvic.diffusion.schedule", "uvic.config"]
     assert describe(find_cycle(graph), graph) == (
-        "uvic.config (uvic/config.py:279) -> uvic.diffusion.samplers "
+        "uvic.config (uvic/config/__init__.py:279) -> uvic.diffusion.samplers "
         "(uvic/diffusion/samplers.py:51) -> uvic.diffusion.schedule "
         "(uvic/diffusion/schedule.py:29) -> uvic.config")
     assert find_cycle({"uvic.config": {"uvic.seeds": 1}, "uvic.seeds": {}}) is None
@@ -306,17 +323,30 @@ def test_imports_flow_down_the_layers() -> None:
     assert not upward, "\n".join(upward)
 
 
-def test_config_schema_imports_nothing_of_the_domain() -> None:
-    """uvic/config.py (dataclasses, parsing, load/save) imports only CONFIG_MAY_IMPORT, and
-    those import no uvic module: the schema is the bottom layer."""
-    assert set(GRAPH["uvic.config"]) <= CONFIG_MAY_IMPORT, sorted(GRAPH["uvic.config"])
-    for name in CONFIG_MAY_IMPORT:
-        assert not GRAPH[name], f"{name} imports {sorted(GRAPH[name])}"
+def test_the_layers_are_the_docs_table() -> None:
+    """The table is read as written: five layers, the rules folder at the bottom, the
+    programs on top, each folder of uvic/ in exactly one layer."""
+    assert LAYERS[0][0] == RULES and len(LAYERS) == 5, LAYERS
+    assert LAYERS[-1] == ("uvic.cli", PUBLIC_API)
+    placed = [name for layer in LAYERS for name in layer]
+    folders = {f"uvic.{p.name}" for p in (REPO / "uvic").iterdir()
+               if p.is_dir() and (p / "__init__.py").is_file()}
+    assert folders <= set(placed) and len(placed) == len(set(placed))
+
+
+def test_rules_import_nothing_above_them() -> None:
+    """uvic/config/ (the schema, the rules on values, validation, comparison) imports
+    nothing of uvic outside itself: the bottom layer."""
+    for name in MODULES:
+        if name == RULES or name.startswith(RULES + "."):
+            outside = [t for t in GRAPH[name] if t.split(".")[0] == "uvic"
+                       and t != RULES and not t.startswith(RULES + ".")]
+            assert not outside, f"{name} imports {outside}"
 
 
 def test_rules_import_only_the_schema_and_each_other() -> None:
-    """The domains' checks modules and uvic.validation import only the schema and other
-    checks modules at module level (the heavy lookups they need are in functions)."""
+    """The rules modules import only the schema and each other at module level (the heavy
+    lookups they need, as the kernels' backend table, are in functions)."""
     for name in LIGHT[1:]:
         tree = _parse(MODULES[name])
         top = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
@@ -328,10 +358,10 @@ def test_rules_import_only_the_schema_and_each_other() -> None:
 
 @pytest.mark.parametrize("extra", ["", "cfg = Config(); validate(cfg)"])
 def test_schema_rules_and_choices_load_without_torch(extra: str) -> None:
-    """The schema, the checks modules (the allowed values that argparse offers as choices)
+    """The schema, the rules modules (the allowed values that argparse offers as choices)
     and validating the default config import neither torch nor diffusers."""
     code = (f"import sys; import {', '.join(LIGHT)}\n"
-            "from uvic.config import Config\nfrom uvic.validation import validate\n"
+            "from uvic.config import Config\nfrom uvic.config.validation import validate\n"
             f"{extra}\n"
             "heavy = sorted(m for m in ('torch', 'diffusers', 'cleanfid', 'numpy') "
             "if m in sys.modules)\n"

@@ -1,7 +1,7 @@
 """The package's shape (issue 23): size limits on `uvic/`, and one of each helper.
 
 No module under uvic/ over 400 lines and no function over 80 (the Triton JIT kernels live
-in kernels/, outside uvic/); one atomic `write_json` (uvic.run.files); one way tests load a
+in kernels/, outside uvic/); one atomic `write_json` (uvic.files); one way tests load a
 program file (conftest.load_script).
 """
 
@@ -44,11 +44,11 @@ def test_size_check_sees_every_function() -> None:
 
 
 def test_one_write_json() -> None:
-    """JSON files are written by uvic.run.files.write_json (atomic) and nothing else."""
+    """JSON files are written by uvic.files.write_json (atomic) and nothing else."""
     files = [*MODULES, *(REPO / "scripts").glob("*.py"), *(REPO / "eval").glob("*.py")]
     defined = [str(path.relative_to(REPO)) for path in files
                if any(f.name == "write_json" for f in functions(ast.parse(path.read_text())))]
-    assert defined == ["uvic/run/files.py"]
+    assert defined == ["uvic/files.py"]
 
 
 def test_one_script_loader_in_the_tests() -> None:

@@ -63,10 +63,10 @@ from readme_commands import (
 )
 
 from uvic.config import Config, apply_overrides, from_dict, load_config
+from uvic.config.validation import validate
 from uvic.data.datasets import save_shapes_folder
 from uvic.models.uvit import build_model
 from uvic.run.folder import RunFolder
-from uvic.validation import validate
 
 TEXT = " ".join(README.split())  # the README with line breaks as spaces, for its sentences
 SHIMS = Path(__file__).with_name("shims")  # sitecustomize.py: generated CIFAR-10 passes

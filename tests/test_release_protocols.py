@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from uvic.config import apply_overrides, load_config
+from uvic.config.sampling import effective_cfg_scale
 from uvic.evaluation.protocols import RELEASE_ROWS, protocol_of
-from uvic.sampling.checks import effective_cfg_scale
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -21,13 +21,13 @@ from datagen import tiny_vae
 from test_model import random_release_state_dict, ref_uvit, release_keys
 
 from uvic.config import Config, load_config
-from uvic.config_compare import config_diff
+from uvic.config.compare import config_diff
+from uvic.config.validation import validate
 from uvic.diffusion.samplers import run_sampler
 from uvic.diffusion.schedule import Diffusion
 from uvic.models.autoencoder import decode_latents
 from uvic.models.uvit import build_model, resolve_attention
 from uvic.run.weights import CheckpointError, load_weights
-from uvic.validation import validate
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from uvic.config import Config, ConfigError, DiffusionConfig, apply_overrides
+from uvic.config.validation import validate
 from uvic.diffusion.samplers import (
     FAST_LOGSNR,
     FAST_TIME_UNIFORM,
@@ -31,7 +32,6 @@ from uvic.diffusion.samplers import (
 )
 from uvic.diffusion.schedule import Diffusion
 from uvic.sampling.noise import SampleGenerator, make_noise, sample_generators
-from uvic.validation import validate
 
 MU, S = 0.3, 0.5  # the Gaussian data
 VP = Diffusion(DiffusionConfig(schedule="vp_continuous"))

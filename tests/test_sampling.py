@@ -27,6 +27,7 @@ from uvic.config import (
     SampleConfig,
     apply_overrides,
 )
+from uvic.config.validation import validate
 from uvic.diffusion.samplers import make_scheduler
 from uvic.diffusion.schedule import Diffusion
 from uvic.models.uvit import build_model
@@ -36,7 +37,6 @@ from uvic.sampling.generate import generate, guided_eps, sample_images
 from uvic.sampling.images import MIN_GRID_WIDTH, grid_upscale, save_comparison_grid, save_grid
 from uvic.sampling.load import load_guide
 from uvic.sampling.noise import make_noise, sample_generators
-from uvic.validation import validate
 
 REPO = Path(__file__).resolve().parents[1]
 VP = DiffusionConfig(schedule="vp_continuous")

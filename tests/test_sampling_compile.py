@@ -14,10 +14,10 @@ from torch._dynamo.utils import counters
 
 import uvic.sampling.generate as generate_module
 from uvic.config import Config, ConfigError, apply_overrides
+from uvic.config.validation import validate
 from uvic.diffusion.schedule import Diffusion
 from uvic.sampling.compiled import CudaGraphSafe, compile_network, static_batch
 from uvic.sampling.generate import SampleGrid, generate, sample_images
-from uvic.validation import validate
 
 
 class TamedLabels(nn.Module):

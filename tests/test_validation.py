@@ -1,4 +1,4 @@
-"""One validation entry point (`uvic.validation.validate`) runs the rules of every section,
+"""One validation entry point (`uvic.config.validation.validate`) runs the rules of every section,
 which live with their domain (`uvic/<domain>/checks.py`); each rule is stated once.
 
 The messages below are the ones users and the other tests see: one line naming the key
@@ -12,9 +12,9 @@ import torch
 
 import uvic_kernels.fused_attention as fused_attention
 from uvic.config import Config, ConfigError, apply_overrides
-from uvic.models.checks import check_backend_fits, check_model
+from uvic.config.models import check_backend_fits, check_model
+from uvic.config.validation import validate
 from uvic.models.uvit import build_model
-from uvic.validation import validate
 
 TINY_MODEL = ["model.img_size=8", "model.embed_dim=32", "model.depth=2", "model.num_heads=2"]
 

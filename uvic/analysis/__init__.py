@@ -1,7 +1,7 @@
 """Attention analysis of U-ViT / U-ViC diffusion models (softmax, Cog and other modes).
 
     result = analyze({"U-ViT": uvit, "U-ViC": uvic}, cfg, images)   # JSON-ready dict
-    write_json("analysis/attention.json", result, indent=1)          # uvic.run.files
+    write_json("analysis/attention.json", result, indent=1)          # uvic.files
     save_figures(result, "analysis/")                                # {name: png path}
 
 `metrics` holds the measures on plain attention matrices, `capture` recovers each

@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # torch and the models: once the arguments parse
     from uvic.analysis import analyze, load_inputs, load_models, save_figures
+    from uvic.files import write_json
     from uvic.run.architecture import ModelChoice
-    from uvic.run.files import write_json
     from uvic.run.weights import CheckpointError
 
     try:

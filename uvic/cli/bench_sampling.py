@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 from uvic.cli.bench_records import environment, peak_mib, write_records
 from uvic.config import Config, ConfigError, load_config
+from uvic.config.sampling import COMPILE_MODES, PRECISIONS
 from uvic.presets import preset_path
-from uvic.sampling.checks import COMPILE_MODES, PRECISIONS
 
 if TYPE_CHECKING:
     import torch
@@ -94,8 +94,8 @@ def bench_network(cfg: Config, images: int, compile_mode: str, args: argparse.Na
     guided) with the network compiled as `compile_mode`."""
     import torch
 
+    from uvic.config.sampling import effective_cfg_scale
     from uvic.models.uvit import build_model
-    from uvic.sampling.checks import effective_cfg_scale
     from uvic.sampling.compiled import compile_network
     from uvic.sampling.generate import autocast, class_conditions, guided_eps
 

@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING, Any
 from uvic.cli.bench_profile import profile_lines, profile_step
 from uvic.cli.bench_records import environment, peak_memory_mib, reset_peak_memory, write_records
 from uvic.config import Config, load_config
+from uvic.config.training import TRAIN_COMPILE_MODES
 from uvic.models.flops import num_tokens, training_flops
 from uvic.presets import preset_path
-from uvic.training.checks import TRAIN_COMPILE_MODES
 
 if TYPE_CHECKING:
     import torch
@@ -147,7 +147,7 @@ def time_cell(step: Callable[[], None], device: torch.device, steps: int,
 def backends_for(attention: str) -> list[str]:
     """The kernel backends that run every block of an attention preset (the kernels'
     BACKEND_MODES: sdpa runs U-ViT only). A preset's set of modes is the same at any depth."""
-    from uvic.models.checks import resolve_attention
+    from uvic.config.models import resolve_attention
     from uvic_kernels.fused_attention import BACKEND_MODES
 
     modes = set(resolve_attention(attention, depth=2))

@@ -45,7 +45,7 @@ import sys
 
 from uvic.cli.config_options import add_config_options
 from uvic.cli.sampler_options import add_sampler_options, guidance_option, sampler_overrides
-from uvic.evaluation.checks import FID_FEATURES, FID_MODES
+from uvic.config.evaluation import FID_FEATURES, FID_MODES
 from uvic.evaluation.protocols import NOT_FID
 
 

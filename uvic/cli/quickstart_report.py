@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from uvic.config import Config, DiffusionConfig, SampleConfig
-from uvic.run.files import write_json
+from uvic.files import write_json
 from uvic.run.folder import RunFolder, checkpoint_step
 
 

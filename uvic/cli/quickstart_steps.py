@@ -36,13 +36,12 @@ from uvic.config import (
     DiffusionConfig,
     apply_overrides,
     load_config,
-    save_config,
 )
 from uvic.data.datasets import build_dataset
 from uvic.diffusion.schedule import Diffusion
 from uvic.evaluation.quality import quality_figures
+from uvic.files import save_config, write_json
 from uvic.presets import preset_path
-from uvic.run.files import write_json
 from uvic.run.folder import RunFolder
 from uvic.run.prepare import check_guide
 from uvic.sampling.assets import to_pixels

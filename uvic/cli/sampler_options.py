@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from uvic.sampling.checks import PRECISIONS
+from uvic.config.sampling import PRECISIONS
 
 
 def add_sampler_options(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +36,7 @@ def sampler_overrides(args: argparse.Namespace) -> list[str]:
 def guidance_option(args: argparse.Namespace) -> str | None:
     """How the command line set a nonzero guidance scale (`--cfg-scale 0.4`, or the last
     `--set sample.cfg_scale=0.4`, which `--cfg-scale` overrides), None when it did not:
-    a model that cannot be guided refuses it (`uvic.sampling.checks.check_guidance`)."""
+    a model that cannot be guided refuses it (`uvic.config.sampling.check_guidance`)."""
     if args.cfg_scale is not None:
         return f"--cfg-scale {args.cfg_scale:g}" if args.cfg_scale != 0 else None
     for item in reversed(args.set):

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from uvic.cli.config_options import add_set_option
 from uvic.config import Config, ConfigError, load_config
+from uvic.config.sampling import PRECISIONS
 from uvic.evaluation.protocols import load_results, protocol_of
 from uvic.presets import preset_path
-from uvic.sampling.checks import PRECISIONS
 
 if TYPE_CHECKING:
     import numpy as np

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from uvic.data.base import DatasetError
-from uvic.run.files import atomic_write, write_json
+from uvic.files import atomic_write, write_json
 
 PROGRESS_FILE = "progress.json"
 

@@ -35,9 +35,9 @@ from torch.utils.data import Dataset
 from torchvision import datasets, transforms
 
 from uvic.config import Config, ConfigError
+from uvic.config.data import check_data
 from uvic.data.base import DatasetError, to_signed
 from uvic.data.celeba import CelebAImages
-from uvic.data.checks import check_data
 from uvic.data.imagenet import build_imagenet
 from uvic.models.autoencoder import sample_from_moments
 

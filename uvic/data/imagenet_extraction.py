@@ -34,8 +34,8 @@ from uvic.data import imagenet as layout
 from uvic.data.base import DatasetError, to_signed
 from uvic.data.chunks import ChunkedArrays, as_list, check_same, write_npy
 from uvic.data.imagenet import ClassFolders, load_crop, read_class_folders
+from uvic.files import write_json
 from uvic.models.autoencoder import encode_moments
-from uvic.run.files import write_json
 
 CROP = ("guided-diffusion center_crop_arr: BOX halving while the short side >= 2 res, BICUBIC "
         "to short side res (long side rounded), central res x res (U-ViT release)")

@@ -36,9 +36,9 @@ from tqdm import tqdm
 from uvic.data import datasets as layout
 from uvic.data.chunks import as_list, check_same, write_npy
 from uvic.data.datasets import DatasetError, center_crop_resize
+from uvic.files import write_json
 from uvic.models.autoencoder import DEFAULT_VAE, SCALE_FACTOR, encode_moments
 from uvic.models.text_encoder import DEFAULT_MODEL, DEFAULT_PRETRAINED, ClipTextEncoder
-from uvic.run.files import write_json
 
 # Prompts for the periodic sample grids during training (COCO-style captions).
 SAMPLE_PROMPTS = [

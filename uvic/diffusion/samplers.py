@@ -53,7 +53,7 @@ from diffusers import DPMSolverMultistepScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from tqdm.auto import tqdm
 
-from uvic.diffusion.checks import FAST_LOGSNR, FAST_TIME_UNIFORM, RELEASE_FAST, diffusers_class
+from uvic.config.diffusion import FAST_LOGSNR, FAST_TIME_UNIFORM, RELEASE_FAST, diffusers_class
 from uvic.diffusion.schedule import Diffusion
 
 EpsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

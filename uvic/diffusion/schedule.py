@@ -27,7 +27,7 @@ from diffusers import DDPMScheduler
 from torch import Tensor, nn
 
 from uvic.config import DiffusionConfig
-from uvic.diffusion.checks import check_diffusion
+from uvic.config.diffusion import check_diffusion
 
 
 class Diffusion:

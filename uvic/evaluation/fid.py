@@ -49,6 +49,8 @@ import numpy as np
 import torch
 
 from uvic.config import Config, to_dict
+from uvic.config.sampling import check_guidance, effective_cfg_scale, fid_label_draw
+from uvic.config.validation import validate
 from uvic.data.datasets import MSCOCOFeatures, build_dataset
 from uvic.evaluation.protocols import SAMPLES_META, protocol_of
 from uvic.evaluation.reference import (
@@ -70,16 +72,14 @@ from uvic.evaluation.statistics import (
     kernel_distance,
     stand_in_features,
 )
+from uvic.files import write_json
 from uvic.run.architecture import ModelChoice, ResolvedModel, resolve_model
-from uvic.run.files import write_json
 from uvic.run.folder import checkpoint_step
 from uvic.run.weights import file_sha256
 from uvic.sampling.assets import is_latent
-from uvic.sampling.checks import check_guidance, effective_cfg_scale, fid_label_draw
 from uvic.sampling.generate import distributed_state, sample_checkpoint
 from uvic.sampling.images import save_images
 from uvic.sampling.labels import FIDLabels, fid_labels
-from uvic.validation import validate
 
 if TYPE_CHECKING:
     from accelerate import PartialState

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from uvic.config import Config
+from uvic.config.sampling import effective_cfg_scale, fid_label_draw, label_draw
 from uvic.evaluation.reference_split import ReferenceSplit, digest_order
-from uvic.sampling.checks import effective_cfg_scale, fid_label_draw, label_draw
 
 # The paper's Table 3 and the U-ViT release's reported FIDs.
 PAPER_FID = {("U-ViT", "cifar10"): 3.39, ("U-ViT", "mscoco"): 5.99,
@@ -160,7 +160,7 @@ def _release(sampler: str, steps: int, guidance: float, stats: str, res: int,
              labels: str = "") -> Protocol:
     """A release protocol: 50k samples, the release's pytorch-fid port (clean-fid's
     legacy_pytorch), against the release's statistics file `stats` (eval.ref_stats), class
-    labels drawn as `labels` says (`uvic.sampling.checks.fid_label_draw`'s words)."""
+    labels drawn as `labels` says (`uvic.config.sampling.fid_label_draw`'s words)."""
     return Protocol(sampler, steps, guidance, 50_000, "legacy_pytorch",
                     f"{Path(stats).stem}/train/{res}", labels=labels)
 

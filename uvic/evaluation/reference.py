@@ -39,9 +39,9 @@ from PIL import Image
 from tqdm import tqdm
 
 from uvic.config import Config
+from uvic.config.evaluation import check_mode
 from uvic.data.datasets import SHAPES_SEEDS, CIFAR10Images, save_shapes_folder
 from uvic.evaluation import fingerprint as fp
-from uvic.evaluation.checks import check_mode
 from uvic.evaluation.statistics import (
     build_inception,
     cache_dir,
@@ -53,7 +53,7 @@ from uvic.evaluation.statistics import (
     inception_weights_path,
     list_images,
 )
-from uvic.run.files import atomic_write, write_json
+from uvic.files import atomic_write, write_json
 
 STATS_URL = "https://www.cs.cmu.edu/~clean-fid/stats"  # clean-fid's get_reference_statistics
 

@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # protocols.py imports this module
-    from uvic.evaluation.protocols import Protocol
+from typing import Any
 
 UNKNOWN = "unknown"  # how a result without `reference_digest` is named
 
@@ -55,23 +52,24 @@ def short(digest: str | None) -> str:
 
 class ReferenceSplit:
     """The result files of every (place, protocol) by reference digest, a place being what
-    a table sets protocols apart within (a dataset for Table 3, a release row)."""
+    a table sets protocols apart within (a dataset for Table 3, a release row), the
+    protocol any hashable key (`uvic.evaluation.protocols.Protocol` there)."""
 
     def __init__(self) -> None:
-        self.files: dict[tuple[Hashable, Protocol], dict[str | None, list[str]]] = {}
+        self.files: dict[tuple[Hashable, Hashable], dict[str | None, list[str]]] = {}
 
-    def add(self, place: Hashable, protocol: Protocol, result: dict[str, Any]) -> str | None:
+    def add(self, place: Hashable, protocol: Hashable, result: dict[str, Any]) -> str | None:
         """Record a result; returns its digest, the third part of its column's key."""
         digest = digest_of(result)
         name = str(result.get("_path") or result.get("checkpoint", "result"))
         self.files.setdefault((place, protocol), {}).setdefault(digest, []).append(name)
         return digest
 
-    def tag(self, place: Hashable, protocol: Protocol, digest: str | None) -> str:
+    def tag(self, place: Hashable, protocol: Hashable, digest: str | None) -> str:
         """`, ref <8 hex>` (or `, ref unknown`) for a protocol split by reference; else ""."""
         return f", ref {short(digest)}" if len(self.files.get((place, protocol), {})) > 1 else ""
 
-    def notes(self, titles: dict[tuple[Hashable, Protocol], str], marked: str) -> list[str]:
+    def notes(self, titles: dict[tuple[Hashable, Hashable], str], marked: str) -> list[str]:
         """The note under a table whose protocols were split by reference: for each split
         (place, protocol), titled as `titles` says, every result file of each reference.
         `marked` is what the table splits ("columns", "lines"). Empty if none was split."""

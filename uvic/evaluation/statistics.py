@@ -47,8 +47,8 @@ from PIL import Image
 from scipy import linalg
 
 from uvic.config import Config
+from uvic.config.evaluation import check_mode
 from uvic.data.datasets import center_crop_resize
-from uvic.evaluation.checks import check_mode
 
 INCEPTION_FILE = "inception-2015-12-05.pt"  # clean-fid's TorchScript Inception (clean mode)
 

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 import uvic_kernels
 from uvic.config import Config, ModelConfig
-from uvic.models.checks import (
+from uvic.config.models import (
     ATTENTION_MODES,
     check_arch,
     check_backend_fits,

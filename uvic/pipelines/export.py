@@ -32,7 +32,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from uvic.config import Config, load_config
-from uvic.diffusion.checks import RELEASE_FAST
+from uvic.config.diffusion import RELEASE_FAST
+from uvic.config.sampling import effective_cfg_scale
+from uvic.config.validation import validate
 from uvic.diffusion.samplers import make_scheduler
 from uvic.diffusion.schedule import Diffusion
 from uvic.models.autoencoder import load_vae
@@ -41,9 +43,7 @@ from uvic.pipelines.pipeline_uvit import UViTPipeline
 from uvic.run.architecture import ModelChoice, resolve_model
 from uvic.run.folder import RunFolder
 from uvic.sampling.assets import is_latent
-from uvic.sampling.checks import effective_cfg_scale
 from uvic.sampling.load import load_model
-from uvic.validation import validate
 
 # sample.scheduler values that are saved as dpm_solver++ (see the module docstring)
 NOT_SAVED = (*RELEASE_FAST, "euler_maruyama")

@@ -42,7 +42,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils.torch_utils import randn_tensor
 
 from uvic.config import ConfigError, from_dict
-from uvic.diffusion.checks import NAMED, diffusers_class
+from uvic.config.diffusion import NAMED, diffusers_class
 from uvic.diffusion.samplers import model_calls
 from uvic.diffusion.schedule import Diffusion
 from uvic.models.autoencoder import SCALE_FACTOR

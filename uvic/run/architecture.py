@@ -32,7 +32,7 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 
 from uvic.config import Config, ConfigError, ModelConfig, from_dict, load_config
-from uvic.models.checks import resolve_attention
+from uvic.config.models import resolve_attention
 from uvic.run.folder import RunFolder
 from uvic.run.weights import CheckpointError
 

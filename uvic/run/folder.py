@@ -34,7 +34,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from uvic.run.files import atomic_write, fsync, fsync_tree
+from uvic.files import atomic_write, fsync, fsync_tree
 from uvic.run.lock import RunLock
 from uvic.run.weights import CheckpointError, file_sha256, nonfinite_entry, nonfinite_message
 
@@ -227,7 +227,7 @@ class RunFolder:
 
     def remove_leftovers(self) -> None:
         """Delete checkpoint folders whose write or deletion a kill cut short, and the
-        temporary files of an EMA export a kill cut short (`uvic.run.files.atomic_write`
+        temporary files of an EMA export a kill cut short (`uvic.files.atomic_write`
         names)."""
         for pattern in (f"{CHECKPOINT_PREFIX}*.tmp", f"{CHECKPOINT_PREFIX}*.deleting"):
             for leftover in self.checkpoints_dir.glob(pattern):

@@ -35,8 +35,8 @@ from uvic.config import (
     load_config,
     to_dict,
 )
-from uvic.config_compare import config_changes, config_diff
-from uvic.run.files import truncate_log, write_json
+from uvic.config.compare import config_changes, config_diff
+from uvic.files import truncate_log, write_json
 from uvic.run.folder import RunFolder
 
 try:  # safetensors reports a full disk as its own error

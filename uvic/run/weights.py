@@ -22,7 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from uvic.run.files import atomic_write
+from uvic.files import atomic_write
 
 # Keys under which training scripts commonly nest a state dict.
 WRAPPER_KEYS = ("state_dict", "model", "ema", "model_ema", "nnet_ema", "nnet", "module")
@@ -187,7 +187,7 @@ def save_safetensors(
     model_or_state_dict: nn.Module | Mapping[str, Tensor], path: str | Path,
     metadata: Mapping[str, str] | None = None,
 ) -> None:
-    """Write weights to `path` as safetensors, atomically (`uvic.run.files.atomic_write`).
+    """Write weights to `path` as safetensors, atomically (`uvic.files.atomic_write`).
 
     Keys are saved without wrapper prefixes so the file loads into the plain model.
     """

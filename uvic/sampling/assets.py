@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from uvic.config import Config
-from uvic.data.checks import LATENT_DATASETS
+from uvic.config.data import LATENT_DATASETS
 from uvic.data.datasets import EMPTY_CONTEXT_FILE, load_empty_context, load_sample_prompts
 from uvic.models.autoencoder import decode_latents, load_vae
 

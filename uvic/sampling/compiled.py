@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from uvic.config import require
-from uvic.sampling.checks import compile_rule
+from uvic.config.sampling import compile_rule
 
 
 class CudaGraphSafe(nn.Module):

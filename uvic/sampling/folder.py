@@ -21,14 +21,14 @@ import torch
 from accelerate.utils import gather_object
 
 from uvic.config import Config, to_dict
+from uvic.config.sampling import check_guidance, effective_cfg_scale
+from uvic.config.validation import validate
+from uvic.files import write_json
 from uvic.run.architecture import ModelChoice, ResolvedModel, check_same_inputs, resolve_model
-from uvic.run.files import write_json
 from uvic.sampling.assets import SamplingAssets, prompt_contexts, read_prompts, text_encoder
-from uvic.sampling.checks import check_guidance, effective_cfg_scale
 from uvic.sampling.generate import distributed_state, sample_checkpoint
 from uvic.sampling.images import save_comparison_grid, save_grid, save_images, to_uint8
 from uvic.sampling.labels import LabelFn, class_caption, class_names, label_fn, shown_labels
-from uvic.validation import validate
 
 
 def checkpoint_labels(

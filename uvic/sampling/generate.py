@@ -38,12 +38,12 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from uvic.config import Config
+from uvic.config.sampling import PRECISIONS, effective_cfg_scale, real_classes
 from uvic.data.datasets import load_sample_prompts
 from uvic.diffusion.samplers import model_calls, run_sampler
 from uvic.diffusion.schedule import Diffusion
 from uvic.run.architecture import ModelChoice
 from uvic.sampling.assets import SamplingAssets, to_pixels
-from uvic.sampling.checks import PRECISIONS, effective_cfg_scale, real_classes
 from uvic.sampling.compiled import compile_network, static_batch
 from uvic.sampling.labels import LabelFn
 from uvic.sampling.load import load_guide, load_model
@@ -274,7 +274,7 @@ def generate(
     s = cfg.sample
     shape = (cfg.model.in_chans, cfg.model.img_size, cfg.model.img_size)
     scale = effective_cfg_scale(cfg)
-    batch = s.batch_size  # >= 1: uvic.validation
+    batch = s.batch_size  # >= 1: uvic.config.validation
     chunks = [list(indices[i : i + batch]) for i in range(0, len(indices), batch)]
     per_batch = model_calls(diffusion, s.scheduler, s.steps, s.order, s.scheduler_kwargs)
     net = compile_network(model, s.compile)

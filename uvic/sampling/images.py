@@ -16,7 +16,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 from torchvision.utils import make_grid
 
-from uvic.run.files import atomic_write
+from uvic.files import atomic_write
 
 MIN_GRID_WIDTH = 512  # pixels: the width `grid_upscale` reaches
 PADDING = 2  # pixels between the images of a grid (make_grid's padding)
@@ -31,7 +31,7 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
 
 def save_images(images: torch.Tensor, folder: str | Path, indices: Sequence[int]) -> list[Path]:
     """Write images [0, 1] (N, 3, H, W) as `folder/{index:06d}.png`, each atomically
-    (`uvic.run.files.atomic_write`) so an interrupted run never leaves a broken PNG."""
+    (`uvic.files.atomic_write`) so an interrupted run never leaves a broken PNG."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from uvic.config import Config
+from uvic.config.sampling import FREQUENCY_LABEL_DATA, conditioning, fid_label_draw, real_classes
 from uvic.data.imagenet import read_class_folders
-from uvic.sampling.checks import FREQUENCY_LABEL_DATA, conditioning, fid_label_draw, real_classes
 
 LabelFn = Callable[[Sequence[int]], torch.Tensor]
 WNID = re.compile(r"n\d{8}")  # a WordNet id: ImageNet's class folder names

@@ -21,8 +21,8 @@ from accelerate import Accelerator
 from torch import nn
 
 from uvic.config import Config
+from uvic.files import write_json
 from uvic.run.architecture import model_metadata
-from uvic.run.files import write_json
 from uvic.run.folder import (
     RunFolder,
     commit_checkpoint,

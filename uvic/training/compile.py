@@ -1,6 +1,6 @@
 """torch.compile of the training model through Accelerate (`train.compile`).
 
-The mode (`uvic.training.checks.TRAIN_COMPILE_MODES`; a bool from an older config: true =
+The mode (`uvic.config.training.TRAIN_COMPILE_MODES`; a bool from an older config: true =
 "default", false = "off") becomes Accelerate's `TorchDynamoPlugin`: backend inductor,
 torch.compile's mode, `fullgraph=True` (U-ViT's forward has no graph break: a break would
 stop the run at its first step). Accelerate compiles the model last in `prepare`, around
@@ -29,7 +29,7 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import TorchDynamoPlugin
 
-from uvic.training.checks import compile_mode
+from uvic.config.training import compile_mode
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile adds CUDA graphs
 

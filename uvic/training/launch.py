@@ -25,9 +25,9 @@ from accelerate.utils import (
 from tqdm.auto import tqdm
 
 from uvic.config import Config
+from uvic.config.training import compile_mode
 from uvic.run.folder import RunFolder
 from uvic.run.lock import RunLock, RunLockError
-from uvic.training.checks import compile_mode
 from uvic.training.compile import compile_note, compile_settings, dynamo_kwargs
 
 

@@ -7,7 +7,7 @@ import contextlib
 import json
 from typing import Any
 
-from uvic.run.files import write_json
+from uvic.files import write_json
 from uvic.run.folder import RunFolder
 
 

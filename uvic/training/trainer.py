@@ -53,7 +53,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from uvic.config import Config, ConfigError
-from uvic.config_compare import flat_dict
+from uvic.config.compare import flat_dict
+from uvic.config.validation import validate
 from uvic.data.datasets import build_dataset, load_empty_context
 from uvic.data.order import seeded_loader
 from uvic.diffusion.schedule import Diffusion, diffusion_loss
@@ -75,7 +76,6 @@ from uvic.training.launch import (
 from uvic.training.optim import apply_optim_config, make_optimizer
 from uvic.training.stop import Interrupted, StopSignals
 from uvic.training.summary import logged_loss, write_summary
-from uvic.validation import validate
 
 
 def train(cfg: Config, resume: str | None = None, overwrite: bool = False) -> Path:

@@ -1,9 +1,9 @@
 """One entry point that checks every value of a config before any work starts.
 
 `validate(cfg)` runs the rules of each section, which live with the code that uses the
-values (each domain's `checks` module: `uvic.data.checks`, `uvic.diffusion.checks`,
-`uvic.training.checks`, `uvic.evaluation.checks`, `uvic.sampling.checks`,
-`uvic.models.checks`). The trainer, the FID evaluator and the sampling CLI call it on
+values (each domain's `checks` module: `uvic.config.data`, `uvic.config.diffusion`,
+`uvic.config.training`, `uvic.config.evaluation`, `uvic.config.sampling`,
+`uvic.config.models`). The trainer, the FID evaluator and the sampling CLI call it on
 their config; `Diffusion`, `build_dataset` and `UViT` apply the rules of their own
 section. Loading this module imports no torch.
 """
@@ -11,12 +11,12 @@ section. Loading this module imports no torch.
 from __future__ import annotations
 
 from uvic.config import Config
-from uvic.data.checks import check_data
-from uvic.diffusion.checks import check_diffusion
-from uvic.evaluation.checks import check_eval
-from uvic.models.checks import check_model
-from uvic.sampling.checks import check_sample
-from uvic.training.checks import check_optim, check_train
+from uvic.config.data import check_data
+from uvic.config.diffusion import check_diffusion
+from uvic.config.evaluation import check_eval
+from uvic.config.models import check_model
+from uvic.config.sampling import check_sample
+from uvic.config.training import check_optim, check_train
 
 
 def validate(cfg: Config) -> Config:

@@ -8,10 +8,11 @@ with the field's declared type; an unknown key or a value of the wrong type rais
 outputs and can be loaded back with `load_config("run/config.json")` (a run's config.json
 also lists what each resume changed, under `resumes`: see `uvic.run.prepare`).
 
-This is the bottom layer (docs/architecture.md): it imports no other uvic module but the
-atomic file write. The rules on values (which names a field accepts, which numbers are in
-range) live with the code that uses them, in each domain's `checks` module, and
-`uvic.validation.validate` runs them all.
+This package is the bottom layer (docs/architecture.md) and imports nothing above it: this
+module, the schema; beside it the rules on values, one module per section's domain
+(`uvic.config.models`, `.data`, `.diffusion`, `.sampling`, `.training`, `.evaluation`:
+which names a field accepts, which numbers are in range), `uvic.config.validation.validate`,
+which runs them all, and `uvic.config.compare`. None of them imports torch.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from uvic.run.files import write_json
-
 
 class ConfigError(ValueError):
     """A config file, key or value is wrong; the message names it."""
@@ -36,7 +35,7 @@ class ConfigError(ValueError):
 
 def require(checks: Iterable[tuple[bool, str]]) -> None:
     """Raise a ConfigError with the message of the first check that fails (the rules on
-    values use it: `uvic.validation`)."""
+    values use it: `uvic.config.validation`)."""
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
@@ -287,11 +286,6 @@ def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Conf
 def to_dict(cfg: Config) -> dict[str, Any]:
     """Plain JSON-able dict of a Config."""
     return dataclasses.asdict(cfg)
-
-
-def save_config(cfg: Config, path: str | Path) -> None:
-    """Write the resolved config as JSON (atomically)."""
-    write_json(path, to_dict(cfg))
 
 
 def from_dict(data: dict[str, Any], source: str = "config") -> Config:

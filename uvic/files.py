@@ -10,6 +10,7 @@ truncated one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -49,6 +50,12 @@ def write_text(path: str | Path, text: str) -> Path:
 def write_json(path: str | Path, obj: Any, indent: int = 2, **kwargs: Any) -> Path:
     """Write `obj` as indented JSON (with a final newline) to `path` atomically."""
     return write_text(path, json.dumps(obj, indent=indent, **kwargs) + "\n")
+
+
+def save_config(cfg: Any, path: str | Path) -> Path:
+    """Write a config (a `uvic.config.Config`, or any dataclass) as JSON, atomically; a
+    run's own config.json, with its resume history, is `uvic.run.prepare.save_run_config`."""
+    return write_json(path, dataclasses.asdict(cfg))
 
 
 def fsync(path: str | Path) -> None:

@@ -2,7 +2,7 @@
 and what a model's conditioning allows: guidance, and the class labels it may be given.
 
 Read by `uvic.sampling.generate`, `uvic.sampling.labels`, `uvic.evaluation.protocols`, by
-`uvic.validation` and by the CLI (`--precision` choices); no torch here.
+`uvic.config.validation` and by the CLI (`--precision` choices); no torch here.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from uvic.config import Config, SampleConfig, require
-from uvic.diffusion.checks import check_scheduler
+from uvic.config.diffusion import check_scheduler
 
 PRECISIONS = ("fp32", "fp16", "bf16")  # `--precision`: autocast dtype on CUDA (fp32: none)
 # Class-conditional data whose FID labels follow the training set's class frequencies (the

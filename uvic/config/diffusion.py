@@ -1,6 +1,6 @@
 """The rules on `diffusion.*` values and the sampler names `sample.scheduler` accepts.
 
-Read by `Diffusion`, by `uvic.diffusion.samplers` and by `uvic.validation`; no torch
+Read by `Diffusion`, by `uvic.diffusion.samplers` and by `uvic.config.validation`; no torch
 here (diffusers is imported only to look up a scheduler given by its class name), so the
 CLI can list the names without loading the samplers.
 """

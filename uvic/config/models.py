@@ -1,6 +1,6 @@
 """The rules on `model.*` values: attention pattern and backend, and the architecture.
 
-`UViT` checks its arguments with them, and `uvic.validation` checks a config's model
+`UViT` checks its arguments with them, and `uvic.config.validation` checks a config's model
 section before any work starts, so both refuse the same values with the same message
 (a ConfigError, which is a ValueError). No torch here: the kernels' table of which
 backend runs which attention mode (`uvic_kernels.fused_attention.BACKEND_MODES`) is read

@@ -1,6 +1,6 @@
 """The rules on `eval.*` values: clean-fid modes and the feature extractors.
 
-Read by `uvic.evaluation.statistics`, by `uvic.validation` and by the CLI (`--mode`,
+Read by `uvic.evaluation.statistics`, by `uvic.config.validation` and by the CLI (`--mode`,
 `--features` choices); no torch here.
 """
 

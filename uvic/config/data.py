@@ -1,6 +1,6 @@
 """The rules on `data.*` values: which datasets exist, a sane loader.
 
-Read by `build_dataset` and by `uvic.validation` (no torch here, so the CLI can offer
+Read by `build_dataset` and by `uvic.config.validation` (no torch here, so the CLI can offer
 the names without loading the data code).
 """
 

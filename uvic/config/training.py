@@ -1,5 +1,5 @@
 """The rules on `train.*` and `optim.*` values: loop lengths, precision, compile mode,
-optimizer, LR schedule. Read by `uvic.validation` (the trainer validates its config
+optimizer, LR schedule. Read by `uvic.config.validation` (the trainer validates its config
 before any step); no torch here.
 """
 
