@@ -16,6 +16,7 @@ from uvic.config import (
     SampleConfig,
     TrainConfig,
 )
+from uvic.config.models import uvit_size
 
 
 def get_config() -> Config:
@@ -24,7 +25,7 @@ def get_config() -> Config:
         name="cifar10_uvit",
         model=ModelConfig(
             img_size=32, in_chans=3, patch_size=2,
-            embed_dim=512, depth=12, num_heads=8, mlp_ratio=4.0,  # U-ViT-S: 13 blocks, 44.3M
+            **uvit_size("small"), mlp_ratio=4.0,  # U-ViT-S: 13 blocks, 44.3M
             qkv_bias=False, mlp_time_embed=False,
             num_classes=-1, clip_dim=0,  # unconditional
             conv=True, skip=True,

@@ -11,12 +11,13 @@ eval_ldm_discrete.py (dpm_solver_pp.py's fast sampler), with the same guidance 0
 from pathlib import Path
 
 from uvic.config import Config, load_config
+from uvic.config.models import size_overrides
 
 
 def get_config() -> Config:
     """U-ViT-H/2 on 4x32x32 latents of 256x256 ImageNet, 500k steps of batch 1024."""
     return load_config(Path(__file__).with_name("imagenet256_uvit_large.py"), [
-        "model.embed_dim=1152", "model.depth=28", "model.num_heads=16",  # U-ViT-H: 500.8M
+        *size_overrides("huge"),  # U-ViT-H: 500.8M
         "model.conv=false",  # the release's conv=False
         "diffusion.schedule=scaled_linear", "diffusion.beta_start=0.00085",
         "diffusion.beta_end=0.012", "diffusion.num_train_timesteps=1000",

@@ -18,6 +18,7 @@ from uvic.config import (
     SampleConfig,
     TrainConfig,
 )
+from uvic.config.models import uvit_size
 
 
 def get_config() -> Config:
@@ -26,7 +27,7 @@ def get_config() -> Config:
         name="imagenet256_uvit_large",
         model=ModelConfig(
             img_size=32, in_chans=4, patch_size=2,  # KL-f8 latents of 256x256 images
-            embed_dim=1024, depth=20, num_heads=16, mlp_ratio=4.0,  # U-ViT-L: 21 blocks, 286.8M
+            **uvit_size("large"), mlp_ratio=4.0,  # U-ViT-L: 21 blocks, 286.8M
             qkv_bias=False, mlp_time_embed=False,
             num_classes=1001, clip_dim=0,  # 1000 classes + the null class (label 1000)
             conv=True, skip=True,

@@ -17,6 +17,7 @@ from uvic.config import (
     SampleConfig,
     TrainConfig,
 )
+from uvic.config.models import uvit_size
 
 
 def get_config() -> Config:
@@ -25,7 +26,7 @@ def get_config() -> Config:
         name="imagenet64_uvit_mid",
         model=ModelConfig(
             img_size=64, in_chans=3, patch_size=4,
-            embed_dim=768, depth=16, num_heads=12, mlp_ratio=4.0,  # U-ViT-M: 17 blocks, 130.9M
+            **uvit_size("mid"), mlp_ratio=4.0,  # U-ViT-M: 17 blocks, 130.9M
             qkv_bias=False, mlp_time_embed=False,
             num_classes=1000, clip_dim=0,  # label token, 1000 classes (no null class)
             conv=True, skip=True,

@@ -16,6 +16,7 @@ from uvic.config import (
     SampleConfig,
     TrainConfig,
 )
+from uvic.config.models import uvit_size
 
 
 def get_config() -> Config:
@@ -24,7 +25,7 @@ def get_config() -> Config:
         name="mscoco_uvit",
         model=ModelConfig(
             img_size=32, in_chans=4, patch_size=2,  # KL-f8 latents of 256x256 images
-            embed_dim=512, depth=12, num_heads=8, mlp_ratio=4.0,  # U-ViT-S: 13 blocks, 44.7M
+            **uvit_size("small"), mlp_ratio=4.0,  # U-ViT-S: 13 blocks, 44.7M
             qkv_bias=False, mlp_time_embed=False,
             num_classes=-1, clip_dim=768, num_clip_token=77,
             conv=True, skip=True,

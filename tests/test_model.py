@@ -18,7 +18,8 @@ from torch import Tensor
 
 import uvic_kernels
 from uvic.config import load_config
-from uvic.models.uvit import UViT, build_model, resolve_attention, timestep_embedding, uvit_size
+from uvic.config.models import uvit_size
+from uvic.models.uvit import UViT, build_model, resolve_attention, timestep_embedding
 from uvic.run.weights import (
     CheckpointError,
     LoadResult,

@@ -47,28 +47,6 @@ from uvic.config.models import (
     resolve_attention,
 )
 
-# Model sizes of the U-ViT paper (Table 1), as in the release configs:
-# small  = configs/cifar10_uvit.py, configs/mscoco_uvit.py        (13 blocks)
-# mid    = configs/imagenet64_uvit_mid.py                         (17 blocks)
-# large  = configs/imagenet64_uvit_large.py, imagenet512_uvit_large.py (21 blocks)
-# huge   = configs/imagenet256_uvit_huge.py, imagenet512_uvit_huge.py  (29 blocks)
-# `depth` counts in- plus out-blocks; the network has depth + 1 blocks with the mid-block.
-UVIT_SIZES: dict[str, dict[str, int]] = {
-    "small": {"embed_dim": 512, "depth": 12, "num_heads": 8},
-    "mid": {"embed_dim": 768, "depth": 16, "num_heads": 12},
-    "large": {"embed_dim": 1024, "depth": 20, "num_heads": 16},
-    "huge": {"embed_dim": 1152, "depth": 28, "num_heads": 16},
-}
-_SIZE_ALIASES = {"s": "small", "m": "mid", "l": "large", "h": "huge", "medium": "mid"}
-
-
-def uvit_size(name: str) -> dict[str, int]:
-    """(embed_dim, depth, num_heads) of U-ViT-S/M/L/H; accepts "small" or "S" etc."""
-    key = _SIZE_ALIASES.get(name.lower(), name.lower())
-    if key not in UVIT_SIZES:
-        raise ValueError(f"unknown U-ViT size {name!r}; choose one of {sorted(UVIT_SIZES)}")
-    return dict(UVIT_SIZES[key])
-
 
 def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
     """Sinusoidal embedding (B,) -> (B, dim): [cos(t f_i), sin(t f_i)], f_i = P^(-i/half).
