@@ -18,6 +18,7 @@ label, with results of the protocol that replaced it.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -25,9 +26,10 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from uvic.config import Config
-from uvic.config.sampling import effective_cfg_scale, fid_label_draw, label_draw
+from uvic.config import Config, load_config
+from uvic.config.sampling import effective_cfg_scale, fid_label_draw
 from uvic.evaluation.reference_split import ReferenceSplit, digest_order
+from uvic.presets import preset_path
 
 # The paper's Table 3 and the U-ViT release's reported FIDs.
 PAPER_FID = {("U-ViT", "cifar10"): 3.39, ("U-ViT", "mscoco"): 5.99,
@@ -107,13 +109,12 @@ def protocol_of(
     )
 
 
-# The release's protocols (configs/cifar10_*.py and configs/mscoco_*.py by default).
-RELEASE = {
-    "cifar10": Protocol("euler_maruyama", 1000, 0.0, 50_000, "legacy_pytorch",
-                        "cifar10/train/32"),
-    "mscoco": Protocol("dpm_solver++_fast_time_uniform", 50, 1.0, 30_000, "legacy_pytorch",
-                       "mscoco_val2014_256/val/256"),
-}
+@functools.cache
+def preset_protocol(preset: str) -> Protocol:
+    """The protocol a shipped config (`uvic.presets`) evaluates under by default. The
+    release's protocols are written once, in the presets' `sample` and `eval` sections:
+    `RELEASE` and `RELEASE_ROWS` read them from there."""
+    return protocol_of(load_config(preset_path(preset)))
 
 
 @dataclass(frozen=True)
@@ -130,10 +131,14 @@ class ReleaseRow:
     title: str
     uvit: str
     release_config: str
-    protocol: Protocol
     release_stats: str
     labels: str
     release_fid: float
+
+    @property
+    def protocol(self) -> Protocol:
+        """The release's protocol of this row, as its U-ViT preset's config states it."""
+        return preset_protocol(self.uvit)
 
     @property
     def uvic(self) -> str:
@@ -156,53 +161,42 @@ class ReleaseRow:
                 f"{self.release_stats}")
 
 
-def _release(sampler: str, steps: int, guidance: float, stats: str, res: int,
-             labels: str = "") -> Protocol:
-    """A release protocol: 50k samples, the release's pytorch-fid port (clean-fid's
-    legacy_pytorch), against the release's statistics file `stats` (eval.ref_stats), class
-    labels drawn as `labels` says (`uvic.config.sampling.fid_label_draw`'s words)."""
-    return Protocol(sampler, steps, guidance, 50_000, "legacy_pytorch",
-                    f"{Path(stats).stem}/train/{res}", labels=labels)
-
-
-FAST_LOGSNR, FAST_TIME = "dpm_solver_fast_logsnr", "dpm_solver++_fast_time_uniform"
-UNIFORM, BY_COUNT = label_draw(1000, by_frequency=False), label_draw(1000, by_frequency=True)
 _IN64, _IN256, _IN512 = (f"fid_stats_imagenet{r}_guided_diffusion.npz" for r in (64, 256, 512))
 _CELEBA = "fid_stats_celeba64_train_50000_ddim.npz"
-# The release's rows (baofff/U-ViT: configs/*.py `sample`, eval.py / eval_ldm.py /
-# eval_ldm_discrete.py / eval_t2i_discrete.py, datasets.py `fid_stat` and `sample_label`).
-# Pixel rows run eval.py: Euler-Maruyama (CelebA) or dpm_solver_pytorch.py's fast sampler
-# (ImageNet 64, unguided); latent L rows run eval_ldm.py (the same fast sampler, guided),
-# H rows eval_ldm_discrete.py (dpm_solver_pp.py's fast sampler). CIFAR-10 and MS-COCO keep
-# uvic's reference statistics (clean-fid's named `cifar10`; val2014 built locally).
+# The release's rows (baofff/U-ViT: configs/*.py, datasets.py `fid_stat`); the protocol of
+# each (sampler, steps, guidance, samples, statistics, labels) is its preset's
+# (`ReleaseRow.protocol`). CIFAR-10 and MS-COCO keep uvic's reference statistics
+# (clean-fid's named `cifar10`; val2014 built locally).
 RELEASE_ROWS = {row.key: row for row in [
     ReleaseRow("cifar10", "CIFAR-10, U-ViT-S/2", "cifar10_uvit", "configs/cifar10_uvit_small.py",
-               RELEASE["cifar10"], "fid_stats_cifar10_train_pytorch.npz", "none", 3.11),
+               "fid_stats_cifar10_train_pytorch.npz", "none", 3.11),
     ReleaseRow("celeba64_small", "CelebA 64, U-ViT-S/4", "celeba64_uvit_small",
                "configs/celeba64_uvit_small.py",
-               _release("euler_maruyama", 1000, 0.0, _CELEBA, 64), _CELEBA, "none", 2.87),
+               _CELEBA, "none", 2.87),
     ReleaseRow("imagenet64_mid", "ImageNet 64, U-ViT-M/4", "imagenet64_uvit_mid",
                "configs/imagenet64_uvit_mid.py",
-               _release(FAST_LOGSNR, 50, 0.0, _IN64, 64, BY_COUNT), _IN64, "", 5.85),
+               _IN64, "", 5.85),
     ReleaseRow("imagenet64_large", "ImageNet 64, U-ViT-L/4", "imagenet64_uvit_large",
                "configs/imagenet64_uvit_large.py",
-               _release(FAST_LOGSNR, 50, 0.0, _IN64, 64, BY_COUNT), _IN64, "", 4.26),
+               _IN64, "", 4.26),
     ReleaseRow("imagenet256_large", "ImageNet 256, U-ViT-L/2", "imagenet256_uvit_large",
                "configs/imagenet256_uvit_large.py",
-               _release(FAST_LOGSNR, 50, 0.4, _IN256, 256, UNIFORM), _IN256, "", 3.40),
+               _IN256, "", 3.40),
     ReleaseRow("imagenet256_huge", "ImageNet 256, U-ViT-H/2", "imagenet256_uvit_huge",
                "configs/imagenet256_uvit_huge.py",
-               _release(FAST_TIME, 50, 0.4, _IN256, 256, UNIFORM), _IN256, "", 2.29),
+               _IN256, "", 2.29),
     ReleaseRow("imagenet512_large", "ImageNet 512, U-ViT-L/4", "imagenet512_uvit_large",
                "configs/imagenet512_uvit_large.py",
-               _release(FAST_LOGSNR, 50, 0.7, _IN512, 512, UNIFORM), _IN512, "", 4.67),
+               _IN512, "", 4.67),
     ReleaseRow("imagenet512_huge", "ImageNet 512, U-ViT-H/4", "imagenet512_uvit_huge",
                "configs/imagenet512_uvit_huge.py",
-               _release(FAST_TIME, 50, 0.7, _IN512, 512, UNIFORM), _IN512, "", 4.05),
+               _IN512, "", 4.05),
     ReleaseRow("mscoco", "MS-COCO 256 (text), U-ViT-S/2", "mscoco_uvit",
-               "configs/mscoco_uvit_small.py", RELEASE["mscoco"], "fid_stats_mscoco256_val.npz",
+               "configs/mscoco_uvit_small.py", "fid_stats_mscoco256_val.npz",
                "the captions of random val images", 5.95),
 ]}
+# The release's protocols of Table 3's datasets (the cifar10_* and mscoco_* presets' default)
+RELEASE = {key: RELEASE_ROWS[key].protocol for key in ("cifar10", "mscoco")}
 
 # Sampler names results were once recorded under, and the name they are read back as:
 # `dpm_solver_fast` was uvic's MS-COCO sampler until issue 25, believed to be the
