@@ -14,6 +14,7 @@ assumed done).
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -50,13 +51,29 @@ def readme_commands(text: str = README) -> list[str]:
     return list(dict.fromkeys(bash_commands(text) + inline_commands(text)))
 
 
+# What a running make hands its children: its flags and its command-line variables.
+MAKE_VARIABLES = ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL")
+
+
+def outside_make(environ: dict[str, str] | os._Environ) -> dict[str, str]:
+    """`environ` without what an enclosing make passes down: under `make test ARGS=...`
+    the suite's environment holds `MAKEFLAGS= -- ARGS=...` and `ARGS` itself, and a make
+    run by a test would take that ARGS as its own (the README's `make quickstart` would
+    run with pytest's options). Command-line variables are dropped by name too."""
+    assigned = environ.get("MAKEFLAGS", "").partition(" -- ")[2]
+    names = {word.split("=", 1)[0] for word in shlex.split(assigned) if "=" in word}
+    return {k: v for k, v in environ.items()
+            if k not in MAKE_VARIABLES and k not in names and k != "ARGS"}
+
+
 def make_recipe(command: str) -> list[str]:
     """The shell lines a README `make ...` command runs (`make -n`)."""
     words = shlex.split(command)
     assert words[0] == "make", command
     proc = subprocess.run(
         ["make", "-n", "--no-print-directory", "-C", str(ROOT), "-o", str(VENV / ".installed"),
-         f"VENV={VENV}", *words[1:]], capture_output=True, text=True, timeout=60)
+         f"VENV={VENV}", *words[1:]], capture_output=True, text=True, timeout=60,
+        env=outside_make(os.environ))
     assert proc.returncode == 0, f"{command}: {proc.stderr}"
     return [line for line in proc.stdout.splitlines() if line and not line.startswith("make:")]
 

@@ -691,6 +691,26 @@ def test_make_targets_exist() -> None:
             assert command.split()[1] in targets, command
 
 
+def test_make_commands_ignore_an_enclosing_make(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `make test ARGS="--durations=12"` the suite's environment is what that make
+    gives its recipe (here: a make run with that ARGS, its environment read back); the
+    README's make commands run by the tests still run their own recipe, not with ARGS."""
+    makefile = tmp_path / "Makefile"
+    makefile.write_text("all:\n\t@env -0\n")
+    proc = subprocess.run(["make", "-s", "-f", str(makefile), "ARGS=--durations=12"],
+                          capture_output=True, text=True, timeout=60)
+    inherited = dict(v.split("=", 1) for v in proc.stdout.split("\0") if "=" in v)
+    assert "ARGS=--durations=12" in inherited["MAKEFLAGS"], inherited.get("MAKEFLAGS")
+    for name, value in inherited.items():
+        if name.startswith(("MAKE", "MFLAGS")) or name == "ARGS":
+            monkeypatch.setenv(name, value)
+    for command in ("make quickstart", "make bench", 'make quickstart ARGS="--threads 1"'):
+        words = command_line(command)[1]
+        assert not any("--durations" in w for w in words), (command, words)
+    assert command_line('make quickstart ARGS="--threads 1"')[1][-2:] == ["--threads", "1"]
+
+
 class Parsed(Exception):
     """Raised in place of a script's work once its parser has read the arguments."""
 
