@@ -86,6 +86,8 @@ START_UP_ERRORS = [
      "error: config file not found"),
     ("uvic-quickstart", ("--set", "train.nope=1"), "error: unknown config key 'train.nope'"),
     ("uvic-quickstart", ("--threads", "0"), "error: --threads 0"),
+    ("uvic-table3", ("--set", "train.nope=1"), "error: unknown config key 'train.nope'"),
+    ("uvic-release-table", ("--only", "nope"), "error: --only ['nope']: matches no row"),
 ]
 
 
