@@ -1,8 +1,9 @@
-"""The README's commands: its words, and the argv each one runs on this machine.
+"""The documentation's commands: the words of the README and of every page in docs/, and
+the argv each command runs on this machine.
 
 For tests/test_readme.py, which runs or checks every one of them, and for the tests that
-run a README command themselves (tests/test_quickstart.py). Import with
-``from readme_commands import ...`` (pytest puts tests/ on sys.path).
+run a documented command themselves (tests/test_quickstart.py) or read a page's example
+(`page`). Import with ``from readme_commands import ...`` (pytest puts tests/ on sys.path).
 
 A command is taken as the README writes it. Running it here changes only what names this
 machine: `python`, `accelerate` and `.venv/bin/...` are the virtual environment running the
@@ -14,6 +15,7 @@ assumed done).
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -21,7 +23,37 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+# The tested pages: the README, the front door, then the reference pages of docs/.
+PAGES = ("README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))
+
+
+def page(name: str) -> str:
+    """The text of a tested page (`PAGES`: "README.md", "docs/sampling.md", ...)."""
+    assert name in PAGES, f"{name} is not one of {PAGES}"
+    return (ROOT / name).read_text()
+
+
+def section(name: str, heading: str) -> str:
+    """The text of page `name` under the heading line `heading` (e.g. "## Layout"), up to
+    the next heading of the same or a higher level."""
+    level = len(heading.split(" ")[0])
+    lines, out, inside, code = page(name).splitlines(), [], False, False
+    for line in lines:
+        if line.startswith("```"):
+            code = not code
+        elif not code and re.match(r"#+ ", line):
+            if inside and len(line.split(" ")[0]) <= level:
+                break
+            if line == heading:
+                inside = True
+                continue
+        if inside:
+            out.append(line)
+    assert inside, f"{name} has no heading {heading!r}"
+    return "\n".join(out)
+
+
+README = page("README.md")
 VENV = Path(sys.executable).parents[1]  # the environment running the tests (make's VENV)
 REPO_FOLDERS = ("scripts/", "configs/", "eval/", "tests/")
 # A code span that is a whole command, e.g. `make quickstart ARGS="--threads 1"`.
@@ -45,9 +77,26 @@ def inline_commands(text: str = README) -> list[str]:
     return [" ".join(c.split()) for c in INLINE_COMMAND.findall(text)]
 
 
-def readme_commands(text: str = README) -> list[str]:
-    """Every command of the README, once each, in order of first appearance."""
-    return list(dict.fromkeys(bash_commands(text) + inline_commands(text)))
+def readme_commands(text: str | None = None) -> list[str]:
+    """Every command of `text`, once each, in order of first appearance; without `text`,
+    of every page (`PAGES`: the README's first)."""
+    texts = [text] if text is not None else [page(name) for name in PAGES]
+    return list(dict.fromkeys(c for t in texts for c in bash_commands(t) + inline_commands(t)))
+
+
+# What a running make hands its children: its flags and its command-line variables.
+MAKE_VARIABLES = ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL")
+
+
+def outside_make(environ: dict[str, str] | os._Environ) -> dict[str, str]:
+    """`environ` without what an enclosing make passes down: under `make test ARGS=...`
+    the suite's environment holds `MAKEFLAGS= -- ARGS=...` and `ARGS` itself, and a make
+    run by a test would take that ARGS as its own (the README's `make quickstart` would
+    run with pytest's options). Command-line variables are dropped by name too."""
+    assigned = environ.get("MAKEFLAGS", "").partition(" -- ")[2]
+    names = {word.split("=", 1)[0] for word in shlex.split(assigned) if "=" in word}
+    return {k: v for k, v in environ.items()
+            if k not in MAKE_VARIABLES and k not in names and k != "ARGS"}
 
 
 def make_recipe(command: str) -> list[str]:
@@ -56,7 +105,8 @@ def make_recipe(command: str) -> list[str]:
     assert words[0] == "make", command
     proc = subprocess.run(
         ["make", "-n", "--no-print-directory", "-C", str(ROOT), "-o", str(VENV / ".installed"),
-         f"VENV={VENV}", *words[1:]], capture_output=True, text=True, timeout=60)
+         f"VENV={VENV}", *words[1:]], capture_output=True, text=True, timeout=60,
+        env=outside_make(os.environ))
     assert proc.returncode == 0, f"{command}: {proc.stderr}"
     return [line for line in proc.stdout.splitlines() if line and not line.startswith("make:")]
 

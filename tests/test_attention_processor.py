@@ -20,7 +20,7 @@ import torch
 from diffusers import DiTTransformer2DModel
 from diffusers.models import attention_processor as diffusers_ap
 from diffusers.models.attention_processor import Attention, AttnAddedKVProcessor, AttnProcessor2_0
-from readme_commands import README
+from readme_commands import page
 
 from uvic.models.attention_processor import (
     CogAttnProcessor,
@@ -278,8 +278,8 @@ def test_default_backend_runs_the_kernel():
 
 
 def test_readme_example(monkeypatch):
-    """The README's "Use with diffusers" example, with a tiny DiT for the hub model."""
-    section = README.split("## Use with diffusers", 1)[1].split("\n## ", 1)[0]
+    """docs/diffusers.md's Cog-attention example, with a tiny DiT for the hub model."""
+    section = page("docs/diffusers.md")
     code = next(block for block in re.findall(r"```python\n(.*?)```", section, flags=re.S)
                 if "set_cog_attention" in block)
     loaded = []
@@ -292,7 +292,7 @@ def test_readme_example(monkeypatch):
     inputs = dit_inputs()
     namespace = {"latents": inputs["hidden_states"], "t": inputs["timestep"],
                  "labels": inputs["class_labels"]}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/diffusers.md", "exec"), namespace)
     assert loaded == ["facebook/DiT-XL-2-256"]
     assert sorted(namespace["changed"]) == [f"transformer_blocks.{i}.attn1" for i in (1, 2)]
     assert namespace["noise_pred"].shape == inputs["hidden_states"].shape

@@ -28,21 +28,22 @@ HEAVY = ("torch", "triton", "torchvision", "diffusers", "accelerate", "open_clip
 PROBE = """
 import contextlib, importlib, io, json, sys
 module, func = sys.argv[1].split(":")
-out = io.StringIO()
-with contextlib.redirect_stdout(out):
+args = json.loads(sys.argv[2])
+out, err = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
     try:
-        code = getattr(importlib.import_module(module), func)(["--help"])
+        code = getattr(importlib.import_module(module), func)(args)
     except SystemExit as exit:
         code = exit.code
-print(json.dumps({"code": code, "usage": out.getvalue(),
-                  "heavy": sorted(m for m in sys.argv[2:] if m in sys.modules)}))
+print(json.dumps({"code": code, "usage": out.getvalue(), "stderr": err.getvalue(),
+                  "heavy": sorted(m for m in sys.argv[3:] if m in sys.modules)}))
 """
 
 
-def probe(entry: str, cwd: Path | None = None) -> dict:
-    """`entry`'s --help in a fresh interpreter (see PROBE)."""
-    proc = subprocess.run([sys.executable, "-c", PROBE, entry, *HEAVY], capture_output=True,
-                          text=True, timeout=120, cwd=cwd,
+def probe(entry: str, cwd: Path | None = None, args: tuple[str, ...] = ("--help",)) -> dict:
+    """`entry` run with `args` (--help) in a fresh interpreter (see PROBE)."""
+    proc = subprocess.run([sys.executable, "-c", PROBE, entry, json.dumps(args), *HEAVY],
+                          capture_output=True, text=True, timeout=120, cwd=cwd,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)
@@ -66,6 +67,42 @@ def test_help_loads_no_heavy_library(name: str, tmp_path: Path) -> None:
     assert result["heavy"] == [], f"{name} --help imports {', '.join(result['heavy'])}"
 
 
+# A wrong config or option, as a user mistypes it, and the start of the line it must give.
+START_UP_ERRORS = [
+    ("uvic-train", ("--config", "missing.py"), "error: config file not found: missing.py"),
+    ("uvic-train", ("--config", "cifar10_uvic", "--set", "model.nope=1"),
+     "error: unknown config key 'model.nope'"),
+    ("uvic-train", ("--config", "cifar10_uvic", "--set", "model.depth=abc"),
+     "error: config key 'model.depth' expects int"),
+    ("uvic-train", ("--config", "cifar10_uvic", "--set", "train.batch_size=0"),
+     "error: train.batch_size=0 must be >= 1"),
+    ("uvic-sample", ("--config", "missing.py", "--ckpt", "x", "--out", "o"),
+     "error: config file not found"),
+    ("uvic-fid", ("--config", "cifar10_uvic", "--ckpt", "x", "--set", "eval.nope=1"),
+     "error: unknown config key 'eval.nope'"),
+    ("uvic-export", ("x", "--set", "model.nope=1", "--out", "o"),
+     "error: unknown config key 'model.nope'"),
+    ("uvic-analyze-attention", ("--config", "missing.py", "--checkpoint", "a=b", "--out", "o"),
+     "error: config file not found"),
+    ("uvic-quickstart", ("--set", "train.nope=1"), "error: unknown config key 'train.nope'"),
+    ("uvic-quickstart", ("--threads", "0"), "error: --threads 0"),
+    ("uvic-table3", ("--set", "train.nope=1"), "error: unknown config key 'train.nope'"),
+    ("uvic-release-table", ("--only", "nope"), "error: --only ['nope']: matches no row"),
+]
+
+
+@pytest.mark.parametrize("name, args, line", START_UP_ERRORS,
+                         ids=[f"{n} {' '.join(a)}" for n, a, _ in START_UP_ERRORS])
+def test_start_up_errors_load_no_heavy_library(name: str, args: tuple[str, ...], line: str,
+                                               tmp_path: Path) -> None:
+    """A wrong config file, `--set` key or value, or option ends with its one-line error
+    before torch is imported (which takes seconds): every command checks first."""
+    result = probe(SCRIPTS[name], cwd=tmp_path, args=args)
+    assert result["code"] == 2, result
+    assert result["stderr"].startswith(line) and result["stderr"].count("\n") == 1, result
+    assert result["heavy"] == [], f"{name} {' '.join(args)} imports {result['heavy']}"
+
+
 def test_import_uvic_is_light() -> None:
     proc = subprocess.run(
         [sys.executable, "-c", "import json, sys, uvic, uvic_kernels, uvic.cli, uvic.presets; "
@@ -87,10 +124,11 @@ def test_scripts_run_a_commands_main(path: Path) -> None:
     assert any(main is f for f in entries.values()), f"{path} runs no command's main"
 
 
-def test_readme_names_every_command() -> None:
-    readme = (ROOT / "README.md").read_text()
-    missing = [name for name in SCRIPTS if f"`{name}`" not in readme]
-    assert not missing, f"the README does not name {missing}"
+def test_docs_name_every_command() -> None:
+    """docs/configs.md's table of the installed commands names every one."""
+    table = (ROOT / "docs" / "configs.md").read_text()
+    missing = [name for name in SCRIPTS if f"| `{name}` |" not in table]
+    assert not missing, f"docs/configs.md does not name {missing}"
 
 
 # --------------------------------------------------------------------------- public API

@@ -488,14 +488,14 @@ def test_pipeline_refuses_bad_input_in_one_line(runs) -> None:
     assert "DDIM" in one_line_error(pixels, sampler="DDIM")
 
 
-# --------------------------------------------------------------------------- the README
+# --------------------------------------------------------------------------- the docs
 
 
 def test_readme_examples_run(runs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's "Use with diffusers" Python examples run as written on the exported
-    tiny runs (at 2 steps and 2 images), in a folder holding them where the README puts
+    """docs/diffusers.md's Python examples run as written on the exported
+    tiny runs (at 2 steps and 2 images), in a folder holding them where the page puts
     them."""
-    section = (REPO / "README.md").read_text().split("## Use with diffusers")[1].split("\n## ")[0]
+    section = (REPO / "docs" / "diffusers.md").read_text()
     examples = [code for code in re.findall(r"```python\n(.*?)```", section, flags=re.S)
                 if "UViTPipeline" in code]
     assert examples
@@ -506,5 +506,5 @@ def test_readme_examples_run(runs, tmp_path: Path, monkeypatch: pytest.MonkeyPat
         code = re.sub(r"num_inference_steps=\d+", "num_inference_steps=2", code)
         code = re.sub(r"batch_size=\d+", "batch_size=2", code)
         namespace: dict = {}
-        exec(compile(code, "README.md", "exec"), namespace)
+        exec(compile(code, "docs/diffusers.md", "exec"), namespace)
     assert Image.open(tmp_path / "red_bus.png").size == (64, 64)

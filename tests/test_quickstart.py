@@ -15,14 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from readme_commands import README, argv
+from readme_commands import argv, page
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_outputs() -> list[str]:
-    """The names the README's quickstart section lists as written to runs/quickstart/."""
-    listing = README.split("and writes to `runs/quickstart/`:\n\n")[1].split("\n\n")[0]
+    """The names docs/quickstart.md lists as written to runs/quickstart/."""
+    listing = page("docs/quickstart.md").split("and writes to `runs/quickstart/`:\n\n")[1].split(
+        "\n\n")[0]
     return [name for item in re.findall(r"^- (.+?):", listing, flags=re.M)
             for name in re.findall(r"`([^`]+)`", item)]
 

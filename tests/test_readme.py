@@ -1,15 +1,17 @@
-"""The README is tested: every command in it runs here at tiny scale or says why it cannot,
-and its numbers (steps, defaults, sizes, file names) are those of the code.
+"""The documentation is tested: the README and every page in docs/ (`readme_commands.PAGES`).
+Every command in them runs here at tiny scale or says why it cannot, their numbers (steps,
+defaults, sizes, file names) are those of the code, and their links reach their targets.
 
-`COMMANDS` has one entry per README command, keyed by the command as the README writes it
-(`readme_commands.readme_commands`: the ```bash blocks and whole commands in the prose):
+`COMMANDS` has one entry per documented command, keyed by the command as its page writes it
+(`readme_commands.readme_commands`: the ```bash blocks and whole commands in the prose of
+every page; "README command" below means any of them):
 
 * `Run`: the command runs here, as a subprocess in a fresh folder, with the README's own
   words (`readme_commands.command_line`) followed by `add`: tiny-scale, CPU and offline
   settings only (a later `--set` or flag overrides the README's). The folder holds the
   entry's `needs`: data in the real on-disk formats (tests/datagen.py) and tiny runs of
   the real training loop, made once per session. The result is then checked: exit 0, the
-  files the README's "Where outputs go" names, the README's own `--set` values in the
+  files docs/outputs.md's "Where outputs go" names, the README's own `--set` values in the
   saved config, and the entry's `check`.
 * `Elsewhere`: a test file runs the command itself, taking it from the README.
 * `Same`: the command runs what another README command runs.
@@ -17,8 +19,9 @@ and its numbers (steps, defaults, sizes, file names) are those of the code.
   weights) or is the test suite itself; `why` says which. Its launcher flags, script
   flags and config (with the entry's `add`) are still checked, as for every command.
 
-A README command without an entry, or an entry whose command left the README, fails
-`test_every_readme_command_has_an_entry`: add or update the entry.
+A command without an entry, or an entry whose command left every page, fails
+`test_every_readme_command_has_an_entry`: add or update the entry. A page's numbers are its
+`CLAIMS` (one list per page).
 """
 
 from __future__ import annotations
@@ -53,12 +56,15 @@ from datagen import (
     tiny_vae_folder,
 )
 from readme_commands import (
+    PAGES,
     README,
     ROOT,
     VENV,
     command_line,
     make_recipe,
+    page,
     readme_commands,
+    section,
     split_env,
 )
 
@@ -68,7 +74,12 @@ from uvic.data.datasets import save_shapes_folder
 from uvic.models.uvit import build_model
 from uvic.run.folder import RunFolder
 
-TEXT = " ".join(README.split())  # the README with line breaks as spaces, for its sentences
+
+def flat(name: str) -> str:
+    """Page `name` with line breaks as spaces, for its sentences."""
+    return " ".join(page(name).split())
+
+
 SHIMS = Path(__file__).with_name("shims")  # sitecustomize.py: generated CIFAR-10 passes
 
 
@@ -225,10 +236,12 @@ def exported(folder: str, size: int, **inputs: object
 
 
 def plan_states_the_readme_compute(ws: Path, proc: subprocess.CompletedProcess) -> None:
-    """The README's compute figures are the plan's: images x network calls per image."""
+    """docs/evaluation.md's compute figures are the plan's: images x network calls per
+    image."""
     claim = re.search(r"CIFAR-10: ([\d,]+) x (\d+) = ([\de.]+) image forwards per model; "
-                      r"MS-COCO: ([\d,]+) x (\d+) x (\d+) = ([\de.]+)", TEXT)
-    assert claim, "the README no longer states the FID compute"
+                      r"MS-COCO: ([\d,]+) x (\d+) x (\d+) = ([\de.]+)",
+                      flat("docs/evaluation.md"))
+    assert claim, "docs/evaluation.md no longer states the FID compute"
     n10, calls10, total10, n_coco, steps, passes, total_coco = claim.groups()
     for n, calls, total in ((n10, int(calls10), total10),
                             (n_coco, int(steps) * int(passes), total_coco)):
@@ -276,8 +289,9 @@ def agrees(readme: str, value: float) -> bool:
 
 
 def samplers_print_the_readme_figures(ws: Path, proc: subprocess.CompletedProcess) -> None:
-    """The Fidelity section's sampler figures are those `tests/test_samplers.py` prints."""
+    """docs/fidelity.md's sampler figures are those `tests/test_samplers.py` prints."""
     got = sampler_figures(proc.stdout)
+    doc, fidelity = page("docs/fidelity.md"), flat("docs/fidelity.md")
 
     def line(prefix: str) -> float:
         keys = [k for k in got if len(k) == 1 and k[0].startswith(prefix)]
@@ -285,25 +299,25 @@ def samplers_print_the_readme_figures(ws: Path, proc: subprocess.CompletedProces
         return got[keys[0]]
 
     expected: dict[tuple, str] = {}
-    for schedule, section in (("VP (CIFAR-10)", "vp_continuous"),
-                              ("scaled-linear (MS-COCO)", "scaled_linear")):
+    for schedule, part in (("VP (CIFAR-10)", "vp_continuous"),
+                           ("scaled-linear (MS-COCO)", "scaled_linear")):
         for order in (2, 3):
-            row = re.search(rf"^\| {re.escape(schedule)}, {order} \| (.+) \|$", README, re.M)
+            row = re.search(rf"^\| {re.escape(schedule)}, {order} \| (.+) \|$", doc, re.M)
             assert row, f"no Fidelity table row for {schedule}, order {order}"
             for steps, cell in zip((10, 25, 50), row.group(1).split(" | "), strict=True):
                 time_grid, lu_grid = cell.split(" / ")
-                expected[(section, order, steps, "time")] = time_grid
-                expected[(section, order, steps, "logSNR")] = lu_grid
+                expected[(part, order, steps, "time")] = time_grid
+                expected[(part, order, steps, "logSNR")] = lu_grid
     random = "vp_continuous, Gaussian + 0.1 random U-ViT"
     sentence = re.search(r"order 3 at 50 steps (\S+) \(time\) / (\S+) \(logSNR\), order 2 at "
-                         r"50 steps (\S+) / (\S+), 25 steps (\S+) / (\S+)\.", TEXT)
-    assert sentence, "the README no longer gives the random-U-ViT figures"
+                         r"50 steps (\S+) / (\S+), 25 steps (\S+) / (\S+)\.", fidelity)
+    assert sentence, "docs/fidelity.md no longer gives the random-U-ViT figures"
     for (order, steps, grid), text in zip(
             [(3, 50, "time"), (3, 50, "logSNR"), (2, 50, "time"), (2, 50, "logSNR"),
              (2, 25, "time"), (2, 25, "logSNR")], sentence.groups(), strict=True):
         expected[(random, order, steps, grid)] = text
     for key, text in expected.items():
-        assert agrees(text, got[key]), f"README {text}, printed {got[key]:.2e}: {key}"
+        assert agrees(text, got[key]), f"docs {text}, printed {got[key]:.2e}: {key}"
     sentences = {
         r"same noise and increments, (\S+) relative L2": "euler_maruyama",
         r"the MS-COCO DPM-Solver\+\+ fast \(`dpm_solver_pp.py`\) (\S+)":
@@ -320,8 +334,8 @@ def samplers_print_the_readme_figures(ws: Path, proc: subprocess.CompletedProces
         r"500-step solutions that agree to (\S+) on both grids": random,
     }
     for pattern, prefix in sentences.items():
-        found = re.search(pattern, TEXT)
-        assert found, f"the README no longer says: {pattern}"
+        found = re.search(pattern, fidelity)
+        assert found, f"docs/fidelity.md no longer says: {pattern}"
         assert agrees(found.group(1), line(prefix)), (pattern, line(prefix))
 
 
@@ -670,13 +684,13 @@ def run_command(command: str, entry: Run, ws: Path, assets: Assets
 def test_every_readme_command_has_an_entry() -> None:
     commands = readme_commands()
     missing = [c for c in commands if c not in COMMANDS]
-    assert not missing, f"README commands without an entry in COMMANDS: {missing}"
+    assert not missing, f"documented commands without an entry in COMMANDS: {missing}"
     stale = [c for c in COMMANDS if c not in commands]
-    assert not stale, f"COMMANDS entries the README no longer has: {stale}"
+    assert not stale, f"COMMANDS entries no page has any more: {stale}"
 
 
 def test_readme_opens_with_the_two_setup_commands() -> None:
-    assert readme_commands()[:2] == ["make quickstart", "make test"]
+    assert readme_commands(README)[:2] == ["make quickstart", "make test"]
 
 
 def test_ci_runs_the_readme_test_command() -> None:
@@ -690,6 +704,26 @@ def test_make_targets_exist() -> None:
     for command in readme_commands():
         if command.startswith("make "):
             assert command.split()[1] in targets, command
+
+
+def test_make_commands_ignore_an_enclosing_make(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `make test ARGS="--durations=12"` the suite's environment is what that make
+    gives its recipe (here: a make run with that ARGS, its environment read back); the
+    README's make commands run by the tests still run their own recipe, not with ARGS."""
+    makefile = tmp_path / "Makefile"
+    makefile.write_text("all:\n\t@env -0\n")
+    proc = subprocess.run(["make", "-s", "-f", str(makefile), "ARGS=--durations=12"],
+                          capture_output=True, text=True, timeout=60)
+    inherited = dict(v.split("=", 1) for v in proc.stdout.split("\0") if "=" in v)
+    assert "ARGS=--durations=12" in inherited["MAKEFLAGS"], inherited.get("MAKEFLAGS")
+    for name, value in inherited.items():
+        if name.startswith(("MAKE", "MFLAGS")) or name == "ARGS":
+            monkeypatch.setenv(name, value)
+    for command in ("make quickstart", "make bench", 'make quickstart ARGS="--threads 1"'):
+        words = command_line(command)[1]
+        assert not any("--durations" in w for w in words), (command, words)
+    assert command_line('make quickstart ARGS="--threads 1"')[1][-2:] == ["--threads", "1"]
 
 
 class Parsed(Exception):
@@ -773,7 +807,7 @@ def test_flags_named_in_the_prose_exist() -> None:
             parsers.append(parse_only(main, args))
     flags = {flag for parser in parsers for flag in parser._option_string_actions}
     keys = config_keys()
-    spans = re.findall(r"`(--[^`]+)`", README)
+    spans = [span for name in PAGES for span in re.findall(r"`(--[^`]+)`", page(name))]
     assert spans
     for span in spans:
         words = shlex.split(span)
@@ -792,9 +826,10 @@ def config_keys() -> set[str]:
 
 
 def where_outputs_go(row: str) -> list[str]:
-    """The names a row of the README's "Where outputs go" table lists after its colon."""
-    line = re.search(rf"^\| {re.escape(row)} \| [^:|]*: (.+) \|$", README, flags=re.M)
-    assert line, f"no row {row!r} in the README's 'Where outputs go'"
+    """The names a row of docs/outputs.md's "Where outputs go" table lists after its colon."""
+    line = re.search(rf"^\| {re.escape(row)} \| [^:|]*: (.+) \|$", page("docs/outputs.md"),
+                     flags=re.M)
+    assert line, f"no row {row!r} in docs/outputs.md's 'Where outputs go'"
     return re.findall(r"`([^`]+)`", line.group(1))
 
 
@@ -902,94 +937,115 @@ def parameters(name: str) -> int:
 
 
 QS, C10, COCO = "quickstart", "cifar10_uvit", "mscoco_uvit"
-# (a sentence of the README with its numbers as groups, what the code says they are)
-CLAIMS: list[tuple[str, Callable[[], tuple]]] = [
-    (r"Put CIFAR-10 \(the python version\) at `([^`]+)/cifar-10-batches-py/`",
-     lambda: (config(C10).data.root,)),
-    (r"--coco (\S+) --out (\S+) --device", lambda: (
-        str(Path(config(COCO).eval.ref_images).parent), config(COCO).data.root)),
-    (r"(\d+) steps of (\d+) images per model \((\d+) tokens per image\)",
-     lambda: (config(QS).train.max_steps, config(QS).train.batch_size, tokens(QS) - 1)),
-    (r"then (\d+) (\w+) steps with autoguidance \(below\) for (\d+) images per model",
-     lambda: (config(QS).sample.steps, config(QS).sample.scheduler.removesuffix("Scheduler"),
-              quickstart_defaults().n_quality)),
-    (r"DDPM's ancestral sampler \(\d+ steps then, (\d+) now\)",
-     lambda: (config(QS).sample.steps,)),
-    (r"so the default \(step (\d+), s = ([\d.]+), (\d+) steps\)",
-     lambda: (guide_step(), config(QS).sample.autoguidance_scale, config(QS).sample.steps)),
-    (r"keeps its EMA weights at step (\d+) \(`train\.keep_steps=\((\d+),\)`\)",
-     lambda: (guide_step(), *config(QS).train.keep_steps)),
-    (r"`eps = g \+ ([\d.]+) \(g - b\)`", lambda: (config(QS).sample.autoguidance_scale,)),
-    (r"here Min-SNR-(\d+) weighted", lambda: (config(QS).diffusion.min_snr_gamma,)),
-    (r"training objective, Min-SNR-(\d+) weighted: see below",
-     lambda: (config(QS).diffusion.min_snr_gamma,)),
-    (r"`--preset gpu` trains a larger model for (\d+) steps on a GPU, (without) autoguidance",
-     lambda: (gpu_preset().train.max_steps,
-              "without" if gpu_preset().sample.autoguidance_scale == 0 else "with")),
-    (r"`diffusion\.min_snr_gamma=(\d+)`", lambda: (config(QS).diffusion.min_snr_gamma,)),
-    (r"\((\d+)x(\d+), no download\)", lambda: (config(QS).model.img_size,) * 2),
-    (r"\(`--threads`, default (\d+),", lambda: (quickstart_defaults().threads,)),
-    (r"writes to `([^`]+)/`:", lambda: (quickstart_defaults().out,)),
-    (r"\| quickstart \| `([^`]+)/` \|", lambda: (quickstart_defaults().out,)),
-    (r"log (\d+) = ([\d.]+) would be uniform over the (\d+) patches and the time token",
-     lambda: (tokens(QS), round(math.log(tokens(QS)), 2), tokens(QS) - 1)),
-    (r"U-ViT-S/2, (\d+)M parameters", lambda: (round(parameters(C10) / 1e6),)),
-    (r"U-ViT-S/2: patch (\d+), width (\d+), depth (\d+), (\d+) heads; AdamW ([\d.e-]+), "
-     r"weight decay ([\d.]+); EMA ([\d.]+)",
-     lambda: (config(C10).model.patch_size, config(C10).model.embed_dim,
-              config(C10).model.depth, config(C10).model.num_heads, config(C10).optim.lr,
-              config(C10).optim.weight_decay, config(C10).train.ema_decay)),
-    (r"global batch \((\d+) for CIFAR-10\)", lambda: (config(C10).train.batch_size,)),
-    (r"(?i:continuous VP) (?:schedule )?\(beta ([\d.]+) -> (\d+)\)",
-     lambda: (config(C10).diffusion.beta_min, config(C10).diffusion.beta_max)),
-    (r"\((\d+) tokens on CIFAR-10, (\d+) on MS-COCO\)", lambda: (tokens(C10), tokens(COCO))),
-    (r"scaled by ([\d.]+)\)", lambda: (config(COCO).data.scale_factor,)),
-    (r"discrete scaled-linear schedule, (\d+) steps",
-     lambda: (config(COCO).diffusion.num_train_timesteps,)),
-    (r"to the empty prompt with p = ([\d.]+)", lambda: (config(COCO).diffusion.p_uncond,)),
-    (r"(\d+) x (\d+) token states",
-     lambda: (config(COCO).model.num_clip_token, config(COCO).model.clip_dim)),
-    (r"\(([\d.]+) for the COCO FID protocol\)", lambda: (config(COCO).sample.cfg_scale,)),
-    (r"\| sampler \| `(\w+)`, (\d+) steps \| `([\w+]+)`, (\d+) steps, guidance scale (\d+) \|",
-     lambda: (config(C10).sample.scheduler, config(C10).sample.steps,
-              config(COCO).sample.scheduler, config(COCO).sample.steps,
-              config(COCO).sample.cfg_scale)),
-    (r"\| samples \| ([\d,]+) \| ([\d,]+), captions",
-     lambda: (config(C10).eval.n_samples, config(COCO).eval.n_samples)),
-    (r"\| FID \| clean-fid `(\w+)` \(the release's pytorch-fid port\) \| (same) \|",
-     lambda: (same_modes(), "same")),
-    (r"val2014 at (\d+)x\d+", lambda: (config(COCO).eval.ref_res,)),
-    (r"Euler-Maruyama (\d+) steps \(CIFAR-10\) and DPM-Solver \"fast\" (\d+) steps with "
-     r"`eps = c \+ ([\d.]+) \(c - u\)`",
-     lambda: (config(C10).sample.steps, config(COCO).sample.steps,
-              config(COCO).sample.cfg_scale)),
-    (r"EMA rate ([\d.]+), seed (\d+), (\w+) training", lambda: paper_recipe(C10)),
-    (r"EMA rate ([\d.]+), seed (\d+), (\w+) training", lambda: paper_recipe(COCO)),
-    (r"([\d,]+) / ([\d,]+) samples",
-     lambda: (config(C10).eval.n_samples, config(COCO).eval.n_samples)),
-]
-
-
-# the same for docs/conventions.md
-DOC_CLAIMS: list[tuple[str, Callable[[], tuple]]] = [
-    (r"U-ViT-S/2 has ([\d,]+) parameters \(CIFAR-10\) and ([\d,]+) \(MS-COCO\)",
-     lambda: (parameters(C10), parameters(COCO))),
-    (r"\| sampler \| `(\w+)`, (\d+) steps [^|]*\| `([\w+]+)`, (\d+) steps [^|]*guidance "
-     r"`eps = c \+ ([\d.]+) \(c - u\)` \|",
-     lambda: (config(C10).sample.scheduler, config(C10).sample.steps,
-              config(COCO).sample.scheduler, config(COCO).sample.steps,
-              config(COCO).sample.cfg_scale)),
-    (r"\| AdamW betas \| \(([\d.]+), ([\d.]+)\) \| \(([\d.]+), ([\d.]+)\) \|",
-     lambda: (*config(C10).optim.betas, *config(COCO).optim.betas)),
-    (r"\| warm-up steps \| (\d+) \| (\d+) \|",
-     lambda: (config(C10).optim.warmup_steps, config(COCO).optim.warmup_steps)),
-    (r"\| batch / steps \| (\d+) / (\d+)k \| (\d+) / (\d+)M \|",
-     lambda: (config(C10).train.batch_size, config(C10).train.max_steps // 1000,
-              config(COCO).train.batch_size, config(COCO).train.max_steps // 1_000_000)),
-    (r"\| samples \| ([\d,]+) \| ([\d,]+), captions",
-     lambda: (config(C10).eval.n_samples, config(COCO).eval.n_samples)),
-]
-DOCS = " ".join((ROOT / "docs" / "conventions.md").read_text().split())
+# Per tested page (`readme_commands.PAGES`): (a sentence of the page with its numbers as
+# groups, what the code says they are). A figure in a page needs its claim here.
+CLAIMS: dict[str, list[tuple[str, Callable[[], tuple]]]] = {
+    "README.md": [
+        (r"U-ViT-S/2, (\d+)M parameters", lambda: (round(parameters(C10) / 1e6),)),
+        (r"torchvision downloads it into `([^`]+)/`", lambda: (config(C10).data.root,)),
+    ],
+    "docs/analysis.md": [
+        (r"log (\d+) = ([\d.]+) would be uniform over the (\d+) patches and the time token",
+         lambda: (tokens(QS), round(math.log(tokens(QS)), 2), tokens(QS) - 1)),
+    ],
+    "docs/configs.md": [
+        (r"U-ViT-S/2: patch (\d+), width (\d+), depth (\d+), (\d+) heads; AdamW ([\d.e-]+), "
+         r"weight decay ([\d.]+); EMA ([\d.]+)",
+         lambda: (config(C10).model.patch_size, config(C10).model.embed_dim,
+                  config(C10).model.depth, config(C10).model.num_heads, config(C10).optim.lr,
+                  config(C10).optim.weight_decay, config(C10).train.ema_decay)),
+    ],
+    "docs/conventions.md": [
+        (r"val2014 at (\d+)x\d+", lambda: (config(COCO).eval.ref_res,)),
+        (r"U-ViT-S/2 has ([\d,]+) parameters \(CIFAR-10\) and ([\d,]+) \(MS-COCO\)",
+         lambda: (parameters(C10), parameters(COCO))),
+        (r"\| sampler \| `(\w+)`, (\d+) steps [^|]*\| `([\w+]+)`, (\d+) steps [^|]*guidance "
+         r"`eps = c \+ ([\d.]+) \(c - u\)` \|",
+         lambda: (config(C10).sample.scheduler, config(C10).sample.steps,
+                  config(COCO).sample.scheduler, config(COCO).sample.steps,
+                  config(COCO).sample.cfg_scale)),
+        (r"\| AdamW betas \| \(([\d.]+), ([\d.]+)\) \| \(([\d.]+), ([\d.]+)\) \|",
+         lambda: (*config(C10).optim.betas, *config(COCO).optim.betas)),
+        (r"\| warm-up steps \| (\d+) \| (\d+) \|",
+         lambda: (config(C10).optim.warmup_steps, config(COCO).optim.warmup_steps)),
+        (r"\| batch / steps \| (\d+) / (\d+)k \| (\d+) / (\d+)M \|",
+         lambda: (config(C10).train.batch_size, config(C10).train.max_steps // 1000,
+                  config(COCO).train.batch_size, config(COCO).train.max_steps // 1_000_000)),
+        (r"\| samples \| ([\d,]+) \| ([\d,]+), captions",
+         lambda: (config(C10).eval.n_samples, config(COCO).eval.n_samples)),
+    ],
+    "docs/evaluation.md": [
+        (r"\| sampler \| `(\w+)`, (\d+) steps \| `([\w+]+)`, (\d+) steps, guidance scale (\d+) \|",
+         lambda: (config(C10).sample.scheduler, config(C10).sample.steps,
+                  config(COCO).sample.scheduler, config(COCO).sample.steps,
+                  config(COCO).sample.cfg_scale)),
+        (r"\| samples \| ([\d,]+) \| ([\d,]+), captions",
+         lambda: (config(C10).eval.n_samples, config(COCO).eval.n_samples)),
+        (r"\| FID \| clean-fid `(\w+)` \(the release's pytorch-fid port\) \| (same) \|",
+         lambda: (same_modes(), "same")),
+        (r"val2014 at (\d+)x\d+", lambda: (config(COCO).eval.ref_res,)),
+    ],
+    "docs/fidelity.md": [
+        (r"(?i:continuous VP) (?:schedule )?\(beta ([\d.]+) -> (\d+)\)",
+         lambda: (config(C10).diffusion.beta_min, config(C10).diffusion.beta_max)),
+        (r"Euler-Maruyama (\d+) steps \(CIFAR-10\) and DPM-Solver \"fast\" (\d+) steps with "
+         r"`eps = c \+ ([\d.]+) \(c - u\)`",
+         lambda: (config(C10).sample.steps, config(COCO).sample.steps,
+                  config(COCO).sample.cfg_scale)),
+        (r"EMA rate ([\d.]+), seed (\d+), (\w+) training", lambda: paper_recipe(C10)),
+        (r"EMA rate ([\d.]+), seed (\d+), (\w+) training", lambda: paper_recipe(COCO)),
+        (r"([\d,]+) / ([\d,]+) samples",
+         lambda: (config(C10).eval.n_samples, config(COCO).eval.n_samples)),
+    ],
+    "docs/kernels.md": [
+        (r"\((\d+) tokens on CIFAR-10, (\d+) on MS-COCO\)", lambda: (tokens(C10), tokens(COCO))),
+    ],
+    "docs/outputs.md": [
+        (r"\| quickstart \| `([^`]+)/` \|", lambda: (quickstart_defaults().out,)),
+    ],
+    "docs/quickstart.md": [
+        (r"(\d+) steps of (\d+) images per model \((\d+) tokens per image\)",
+         lambda: (config(QS).train.max_steps, config(QS).train.batch_size, tokens(QS) - 1)),
+        (r"then (\d+) (\w+) steps with autoguidance \(below\) for (\d+) images per model",
+         lambda: (config(QS).sample.steps, config(QS).sample.scheduler.removesuffix("Scheduler"),
+                  quickstart_defaults().n_quality)),
+        (r"DDPM's ancestral sampler \(\d+ steps then, (\d+) now\)",
+         lambda: (config(QS).sample.steps,)),
+        (r"so the default \(step (\d+), s = ([\d.]+), (\d+) steps\)",
+         lambda: (guide_step(), config(QS).sample.autoguidance_scale, config(QS).sample.steps)),
+        (r"keeps its EMA weights at step (\d+) \(`train\.keep_steps=\((\d+),\)`\)",
+         lambda: (guide_step(), *config(QS).train.keep_steps)),
+        (r"`eps = g \+ ([\d.]+) \(g - b\)`", lambda: (config(QS).sample.autoguidance_scale,)),
+        (r"here Min-SNR-(\d+) weighted", lambda: (config(QS).diffusion.min_snr_gamma,)),
+        (r"training objective, Min-SNR-(\d+) weighted: see below",
+         lambda: (config(QS).diffusion.min_snr_gamma,)),
+        (r"`--preset gpu` trains a larger model for (\d+) steps on a GPU, (without) autoguidance",
+         lambda: (gpu_preset().train.max_steps,
+                  "without" if gpu_preset().sample.autoguidance_scale == 0 else "with")),
+        (r"`diffusion\.min_snr_gamma=(\d+)`", lambda: (config(QS).diffusion.min_snr_gamma,)),
+        (r"\((\d+)x(\d+), no download\)", lambda: (config(QS).model.img_size,) * 2),
+        (r"\(`--threads`, default (\d+),", lambda: (quickstart_defaults().threads,)),
+        (r"writes to `([^`]+)/`:", lambda: (quickstart_defaults().out,)),
+    ],
+    "docs/sampling.md": [
+        (r"\(([\d.]+) for the COCO FID protocol\)", lambda: (config(COCO).sample.cfg_scale,)),
+    ],
+    "docs/training.md": [
+        (r"Put CIFAR-10 \(the python version\) at `([^`]+)/cifar-10-batches-py/`",
+         lambda: (config(C10).data.root,)),
+        (r"--coco (\S+) --out (\S+) --device", lambda: (
+            str(Path(config(COCO).eval.ref_images).parent), config(COCO).data.root)),
+        (r"global batch \((\d+) for CIFAR-10\)", lambda: (config(C10).train.batch_size,)),
+        (r"(?i:continuous VP) (?:schedule )?\(beta ([\d.]+) -> (\d+)\)",
+         lambda: (config(C10).diffusion.beta_min, config(C10).diffusion.beta_max)),
+        (r"scaled by ([\d.]+)\)", lambda: (config(COCO).data.scale_factor,)),
+        (r"discrete scaled-linear schedule, (\d+) steps",
+         lambda: (config(COCO).diffusion.num_train_timesteps,)),
+        (r"to the empty prompt with p = ([\d.]+)", lambda: (config(COCO).diffusion.p_uncond,)),
+        (r"(\d+) x (\d+) token states",
+         lambda: (config(COCO).model.num_clip_token, config(COCO).model.clip_dim)),
+    ],
+}
 
 
 def same_value(text: str, value: object) -> bool:
@@ -1001,25 +1057,30 @@ def same_value(text: str, value: object) -> bool:
         return False
 
 
-@pytest.mark.parametrize("text, pattern, expected",
-                         [(TEXT, *c) for c in CLAIMS] + [(DOCS, *c) for c in DOC_CLAIMS],
-                         ids=[p for p, _ in CLAIMS] + [f"docs: {p}" for p, _ in DOC_CLAIMS])
-def test_readme_numbers_are_the_codes(text: str, pattern: str,
+@pytest.mark.parametrize("name, pattern, expected",
+                         [(name, *c) for name, claims in CLAIMS.items() for c in claims],
+                         ids=[f"{name}: {c[0]}" for name, claims in CLAIMS.items()
+                              for c in claims])
+def test_readme_numbers_are_the_codes(name: str, pattern: str,
                                       expected: Callable[[], tuple]) -> None:
-    """The README's (and docs/conventions.md's) numbers are the configs' and scripts'."""
-    matches = list(re.finditer(pattern, text))
-    assert matches, f"the text no longer says {pattern!r}: update the claim"
+    """Each page's numbers (`CLAIMS`) are the configs' and scripts'."""
+    matches = list(re.finditer(pattern, flat(name)))
+    assert matches, f"{name} no longer says {pattern!r}: update the claim"
     want = expected()
     for match in matches:
         assert len(match.groups()) == len(want)
         assert all(same_value(g, w) for g, w in zip(match.groups(), want, strict=True)), (
-            f"README: {match.group(0)!r}; the code: {want}")
+            f"{name}: {match.group(0)!r}; the code: {want}")
+
+
+def test_claims_name_tested_pages() -> None:
+    assert set(CLAIMS) <= set(PAGES), sorted(set(CLAIMS) - set(PAGES))
 
 
 def test_sampler_table_names_each_configs_default() -> None:
-    """The Sampling table's "default of" column: each config's sampler and step count."""
-    section = README.split("## Sampling")[1].split("\n## ")[0]
-    rows = re.findall(r"^\| (.+?) \| .+ \| (.*) \|$", section, flags=re.M)
+    """docs/sampling.md's table's "default of" column: each config's sampler and step
+    count."""
+    rows = re.findall(r"^\| (.+?) \| .+ \| (.*) \|$", page("docs/sampling.md"), flags=re.M)
     claimed: dict[str, tuple[str, int]] = {}
     for name_cell, default_of in rows:
         name = re.match(r"`([^`]+)`", name_cell)
@@ -1050,9 +1111,10 @@ def test_where_outputs_go_names_what_the_code_writes() -> None:
 
 
 def test_layout_lists_the_files() -> None:
-    """A Layout row that names a folder's .py (or .md) files names all of them."""
-    rows = re.findall(r"^\| `([\w/]+/)` \| (.+) \|$", README.split("## Layout")[1].split(
-        "\n## ")[0], flags=re.M)
+    """A Layout row (docs/development.md) that names a folder's .py (or .md) files names
+    all of them."""
+    rows = re.findall(r"^\| `([\w/]+/)` \| (.+) \|$", section("docs/development.md",
+                                                                 "## Layout"), flags=re.M)
     assert rows
     for folder, what in rows:
         for suffix in (".py", ".md"):
@@ -1062,16 +1124,54 @@ def test_layout_lists_the_files() -> None:
                 assert named == present, f"Layout {folder}: {sorted(named)}, has {sorted(present)}"
 
 
-def test_contents_links_reach_headings() -> None:
-    def slug(heading: str) -> str:
-        return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+def headings(text: str) -> set[str]:
+    """The anchors of a markdown text's headings (GitHub's: lower case, spaces to '-',
+    punctuation dropped), code blocks left out."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
 
-    headings = {slug(h) for h in re.findall(r"^#+ (.+)$", README, flags=re.M)}
-    links = re.findall(r"^- \[[^\]]+\]\(#([^)]+)\)", README, flags=re.M)
-    assert links and set(links) <= headings, sorted(set(links) - headings)
+
+@pytest.mark.parametrize("name", PAGES)
+def test_links_reach_their_targets(name: str) -> None:
+    """Every relative link of a page (`[text](target)`) names a file of the repository and,
+    with `#anchor`, one of that page's headings."""
+    text = re.sub(r"```.*?```", "", page(name), flags=re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (ROOT / name).parent / path if path else ROOT / name
+        assert file.exists(), f"{name}: link {target} names no file"
+        if anchor:
+            assert anchor in headings(file.read_text()), f"{name}: {target}: no such heading"
+
+
+def test_readme_reads_on_to_every_page() -> None:
+    """The README's "Read on" table links every page of docs/ (a new page gets a row)."""
+    read_on = section("README.md", "## Read on")
+    linked = set(re.findall(r"^\| \[[^\]]+\]\((docs/[^)]+\.md)\)", read_on, flags=re.M))
+    assert linked == set(PAGES) - {"README.md"}, sorted(set(PAGES) ^ linked ^ {"README.md"})
+
+
+def test_outputs_of_commands_are_ignored_by_git() -> None:
+    """What a documented command writes (`--out`, `--output-dir`, relative to where it
+    runs) is ignored by git, so following the docs in a checkout leaves it clean."""
+    outputs = set()
+    for command in readme_commands():
+        words = split_env(shlex.split(command))[1]
+        for flag in ("--out", "--output-dir"):
+            value = option(words, flag)
+            if value is not None:
+                outputs.add(value.split("/")[0] + "/x")
+    assert {"samples/x", "runs/x", "exported/x"} <= outputs, outputs
+    proc = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", *outputs],
+                          capture_output=True, text=True, timeout=60)
+    ignored = set(proc.stdout.split())
+    assert ignored == outputs, f"not in .gitignore: {sorted(outputs - ignored)}"
 
 
 def test_named_commands_are_installed() -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    named = set(re.findall(r"`(uvic-[\w-]+)`", README))
+    named = {n for name in PAGES for n in re.findall(r"`(uvic-[\w-]+)`", page(name))}
     assert named and named <= set(scripts), sorted(named - set(scripts))

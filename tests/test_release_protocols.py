@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import readme_commands
 
 from uvic.config import apply_overrides, load_config
 from uvic.config.sampling import effective_cfg_scale
@@ -108,9 +109,8 @@ def test_protocol_guidance_is_what_sampling_applies(preset: str, overrides: list
 
 
 def test_readme_fid_table_is_the_row_protocols() -> None:
-    """The README's table of the ImageNet and CelebA protocols states RELEASE_ROWS."""
-    readme = (CONFIGS.parent / "README.md").read_text()
-    section = readme.split("### ImageNet and CelebA\n")[1].split("\n### ")[0]
+    """docs/evaluation.md's table of the ImageNet and CelebA protocols states RELEASE_ROWS."""
+    section = readme_commands.section("docs/evaluation.md", "## ImageNet and CelebA")
     lines = re.findall(r"^\| (CelebA|ImageNet) ([^|]+) \| (.+) \|$", section, flags=re.M)
     titles = {"CelebA 64": ["celeba64_small"], "ImageNet 64 M/4, L/4":
               ["imagenet64_mid", "imagenet64_large"]}

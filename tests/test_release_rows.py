@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 import pytest
+import readme_commands
 import torch
 from datagen import tiny_vae
 from test_model import random_release_state_dict, ref_uvit, release_keys
@@ -259,10 +260,9 @@ def test_a_checkpoint_of_another_row_is_refused(tmp_path: Path) -> None:
 
 
 def test_readme_table_is_the_configs() -> None:
-    """Every row of the README's table of these configs states what the config holds."""
-    readme = (CONFIGS.parent / "README.md").read_text()
-    rows = re.findall(r"^\| `(\w+)`, `(\w+)` \| (.+) \|$",
-                      readme.split("## ImageNet and CelebA")[1].split("\n## ")[0], flags=re.M)
+    """Every row of docs/training.md's table of these configs states what the config holds."""
+    rows = re.findall(r"^\| `(\w+)`, `(\w+)` \| (.+) \|$", readme_commands.section(
+        "docs/training.md", "## ImageNet and CelebA: data and configs"), flags=re.M)
     assert {uvit for uvit, _, _ in rows} == set(RELEASE)
     for uvit, uvic, cells in rows:
         assert TWINS[uvic] == uvit

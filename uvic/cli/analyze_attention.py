@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 
 from uvic.cli import positive_int, unit_float
-from uvic.cli.config_options import add_config_options
-from uvic.config import ConfigError, load_config
+from uvic.cli.config_options import add_config_options, startup_config
+from uvic.config import ConfigError
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:
@@ -85,7 +85,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the program; returns the exit status."""
     args = parse_args(argv)
-    # torch and the models: once the arguments parse
+    try:
+        cfg = startup_config(args.config, args.set, rules=False)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    # torch and the models: once the arguments and the config are checked
     from uvic.analysis import analyze, load_inputs, load_models, save_figures
     from uvic.files import write_json
     from uvic.run.architecture import ModelChoice
@@ -99,7 +104,6 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(attention) - set(checkpoints))
         if unknown:
             raise ValueError(f"--attention names label {unknown[0]!r}, which no checkpoint has")
-        cfg = load_config(args.config, args.set)
         choice = ModelChoice.from_overrides(args.set, args.model_from_config, args.config)
         models = load_models(cfg, checkpoints, attention, device=args.device, choice=choice,
                              say=print)

@@ -1,6 +1,8 @@
 """The config options the uvic commands share, declared once: `--config` (a config file or
-a preset's name), `--set KEY=VALUE` and `--model-from-config`. Light (no torch), so that
-`--help` answers at once.
+a preset's name), `--set KEY=VALUE` and `--model-from-config`; and `startup_config`, the
+start-up check of those options that every command runs before it imports torch. Light
+(no torch), so that `--help` and a wrong option or config answer at once (importing torch
+takes seconds).
 
 `--config` is resolved as it is parsed (`uvic.presets.resolve_config`): the program sees
 the path of the file it names, and a name that is neither a file nor a preset ends the
@@ -13,6 +15,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from uvic.config import Config, apply_overrides, load_config
+from uvic.config.validation import validate
 from uvic.presets import resolve_config
 
 
@@ -52,3 +56,18 @@ def add_config_options(parser: argparse.ArgumentParser, *, model_from_config: bo
                             help="build the model of every checkpoint as --config and --set "
                             "say, not as the model config stored with it (e.g. to run a "
                             "checkpoint under another attention pattern)")
+
+
+def startup_config(path: str | None, overrides: Sequence[str], *,
+                   rules: bool = True) -> Config:
+    """The config a command will run with, checked before the command imports torch: the
+    file loads (`uvic.config.load_config`), every `--set` names a field and parses as its
+    type, and with `rules` every section's rules hold (`uvic.config.validation.validate`, which
+    the library runs again). `path` None (a config the command finds later, e.g. in a run
+    folder): the overrides are checked against the defaults. Raises the ConfigError that
+    names the file, key or value; the command prints it and exits, with nothing heavy
+    loaded."""
+    if path is None:
+        return apply_overrides(Config(), list(overrides))
+    cfg = load_config(path, list(overrides))
+    return validate(cfg) if rules else cfg

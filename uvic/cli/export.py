@@ -21,7 +21,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from uvic.cli.config_options import add_config_options
+from uvic.cli.config_options import add_config_options, startup_config
+from uvic.config import ConfigError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,8 +40,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # torch, diffusers and the model only now: --help stays fast
-    from uvic.config import ConfigError
+    try:  # without --config, the source's run config: its --set keys and values checked
+        startup_config(args.config, args.set)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    # torch, diffusers and the model only now: --help and a wrong option stay fast
     from uvic.models.autoencoder import VAELoadError
     from uvic.pipelines.export import ExportError, export
     from uvic.run.weights import CheckpointError

@@ -43,8 +43,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from uvic.cli.config_options import add_config_options
+from uvic.cli.config_options import add_config_options, startup_config
 from uvic.cli.sampler_options import add_sampler_options, guidance_option, sampler_overrides
+from uvic.config import ConfigError
 from uvic.config.evaluation import FID_FEATURES, FID_MODES
 from uvic.evaluation.protocols import NOT_FID
 
@@ -84,15 +85,19 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)  # the library (torch) is imported from here on
-    from uvic.config import ConfigError, load_config
+    args = parse_args(argv)
+    try:
+        cfg = startup_config(args.config, [*args.set, *overrides(args)])
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    # the library (torch) is imported from here on
     from uvic.evaluation.fid import evaluate
     from uvic.evaluation.protocols import protocol_from_result
     from uvic.run.architecture import ModelChoice
     from uvic.run.weights import CheckpointError
 
     try:
-        cfg = load_config(args.config, [*args.set, *overrides(args)])
         result = evaluate(
             cfg, args.ckpt, n=args.n, out_json=args.out, samples_dir=args.samples_dir,
             config_path=args.config, seed=args.seed, precision=args.precision,

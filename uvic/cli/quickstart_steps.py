@@ -331,10 +331,6 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.threads < 1 or (args.jobs is not None and args.jobs < 1):
-        print(f"error: --threads {args.threads} and --jobs {args.jobs} must be >= 1",
-              file=sys.stderr)
-        return 2
     make_deterministic(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

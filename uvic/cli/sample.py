@@ -53,8 +53,9 @@ import argparse
 import sys
 
 from uvic.cli import class_list, positive_int
-from uvic.cli.config_options import add_config_options
+from uvic.cli.config_options import add_config_options, startup_config
 from uvic.cli.sampler_options import add_sampler_options, guidance_option, sampler_overrides
+from uvic.config import ConfigError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -82,15 +83,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)  # the library (torch) is imported from here on
-    from uvic.config import ConfigError, load_config
+    args = parse_args(argv)
+    try:
+        cfg = startup_config(args.config, [*args.set, *sampler_overrides(args)])
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    # the library (torch) is imported from here on
     from uvic.models.text_encoder import ClipLoadError
     from uvic.run.architecture import ModelChoice
     from uvic.run.weights import CheckpointError
     from uvic.sampling.folder import sample_to_folder
 
     try:
-        cfg = load_config(args.config, [*args.set, *sampler_overrides(args)])
         written = sample_to_folder(
             cfg, args.ckpt, args.out, labels=args.label, n=args.n, seed=args.seed,
             prompts_file=args.prompts, precision=args.precision,

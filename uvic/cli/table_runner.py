@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from uvic.cli.config_options import add_set_option
-from uvic.config import Config, ConfigError, load_config
+from uvic.cli.config_options import add_set_option, startup_config
+from uvic.config import Config, ConfigError
 from uvic.config.sampling import PRECISIONS
 from uvic.evaluation.protocols import load_results, protocol_of
 from uvic.presets import preset_path
@@ -96,7 +96,8 @@ def selected(rows: Sequence[Row], only: Sequence[str]) -> list[Row]:
 
 
 def make_jobs(table: Table, args: argparse.Namespace) -> list[Job]:
-    """The table's runs (its smoke runs with --smoke) that --only picks, configured."""
+    """The table's runs (its smoke runs with --smoke) that --only picks, configured and
+    checked (`startup_config`: before any heavy import)."""
     rows = selected(table.smoke_rows if args.smoke else table.rows, args.only)
     if not rows:
         raise ConfigError(f"--only {args.only}: matches no row of {table.name} "
@@ -107,8 +108,8 @@ def make_jobs(table: Table, args: argparse.Namespace) -> list[Job]:
         name = f"{r.row}_{r.model}"
         run_dir = out / "runs" / name
         extra = [o.format(data=out / "data") for o in r.overrides]
-        cfg = load_config(preset_path(r.preset), [*extra, f"name={name}",
-                                                  f"train.output_dir={run_dir}", *args.set])
+        cfg = startup_config(str(preset_path(r.preset)), [
+            *extra, f"name={name}", f"train.output_dir={run_dir}", *args.set])
         jobs.append(Job(r.row, r.model, cfg, run_dir, out / "fid" / f"{name}.json"))
     return jobs
 
@@ -232,16 +233,20 @@ def parse_args(table: Table, argv: Sequence[str] | None = None) -> argparse.Name
 
 def run(table: Table, args: argparse.Namespace) -> int:
     """Plan, then every stage of every job, then the table; returns the exit status."""
-    # torch, the training loop: once the arguments parse
+    try:  # the configs and the plan need no torch: a wrong --set or --only ends at once
+        jobs = make_jobs(table, args)
+        print(plan(jobs), flush=True)
+    except (ConfigError, FileNotFoundError, ValueError) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        return 0
+    # torch, the training loop: once the configs are checked
     from uvic.data.base import DatasetError
     from uvic.run.weights import CheckpointError
     from uvic.training.trainer import TrainError
 
     try:
-        jobs = make_jobs(table, args)
-        print(plan(jobs), flush=True)
-        if args.dry_run:
-            return 0
         if args.smoke and table.prepare_smoke is not None:
             table.prepare_smoke(Path(args.out) / "data")
         for job in jobs:

@@ -36,8 +36,8 @@ import sys
 import time
 from pathlib import Path
 
-from uvic.cli.config_options import add_config_options
-from uvic.config import ConfigError, load_config
+from uvic.cli.config_options import add_config_options, startup_config
+from uvic.config import ConfigError
 
 
 def expected_errors() -> tuple[type[Exception], ...]:
@@ -65,6 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def first_line(err: Exception) -> str:
+    """The first line of an error's message (its type's name if it has none)."""
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
 def report_error(line: str) -> None:
     """Print the one-line error on stderr. Under torch's elastic launcher (`accelerate
     launch --multi_gpu`, torchrun), which gives each process an error file and ends a
@@ -85,15 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     overrides = list(args.set)
     if args.output_dir is not None:
         overrides.append(f"train.output_dir={args.output_dir}")
-    from uvic.training.trainer import train  # torch, Accelerate: once the arguments parse
-
-    errors = expected_errors()
     try:
-        cfg = load_config(args.config, overrides)
+        cfg = startup_config(args.config, overrides)
+    except ConfigError as err:
+        report_error(f"error: {first_line(err)}")
+        return 2
+    from uvic.training.trainer import train  # torch, Accelerate: once the config is checked
+
+    try:
         run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
-    except errors as err:
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        report_error(f"error: {message}")
+    except expected_errors() as err:
+        report_error(f"error: {first_line(err)}")
         return 2
     except KeyboardInterrupt as err:  # a run stopped on a signal saved its checkpoint first
         return 128 + getattr(err, "signum", signal.SIGINT)
