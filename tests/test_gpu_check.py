@@ -83,11 +83,11 @@ def test_each_kind_of_row_runs_on_the_cpu(tmp_path: Path) -> None:
 def test_failing_row_is_recorded_and_the_run_goes_on(tmp_path: Path) -> None:
     out = tmp_path / "check.json"
     costs = CostModel(triton_config_s=1.0)
-    rows = rows_of(("first", 1, lambda: {"ms_per_step": 1.0}, 0.0, {"bf16 cog fwd+bwd": 14}),
+    rows = rows_of(("first", 1, lambda: {"ms_per_step": 1.0}, 0.0, {"bf16 cog bwd": 14}),
                    ("fails", 1, fail, 0.0, {}),
                    ("too dear", 2, lambda: {}, 1e6, {}),
                    ("oom", 2, lambda: {"status": "OOM"}, 0.0, {}),
-                   ("again", 3, lambda: {"ms_per_step": 2.0}, 0.5, {"bf16 cog fwd+bwd": 14}))
+                   ("again", 3, lambda: {"ms_per_step": 2.0}, 0.5, {"bf16 cog bwd": 14}))
     payload = Check(out, 60.0, costs, ENV, {"smoke": True}).run(rows, cuda=False)
     records = {r["id"]: r for r in payload["records"]}
     assert [r["status"] for r in payload["records"]] == ["ok", "error", "skipped", "OOM", "ok"]

@@ -11,7 +11,7 @@ Rows (issue 32), each one measurement of an existing benchmark:
    and forward + backward, plain and with CUDA graphs (`uvic_kernels.bench_cells`);
 4. sampling: images / s per network evaluation at 500 rows a call (CIFAR-10 500 images,
    MS-COCO 250 guided), U-ViC and U-ViT through our kernels, eager and graphed
-   (`reduce-overhead`) (`uvic.cli.bench_sampling`);
+   (`reduce-overhead`), in bf16 as the training rows (`uvic.cli.bench_sampling`);
 5. U-ViT-H/2 at ImageNet-256 latent size, batch 128, eager, without and with gradient
    checkpointing; the attention alone at N = 1024 and 4096.
 
@@ -19,8 +19,8 @@ The cost model (`CostModel`, seconds on an H100 from cold Triton and inductor ca
 chosen on the high side): a training or sampling row costs its model's build, its steps
 at a guessed step time (the model's FLOPs at `mfu_guess` of the peak plus host time a
 step), and, compiled, an inductor compile with CUDA-graph recording; a row that first uses
-one of our kernels in a dtype and mode compiles each of its autotuning configs once
-(`triton_config_s` each: the forward's, and for training dQ's and dK/dV's), and each row
+one of our kernels' passes in a dtype and mode compiles each of its autotuning configs
+once (`triton_config_s` each: the forward's, the backward's dQ and dK/dV), and each row
 through our kernels times every config at its new autotuning key. On the CPU (`--smoke`)
 the same rows run at tiny sizes, our kernels' rows through PyTorch's path; rows that
 need CUDA (compiled modes, SDPA's GPU backends) are skipped there and say so.
@@ -88,22 +88,29 @@ class Row:
     needs_cuda: bool = False
 
 
-def _kernel_configs(training: bool) -> int:
-    """Autotuning configs our kernels compile for one dtype and mode: the forward's, and
-    for training dQ's and dK/dV's (uvic_kernels.tiles, 16-bit tile lists)."""
+def _kernel_configs(training: bool) -> dict[str, int]:
+    """Autotuning configs our kernels compile per pass, for one dtype and mode: the
+    forward's, and for training the backward's dQ and dK/dV configs (uvic_kernels.tiles,
+    16-bit tile lists)."""
     from uvic_kernels import tiles
 
-    n = len(tiles.GPU_FWD_TILES)
-    return n + len(tiles.GPU_BWD_DQ_TILES) + len(tiles.GPU_BWD_DKDV_TILES) if training else n
+    configs = {"fwd": len(tiles.GPU_FWD_TILES)}
+    if training:
+        configs["bwd"] = len(tiles.GPU_BWD_DQ_TILES) + len(tiles.GPU_BWD_DKDV_TILES)
+    return configs
 
 
-def _families(model: str, backend: str, dtype: str, training: bool) -> dict[str, int]:
-    """Our kernels' (dtype, mode, pass) families a row through `backend` compiles."""
+def _families(modes: tuple[str, ...], dtype: str, training: bool) -> dict[str, int]:
+    """Our kernels' (dtype, mode, pass) families a row compiles: configs of each."""
+    return {f"{dtype} {mode} {kind}": n for mode in modes
+            for kind, n in _kernel_configs(training).items()}
+
+
+def _modes(model: str, backend: str) -> tuple[str, ...]:
+    """The attention modes a model runs through our kernels (none through another backend)."""
     if backend != "triton":
-        return {}
-    modes = ("softmax",) if model == "uvit" else ("softmax", "cog")
-    kind = "fwd+bwd" if training else "fwd"
-    return {f"{dtype} {mode} {kind}": _kernel_configs(training) for mode in modes}
+        return ()
+    return ("softmax",) if model == "uvit" else ("softmax", "cog")
 
 
 def _step_s(flops: float, costs: CostModel) -> float:
@@ -130,7 +137,7 @@ def train_rows(env: argparse.Namespace, costs: CostModel) -> list[Row]:
         cost = (costs.model_build_s + steps * _step_s(training_flops(cfg.model) * cell.batch,
                                                         costs)
                 + (costs.inductor_train_s if mode != "off" else 0.0))
-        families = _families(model, on_gpu_backend, "bf16", training=True)
+        families = _families(_modes(model, on_gpu_backend), "bf16", training=True)
         cost += sum(n * costs.autotune_config_s for n in families.values())
         name = "ours" if backend == "triton" else backend
         rid = f"train {dataset} {model} {name} {mode}" + (" ckpt" if ckpt else "")
@@ -154,7 +161,7 @@ def attention_rows(env: argparse.Namespace, costs: CostModel, group: int,
         run_shape = shape if env.cuda else (1, 2, SMOKE_N[shape[2]], 32)
         for method in ATTENTION_METHODS:
             name = method if env.cuda else ON_CPU.get(method, method)
-            families = ({f"bf16 {method.split()[0]} fwd+bwd": _kernel_configs(True)}
+            families = (_families((method.split()[0],), "bf16", training=True)
                         if "ours" in method else {})
             cost = costs.attention_row_s + sum(n * costs.autotune_config_s
                                                for n in families.values())
@@ -189,7 +196,7 @@ def sampling_rows(env: argparse.Namespace, costs: CostModel) -> list[Row]:
                 cost = (costs.model_build_s + calls * _step_s(forward_flops(cfg.model) * nets,
                                                               costs)
                         + (costs.inductor_sample_s if mode != "off" else 0.0))
-                families = _families(model, backend, "fp16", training=False)
+                families = _families(_modes(model, backend), "bf16", training=False)
 
                 def run(cfg: Any = cfg, n: int = n, mode: str = mode,
                         dataset: str = dataset, model: str = model) -> dict[str, Any]:
@@ -217,7 +224,7 @@ def plan(device: torch.device, peak: float | None, costs: CostModel) -> list[Row
     env = argparse.Namespace(device=device, peak=peak, cuda=cuda,
                              steps=10 if cuda else 1, warmup=3 if cuda else 1,
                              iters=10 if cuda else 1, repeats=3 if cuda else 1,
-                             precision="fp16" if cuda else "fp32")
+                             precision="bf16" if cuda else "fp32")
     train = train_rows(env, costs)
     rows = (train[:12] + attention_rows(env, costs, 3, U_VIT_SHAPES) + sampling_rows(env, costs)
             + train[12:] + attention_rows(env, costs, 5, LONG_SHAPES))
