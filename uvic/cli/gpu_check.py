@@ -14,7 +14,9 @@ longer sequences) run in that order, each isolated:
   and the rows after it still get their chance;
 * an exception in a row is recorded with its one-line reason and the next row runs;
 * a row still running when the budget runs out is stopped (status `timeout`) and the
-  rest recorded as skipped, so the command ends within the budget plus its summary;
+  rest recorded as skipped, so the command ends within the budget plus its summary (the
+  interrupted row may leave the process half-way through an import or a compile, which
+  is why no row runs after it);
 * after each row the whole record file is rewritten atomically
   (`uvic.run.files.write_json`): a run killed at any moment leaves a valid file holding
   every finished row (`"finished": false` until the end).
