@@ -129,7 +129,11 @@ def test_resume_keeps_finished_rows(tmp_path: Path) -> None:
     assert [r["status"] for r in first["records"]] == ["ok", "skipped"] and runs == ["a"]
     again = Check(out, 200.0, SMOKE_COSTS, ENV, {"smoke": True})
     again.resume(out)
-    second = again.run(rows(), cuda=False)
+    on_disk = []
+    later = rows()
+    later[1].run = lambda: on_disk.append(json.loads(out.read_text())) or runs.append("b") or {}
+    second = again.run(later, cuda=False)
+    assert [r["id"] for r in on_disk[0]["records"]] == ["a"]  # kept rows: on disk at once
     assert runs == ["a", "b"]
     assert [(r["id"], r["status"], r.get("resumed", False)) for r in second["records"]] == [
         ("a", "ok", True), ("b", "ok", False)]

@@ -92,6 +92,7 @@ class Check:
                                         "wall_s": 0.0, "records": []}
         self.compiled: set[str] = set()  # our kernels' families compiled so far
         self.done: dict[str, dict[str, Any]] = {}  # --resume: finished rows, by id
+        self.order: dict[str, int] = {}  # row id -> its place in the plan
 
     def resume(self, path: Path) -> None:
         """Keep the rows `path` holds that finished (any status but skipped or timeout) on
@@ -127,6 +128,7 @@ class Check:
             record["status"] = result["status"]  # the benchmark's own: OOM, n/a, error
             record["reason"] = result.get("error") or ""
         self.payload["records"].append(record)
+        self.payload["records"].sort(key=lambda r: self.order.get(r["id"], len(self.order)))
         self.save()
         print(f"[{time.monotonic() - self.start:5.0f} s] {row.id}: {record['status']}"
               + (f" ({record['reason']})" if record["reason"] else ""), flush=True)
@@ -134,9 +136,7 @@ class Check:
 
     def run_row(self, row: Row, cuda: bool) -> bool:
         """Run or skip one row and record it; False once the budget is spent."""
-        if row.id in self.done:  # --resume: measured earlier
-            self.payload["records"].append({**self.done[row.id], "resumed": True})
-            self.save()
+        if row.id in self.done:  # --resume: measured earlier, recorded from the start
             self.compiled.update(row.families)
             return True
         estimate = self.estimate(row)
@@ -171,6 +171,10 @@ class Check:
         targets and summary at the end. Returns the final payload."""
         from uvic.cli.gpu_check_report import evaluate_targets, summary
 
+        self.order = {row.id: i for i, row in enumerate(rows)}  # records in plan order
+        # rows kept by --resume are on disk from the first write: a kill loses none
+        self.payload["records"] = [{**self.done[r.id], "resumed": True} for r in rows
+                                   if r.id in self.done]
         self.save()
         going = True
         for row in rows:
