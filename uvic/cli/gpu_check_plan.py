@@ -100,10 +100,16 @@ def _kernel_configs(training: bool) -> dict[str, int]:
     return configs
 
 
-def _families(modes: tuple[str, ...], dtype: str, training: bool) -> dict[str, int]:
-    """Our kernels' (dtype, mode, pass) families a row compiles: configs of each."""
-    return {f"{dtype} {mode} {kind}": n for mode in modes
+def _families(modes: tuple[str, ...], dtype: str, head_dim: int,
+              training: bool) -> dict[str, int]:
+    """Our kernels' (dtype, head dim, mode, pass) families a row compiles (each its own
+    compiled kernels: the head dim sets BLOCK_D): configs of each."""
+    return {f"{dtype} d{head_dim} {mode} {kind}": n for mode in modes
             for kind, n in _kernel_configs(training).items()}
+
+
+def _head_dim(cfg: Any) -> int:
+    return cfg.model.embed_dim // cfg.model.num_heads
 
 
 def _modes(model: str, backend: str) -> tuple[str, ...]:
@@ -137,7 +143,8 @@ def train_rows(env: argparse.Namespace, costs: CostModel) -> list[Row]:
         cost = (costs.model_build_s + steps * _step_s(training_flops(cfg.model) * cell.batch,
                                                         costs)
                 + (costs.inductor_train_s if mode != "off" else 0.0))
-        families = _families(_modes(model, on_gpu_backend), "bf16", training=True)
+        families = _families(_modes(model, on_gpu_backend), "bf16", _head_dim(cfg),
+                             training=True)
         cost += sum(n * costs.autotune_config_s for n in families.values())
         name = "ours" if backend == "triton" else backend
         rid = f"train {dataset} {model} {name} {mode}" + (" ckpt" if ckpt else "")
@@ -161,7 +168,7 @@ def attention_rows(env: argparse.Namespace, costs: CostModel, group: int,
         run_shape = shape if env.cuda else (1, 2, SMOKE_N[shape[2]], 32)
         for method in ATTENTION_METHODS:
             name = method if env.cuda else ON_CPU.get(method, method)
-            families = (_families((method.split()[0],), "bf16", training=True)
+            families = (_families((method.split()[0],), "bf16", shape[3], training=True)
                         if "ours" in method else {})
             cost = costs.attention_row_s + sum(n * costs.autotune_config_s
                                                for n in families.values())
@@ -196,7 +203,8 @@ def sampling_rows(env: argparse.Namespace, costs: CostModel) -> list[Row]:
                 cost = (costs.model_build_s + calls * _step_s(forward_flops(cfg.model) * nets,
                                                               costs)
                         + (costs.inductor_sample_s if mode != "off" else 0.0))
-                families = _families(_modes(model, backend), "bf16", training=False)
+                families = _families(_modes(model, backend), "bf16", _head_dim(cfg),
+                                     training=False)
 
                 def run(cfg: Any = cfg, n: int = n, mode: str = mode,
                         dataset: str = dataset, model: str = model) -> dict[str, Any]:
