@@ -189,6 +189,18 @@ def train(dataset: str, model: str, impl: str, mode: str, ms: float, mfu: float 
             "ms_per_step": ms, "mfu": mfu}
 
 
+def test_summary_row_figures() -> None:
+    from uvic.cli.gpu_check_report import result_text
+
+    row = {**train("cifar10", "uvit", "ours", "off", 40.0), "images_per_s": 3200.0,
+           "profile": {"gpu_busy": 0.42}}
+    assert result_text(row) == "40.00 ms/step, 3200 images/s, GPU busy 42%"
+    assert result_text({**row, "status": "error", "reason": "ValueError: x"}) == "ValueError: x"
+    assert result_text({"kind": "attention", "status": "ok", "fwd_ms": 0.1, "fwd_bwd_ms": 0.4,
+                        "fwd_bwd_ms_cuda_graph": 0.3}) == (
+        "fwd 0.100 ms, fwd+bwd 0.400 ms (graph 0.300)")
+
+
 def test_targets_met_missed_and_not_measured() -> None:
     records = [train("cifar10", "uvit", "ours", "off", 40.0),
                train("cifar10", "uvit", "sdpa", "off", 45.0),

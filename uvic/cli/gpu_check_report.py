@@ -142,7 +142,9 @@ def result_text(r: dict[str, Any]) -> str:
         return r.get("reason") or r.get("error") or ""
     try:
         if r["kind"] == "train":
-            return f"{r['ms_per_step']:.2f} ms/step, {r['images_per_s']:.0f} images/s"
+            busy = (r.get("profile") or {}).get("gpu_busy")  # why a step is slow, in a number
+            return (f"{r['ms_per_step']:.2f} ms/step, {r['images_per_s']:.0f} images/s"
+                    + ("" if busy is None else f", GPU busy {100 * busy:.0f}%"))
         if r["kind"] == "sampling":
             return (f"{r['ms_per_eval']:.2f} ms/call, "
                     f"{r['images_per_s_per_eval']:.0f} images/s/NFE")
