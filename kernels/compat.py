@@ -4,8 +4,8 @@ The GPU machine runs an older stack (Triton 3.6, numpy 2.5) than the pins (Trito
 what differs is detected by behaviour, never by version strings:
 
 * ``fix_interpreter_scalar_index``: Triton's interpreter (``TRITON_INTERPRET=1``) turns a
-  scalar kernel argument into a one-element array, and before 3.7 its tensors' ``__index__``
-  was ``int(array)``, which numpy >= 2.4 refuses for arrays of one dimension ("only
+  scalar kernel argument into a one-element array, and in Triton 3.6 its tensors'
+  ``__index__`` is ``int(array)`` (3.8's squeezes first), which numpy >= 2.4 refuses ("only
   0-dimensional arrays can be converted to Python scalars").  Every ``range(lo, hi,
   BLOCK)`` over runtime bounds in our kernels calls it.  Where the interpreter's own
   ``__index__`` fails on a one-element array, it is replaced, for interpreted calls only

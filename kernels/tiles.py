@@ -46,7 +46,7 @@ try:  # triton >= 3.3 reads the environment through knobs; older releases read i
     INTERPRET: bool = bool(triton.knobs.runtime.interpret)
 except AttributeError:  # pragma: no cover - depends on the installed triton
     INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-if INTERPRET:  # a Triton interpreter older than numpy 2.4 refuses range() over scalars
+if INTERPRET:  # Triton 3.6's interpreter under numpy >= 2.4 refuses range() over scalars
     fix_interpreter_scalar_index()
 
 # Block sizes.  The interpreter runs a single fixed configuration (autotuning with
