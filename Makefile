@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install quickstart test lint bench gpu-results clean
+.PHONY: install quickstart test lint bench gpu-results gpu-check gpu-wheels gpu-install clean
 
 install: $(STAMP)
 
@@ -26,14 +26,41 @@ test: install
 bench: install
 	$(BIN)/python -m uvic_kernels.bench $(ARGS)
 
-# On a GPU machine with the package installed (PY: its python): the measurements of
+# On a GPU machine with the package installed (PY: its python): the full measurements of
 # kernels/BENCHMARKS.md in one go, kernels first (they warm Triton's cache), each
 # writing its JSON (kernels: runs/bench/kernels.json; the others under kernels/results/).
+# It takes well over one 10-minute command: in a short GPU window run gpu-check instead.
 PY ?= $(BIN)/python
 gpu-results:
 	$(PY) -m uvic_kernels.bench --shapes "128,8,257,64;256,8,334,64;32,8,1024,64;4,8,4096,64"
 	$(PY) scripts/bench_train.py --compile off,reduce-overhead --profile --steps 30 --huge
 	$(PY) scripts/bench_sampling.py --compile off,reduce-overhead
+
+# The budgeted GPU check (issue 32): the most valuable measurements first, within
+# --budget-s (default 420 s), every finished row in its JSON at once. Run it first in any
+# GPU window; kernels/BENCHMARKS.md, "The budgeted GPU check", has the whole recipe:
+#   here:               make gpu-wheels          (the wheels the GPU machine lacks, .whl/)
+#   on the GPU machine: make gpu-install gpu-check PY=python3
+# `make gpu-check ARGS=--smoke` runs its tiny CPU smoke anywhere.
+gpu-check:
+	$(PY) -m uvic.cli.gpu_check $(ARGS)
+
+# The wheels of gpu-wheels.txt for the GPU machine's Python 3.12 (x86-64 manylinux), into
+# WHEELS (ignored; carried there, under the device tool's 64 MiB: about 9 MiB).
+WHEELS ?= .whl
+GPU_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64,--platform $(p))
+gpu-wheels:
+	rm -rf $(WHEELS)
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $(GPU_PLATFORMS) -d $(WHEELS) -r gpu-wheels.txt
+	du -sh $(WHEELS)
+
+# On the GPU machine (PY=python3, the one with its torch): the carried wheels and this
+# checkout, without dependencies (its torch, triton, torchvision and accelerate stay),
+# setuptools only where the machine's is older than the 77 pyproject.toml needs.
+gpu-install:
+	$(PY) -m pip install -q --no-index --no-deps --no-compile $$(ls $(WHEELS)/*.whl | grep -v /setuptools-)
+	$(PY) -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)" || $(PY) -m pip install -q --no-index --no-deps $(WHEELS)/setuptools-*.whl
+	$(PY) -m pip install -q --no-index --no-deps --no-build-isolation -e .
 
 clean:
 	rm -rf $(VENV) runs/quickstart

@@ -20,12 +20,20 @@ own path would launch with the same arguments, so results are bit-identical;
 ``cache_info()`` counts the launches of each path.  As with Triton's own autotuning
 cache, a config list changed after a signature was first launched is not seen: call
 ``clear_cache()``.
+
+Where Triton's internals are not what the cache expects (another release: the autotuner,
+the kernel's argument names or the compiled kernel's launcher laid out otherwise, found
+by reading them or by a direct launch that raises), that signature falls back to
+Triton's own launch path for good: same results, only the host time saved is lost.  The
+first fallback of the process says why in a ``RuntimeWarning`` (once);
+``cache_info()["fallbacks"]`` counts them and ``fallback_reasons()`` lists the reasons.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -125,62 +133,99 @@ class _Launch:
     directly with the same arguments.
     """
 
-    __slots__ = ("constexprs", "direct", "grid", "ints", "kernel", "tail")
+    __slots__ = ("constexprs", "direct", "fallback", "grid", "ints", "kernel", "tail")
 
     def __init__(self, kernel: Any, ints: tuple[int, ...], constexprs: dict[str, Any],
                  grid: tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]):
         self.kernel, self.ints, self.constexprs, self.grid = kernel, ints, constexprs, grid
         self.direct: Callable[..., Any] | None = None
+        self.fallback = False  # True: Triton's own path for good (see _fall_back)
         self.tail: tuple[Any, ...] = ()  # the constexpr values, in signature order
 
     def __call__(self, tensors: tuple[torch.Tensor, ...], floats: tuple[float, ...]) -> None:
         if self.direct is not None and CACHE:
-            _STATS["hits"] += 1
-            self.direct(*tensors, *self.ints, *floats, *self.tail)
-            return
+            try:
+                self.direct(*tensors, *self.ints, *floats, *self.tail)
+            except Exception as err:  # a launcher that takes other arguments: Triton's path
+                self._fall_back(f"the direct launch raised {type(err).__name__}: {err}")
+            else:
+                _STATS["hits"] += 1
+                return
         _STATS["misses"] += 1
         launched = self.kernel[self.grid](*tensors, *self.ints, *floats, **self.constexprs)
-        if CACHE:
-            self.direct, self.tail = _direct_launch(
-                self.kernel, launched, len(tensors) + len(self.ints) + len(floats),
-                self.constexprs, self.grid)
+        if CACHE and not self.fallback:
+            n_runtime = len(tensors) + len(self.ints) + len(floats)
+            try:
+                self.direct, self.tail, reason = _direct_launch(
+                    self.kernel, launched, n_runtime, self.constexprs, self.grid)
+            except Exception as err:  # Triton's objects laid out otherwise
+                self.direct, reason = None, f"reading Triton's launch raised {type(err).__name__}"
+            if self.direct is None:
+                self._fall_back(reason)
+
+    def _fall_back(self, reason: str) -> None:
+        """Take Triton's own path for this signature from now on, and say why (once)."""
+        self.direct, self.tail, self.fallback = None, (), True
+        _fall_back(reason)
+
+
+def _fall_back(reason: str) -> None:
+    """Count a signature that falls back to Triton's launch path; warn on the first."""
+    _STATS["fallbacks"] += 1
+    first = not _FALLBACK_REASONS
+    _FALLBACK_REASONS.setdefault(reason.splitlines()[0][:200], None)
+    if first:
+        warnings.warn(
+            f"uvic_kernels: the launch cache cannot repeat Triton {triton.__version__}'s "
+            f"launches ({reason.splitlines()[0][:200]}); those signatures take Triton's own "
+            "launch path (same results, more host time per call). Said once per process; "
+            "uvic_kernels.launch.fallback_reasons() lists every reason.",
+            RuntimeWarning, stacklevel=4)
 
 
 def _direct_launch(kernel: Any, launched: Any, n_runtime: int, constexprs: dict[str, Any],
-                   grid: Any) -> tuple[Callable[..., Any] | None, tuple[Any, ...]]:
-    """``(launch, constexpr values)`` that repeat what ``kernel[grid](...)`` just launched,
-    or ``(None, ())`` where that cannot be done safely (a config with a pre-hook, a launch
-    that returned no compiled kernel, e.g. a stand-in kernel)."""
+                   grid: Any) -> tuple[Callable[..., Any] | None, tuple[Any, ...], str]:
+    """``(launch, constexpr values, "")`` that repeat what ``kernel[grid](...)`` just
+    launched, or ``(None, (), why not)`` where that cannot be done safely (a config with a
+    pre-hook, argument names that do not match the launch, a launch that returned no
+    compiled kernel)."""
     fn, values = kernel, dict(constexprs)
     if isinstance(kernel, triton.runtime.Autotuner):
         config = kernel.best_config
         if config.pre_hook is not None:
-            return None, ()
+            return None, (), "the autotuner's chosen config has a pre-hook"
         values.update(config.kwargs)
         fn = kernel.fn
     names = getattr(fn, "arg_names", None)
     if names is None or sorted(names[n_runtime:]) != sorted(values):
-        return None, ()
+        return None, (), "the kernel's argument names do not match the launch"
     grid = tuple(grid(values) if callable(grid) else grid)
     grid += (1,) * (3 - len(grid))  # CompiledKernel[grid] reads all three dimensions
     tail = tuple(values[name] for name in names[n_runtime:])
     if INTERPRET:
-        return fn[grid], tail
+        return fn[grid], tail, ""
     if hasattr(launched, "result"):  # the future of an asynchronous compile
         launched = launched.result()
     if not isinstance(launched, CompiledKernel):
-        return None, ()
-    return launched[grid], tail
+        return None, (), f"the launch returned a {type(launched).__name__}, not a CompiledKernel"
+    return launched[grid], tail, ""
 
 
 _PLANS: dict[tuple, Any] = {}
-_STATS = {"hits": 0, "misses": 0}
+_STATS = {"hits": 0, "misses": 0, "fallbacks": 0}
+_FALLBACK_REASONS: dict[str, None] = {}  # why signatures fell back, first seen first
 
 
 def cache_info() -> dict[str, int]:
     """Kernel launches served by the cache (``hits``) and through Triton's autotuner and
-    binder (``misses``) since the process started, and the signatures cached (``plans``)."""
+    binder (``misses``) since the process started, the signatures cached (``plans``) and
+    the kernel launches whose signature fell back to Triton's path for good (``fallbacks``)."""
     return {**_STATS, "plans": len(_PLANS)}
+
+
+def fallback_reasons() -> list[str]:
+    """Why launches fell back to Triton's own path in this process (empty: none did)."""
+    return list(_FALLBACK_REASONS)
 
 
 def clear_cache() -> None:

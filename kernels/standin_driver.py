@@ -44,12 +44,25 @@ class _Utils:
         return {"max_shared_mem": H100_MAX_SMEM, "multiprocessor_count": H100_SMS}
 
 
+def _no_timing(kernel_call: Callable[[], Any], quantiles: Any = None, **kwargs: Any) -> Any:
+    """The stand-in's benchmarker: runs nothing (so no launch is recorded) and gives every
+    config the same time, so the autotuner keeps the first that survives pruning."""
+    return [0.0] * len(quantiles) if quantiles else 0.0
+
+
 class StandInDriver:
-    """A Triton driver for an H100 that is not there: compiles for sm_90, launches nothing."""
+    """A Triton driver for an H100 that is not there: compiles for sm_90, launches nothing.
+
+    Triton releases that benchmark even a single config left after pruning (3.6) ask the
+    driver for a benchmarker (``get_benchmarker``): this one times nothing (``_no_timing``).
+    """
 
     def __init__(self) -> None:
         self.utils = _Utils()
         self.launcher_cls = _Launcher
+
+    def get_benchmarker(self) -> Callable[..., Any]:
+        return _no_timing
 
     def get_current_device(self) -> int:
         return 0

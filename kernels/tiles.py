@@ -30,6 +30,8 @@ import os
 import torch
 import triton
 
+from uvic_kernels.compat import fix_interpreter_scalar_index
+
 # fmt: off
 # (tile lists are grouped a few to a line; a formatter would put each on its own line)
 
@@ -44,6 +46,8 @@ try:  # triton >= 3.3 reads the environment through knobs; older releases read i
     INTERPRET: bool = bool(triton.knobs.runtime.interpret)
 except AttributeError:  # pragma: no cover - depends on the installed triton
     INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+if INTERPRET:  # Triton 3.6's interpreter under numpy >= 2.4 refuses range() over scalars
+    fix_interpreter_scalar_index()
 
 # Block sizes.  The interpreter runs a single fixed configuration (autotuning with
 # more than one config needs a GPU).  On a GPU the kernels are autotuned over a few

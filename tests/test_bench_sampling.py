@@ -19,7 +19,7 @@ def test_smoke_run_writes_records_whose_projection_is_the_measured_rate(
     assert main(["--smoke", "--iters", "1", "--repeats", "1", "--out", str(out)]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     data = json.loads(out.read_text())
-    for key in ("device", "torch", "triton", "cuda", "date", "git_commit", "git_dirty"):
+    for key in ("device", "python", "torch", "triton", "cuda", "date", "git_commit", "git_dirty"):
         assert key in data
     assert data["kind"] == "sampling" and data["device_type"] == "cpu"  # as the train kind's
     assert data["smoke"] and data["precision"] == "fp32"

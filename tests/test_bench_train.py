@@ -20,8 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 RECORD_KEYS = {"dataset", "preset", "model", "backend", "compile", "batch",
                "grad_checkpointing", "tokens", "train_flops_per_image", "ms_per_step",
                "images_per_s", "mfu", "peak_mib", "status"}
-RUN_KEYS = {"kind", "device", "device_type", "smoke", "peak_bf16_tflops", "torch", "triton", "cuda",
-            "date", "git_commit", "git_dirty", "steps", "warmup", "records", "table"}
+RUN_KEYS = {"kind", "device", "device_type", "smoke", "peak_bf16_tflops", "python", "torch",
+            "triton", "cuda", "date", "git_commit", "git_dirty", "steps", "warmup", "records",
+            "table"}
 
 
 def load_bench():
@@ -132,6 +133,20 @@ def test_bench_train_compiled_row_and_options(tmp_path, capsys):
         with pytest.raises(SystemExit) as exc:
             bench.main(["--smoke", flag, value, "--out", str(out)])
         assert exc.value.code == 2 and f"{flag}: {message}" in capsys.readouterr().err
+
+
+def test_a_failing_profile_keeps_the_timing(monkeypatch) -> None:
+    """A profiler failure is the record's `profile_error`; its timing stays."""
+    from uvic.cli import bench_train as bench
+
+    def broken(step, device):
+        raise RuntimeError("profiler unavailable\nmore")
+
+    monkeypatch.setattr(bench, "profile_step", broken)
+    cell = bench.Cell("cifar10", "cifar10_uvit", "uvit", "sdpa", "off", 2)
+    record = bench.run_cell(cell, 1, 1, torch.device("cpu"), None, profile=True)
+    assert record["status"] == "ok" and record["ms_per_step"] > 0
+    assert record["profile_error"] == "RuntimeError: profiler unavailable"
 
 
 def test_profile_step_counts_the_step_operators() -> None:

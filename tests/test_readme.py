@@ -509,6 +509,9 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
     "make bench": Run(("--smoke",), check=writes("runs/bench/kernels.json")),
     "python -m uvic_kernels.bench": Same("make bench"),
     "python scripts/bench_train.py": Run(("--smoke",), check=writes("runs/bench/train.json")),
+    "make gpu-check": Run(("--smoke", "--budget-s", "8"),
+                          check=writes("runs/bench/gpu-check.json")),
+    "python -m uvic.cli.gpu_check": Same("make gpu-check"),
 }
 
 

@@ -1,7 +1,8 @@
 """What the benchmark commands (`uvic-bench-train`, `uvic-bench-sampling`) share: peak CUDA
 memory readings, the run's environment and its JSON record file (schema:
-kernels/results/README.md), so that both kinds of record file say the same things the
-same way.
+kernels/results/README.md), written atomically (`uvic.files.write_json`), so that every
+kind of record file says the same things the same way (`uvic-gpu-check` writes its rows
+through it too).
 
 Imports no torch at module level: the commands' `--help` stays light.
 """
@@ -9,13 +10,14 @@ Imports no torch at module level: the commands' `--help` stays light.
 from __future__ import annotations
 
 import datetime
-import json
 import platform
 import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from uvic.files import write_json
 
 if TYPE_CHECKING:
     import torch
@@ -54,6 +56,11 @@ def peak_mib(fn: Callable[[], object], device: torch.device) -> float | None:
     return peak_memory_mib(device)
 
 
+def error_line(err: BaseException, limit: int = 300) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    return f"{type(err).__name__}: {err}".splitlines()[0][:limit]
+
+
 def _git(*args: str) -> str | None:
     """Output of `git args` in the checkout this package runs from (None: not a checkout,
     or no git)."""
@@ -77,7 +84,7 @@ def environment(device: torch.device) -> dict[str, Any]:
     commit, status = _git("rev-parse", "HEAD"), _git("status", "--porcelain")
     return {"device": torch.cuda.get_device_name(device) if device.type == "cuda"
             else platform.processor() or "cpu",
-            "device_type": device.type,
+            "device_type": device.type, "python": platform.python_version(),
             "torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "git_commit": commit, "git_dirty": None if status is None else bool(status)}
@@ -97,8 +104,6 @@ def write_records(out: str | None, kind: str, env: dict[str, Any], facts: dict[s
     """Write the record file {kind, environment, the run's `facts`, records, table} to `out`
     (None: `default_out`), say where, and return its path."""
     path = Path(out) if out else default_out(kind, env)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"kind": kind, **env, **facts, "records": records,
-                                "table": table}, indent=2) + "\n")
+    write_json(path, {"kind": kind, **env, **facts, "records": records, "table": table})
     print(f"\nwrote {path}")
     return path

@@ -40,7 +40,13 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from uvic.cli.bench_profile import profile_lines, profile_step
-from uvic.cli.bench_records import environment, peak_memory_mib, reset_peak_memory, write_records
+from uvic.cli.bench_records import (
+    environment,
+    error_line,
+    peak_memory_mib,
+    reset_peak_memory,
+    write_records,
+)
 from uvic.config import Config, load_config
 from uvic.config.training import TRAIN_COMPILE_MODES
 from uvic.models.flops import num_tokens, training_flops
@@ -194,11 +200,14 @@ def run_cell(cell: Cell, steps: int, warmup: int, device: torch.device,
         record.update(status="ok", ms_per_step=ms, images_per_s=images_per_s,
                       mfu=mfu(flops, images_per_s, peak), peak_mib=peak_mib)
         if profile:
-            record["profile"] = profile_step(step, device)
+            try:  # a profiler failure keeps the timing
+                record["profile"] = profile_step(step, device)
+            except Exception as err:
+                record["profile_error"] = error_line(err)
     except torch.cuda.OutOfMemoryError:
         record["status"] = "OOM"
     except Exception as err:  # a compile or kernel failure: said, and the next cell runs
-        record.update(status="error", error=f"{type(err).__name__}: {err}".splitlines()[0])
+        record.update(status="error", error=error_line(err))
     finally:
         if cuda:
             torch.cuda.empty_cache()
