@@ -214,11 +214,20 @@ def run_cell(cell: Cell, steps: int, warmup: int, device: torch.device,
     return record
 
 
-def markdown_table(rows: list[dict[str, Any]], header: str) -> str:
-    """The rows as a markdown table under `header`."""
-    lines = [header, "",
-             "| dataset (N) | model | attention backend | compile | grad ckpt | batch | "
-             "ms/step | images/s | MFU | peak MiB |", "|---|---|---|---|---|---|---|---|---|---|"]
+def markdown_table(rows: list[dict[str, Any]], header: str, timed: bool = True) -> str:
+    """The rows as a markdown table under `header`; without `timed` (a CPU smoke, whose
+    one step after one warm-up measures the order rows ran in, not their speed) no
+    timing columns, only whether each row ran."""
+    columns = "| dataset (N) | model | attention backend | compile | grad ckpt | batch |"
+    if not timed:
+        lines = [header, "", f"{columns} ran |", "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['dataset']} ({r['tokens']}) | {r['model']} | {r['backend']} | "
+                         f"{r['compile']} | {'yes' if r['grad_checkpointing'] else 'no'} | "
+                         f"{r['batch']} | {'yes' if r['status'] == 'ok' else r['status']} |")
+        return "\n".join(lines)
+    lines = [header, "", f"{columns} ms/step | images/s | MFU | peak MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
 
     def fmt(value: float | None, digits: int = 1, scale: float = 1.0, unit: str = "") -> str:
         return "n/a" if value is None else f"{value * scale:.{digits}f}{unit}"
@@ -300,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     for cell in plan_cells(args, cuda):
         rows.append(run_cell(cell, steps, warmup, device, peak, args.profile))
         r = rows[-1]
-        result = f"{r['ms_per_step']:.1f} ms/step" if r["status"] == "ok" else r["status"]
+        result = r["status"] if r["status"] != "ok" else (
+            f"{r['ms_per_step']:.1f} ms/step" if cuda else "ran (smoke: not a timing)")
         title = (f"{cell.dataset} {cell.model} {cell.backend} compile={cell.compile} "
                  f"grad ckpt={cell.grad_checkpointing}")
         print(f"{title}: {result}", flush=True)
@@ -310,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown_table(rows, "Training step (fwd+bwd+AdamW+EMA, bf16 autocast) on "
                            f"{env['device']}"
                            f"{'' if cuda else ' (smoke, CPU: not a timing)'}, torch "
-                           f"{env['torch']}, {env['date'][:10]}:")
+                           f"{env['torch']}, {env['date'][:10]}:", timed=cuda)
     print("\n" + table)
     write_records(args.out, "train", env, {"smoke": not cuda, "peak_bf16_tflops": peak,
                                            "steps": steps, "warmup": warmup}, rows, table)
