@@ -211,7 +211,12 @@ def shows_classes(*labels: int) -> Callable[[Path, subprocess.CompletedProcess],
     def check(ws: Path, proc: subprocess.CompletedProcess) -> None:
         record = json.loads((ws / "samples/imagenet256/sample_config.json").read_text())
         assert record["class_labels"] == list(labels), record["class_labels"]
-        assert "classes shown: " + ", ".join(map(str, labels)) in proc.stdout
+        # each class by number, WordNet id and name: "207 n02099601 golden retriever, ..."
+        shown = re.search(r"classes shown: (.*) \((?:one image|\d+ images) each", proc.stdout)
+        assert shown, proc.stdout
+        items = shown.group(1).split(", ")
+        assert [int(item.split()[0]) for item in items] == list(labels), items
+        assert all(re.fullmatch(r"\d+ n\d{8} \S.*", item) for item in items), items
     return check
 
 
