@@ -60,13 +60,15 @@ class Table:
 
 @dataclass
 class Job:
-    """One row's run: its config, run folder and FID result file."""
+    """One row's run: its config, run folder and FID result file (`seed`: the training
+    seed of a row run with several seeds, else None)."""
 
     row: str
     model: str
     cfg: Config
     run_dir: Path
     result: Path
+    seed: int | None = None
 
     @property
     def ckpt(self) -> Path:
