@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from uvic.cli.table_runner import seeds_from
 from uvic.config import Config, ConfigError, load_config
 from uvic.models.checks import ATTENTION_PRESETS
 from uvic.presets import resolve_config
@@ -93,7 +94,7 @@ def seed_list(base: int, n: int) -> list[int]:
     if n < 2:
         raise ConfigError(f"--seeds {n}: one seed gives no interval and no paired test; "
                           "use --seeds 2 or more (3 is the default)")
-    return [base + i for i in range(n)]
+    return seeds_from(base, n)
 
 
 def step_grid(max_steps: int, every: int | None, steps: list[int]) -> list[int]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from uvic.cli.config_options import add_set_option
-from uvic.config import Config, ConfigError, load_config
+from uvic.config import Config, ConfigError, apply_overrides, load_config
 from uvic.evaluation.protocols import load_results, protocol_of
 from uvic.presets import preset_path
 from uvic.sampling.checks import PRECISIONS
@@ -71,6 +71,12 @@ class Job:
     seed: int | None = None
 
     @property
+    def label(self) -> str:
+        """"row / model" (and " / seed N" for a row run with several seeds)."""
+        return f"{self.row} / {self.model}" + (f" / seed {self.seed}" if self.seed is not None
+                                               else "")
+
+    @property
     def ckpt(self) -> Path:
         from uvic.run.folder import RunFolder
 
@@ -97,8 +103,18 @@ def selected(rows: Sequence[Row], only: Sequence[str]) -> list[Row]:
         name in (r.row, r.model) or r.row.startswith(name + "_") for name in only)]
 
 
+def seeds_from(base: int, n: int) -> list[int]:
+    """The training seeds of `n` runs of one config: base, base + 1, ... (base: its
+    train.seed)."""
+    if n < 1:
+        raise ConfigError(f"--seeds {n}: must be >= 1")
+    return [base + i for i in range(n)]
+
+
 def make_jobs(table: Table, args: argparse.Namespace) -> list[Job]:
-    """The table's runs (its smoke runs with --smoke) that --only picks, configured."""
+    """The table's runs (its smoke runs with --smoke) that --only picks, configured; with
+    --seeds N, N runs of each (the first keeps the row's folder and seed, run k the seed
+    train.seed + k in <row>_<model>_seed<seed>)."""
     rows = selected(table.smoke_rows if args.smoke else table.rows, args.only)
     if not rows:
         raise ConfigError(f"--only {args.only}: matches no row of {table.name} "
@@ -107,11 +123,15 @@ def make_jobs(table: Table, args: argparse.Namespace) -> list[Job]:
     jobs = []
     for r in rows:
         name = f"{r.row}_{r.model}"
-        run_dir = out / "runs" / name
         extra = [o.format(data=out / "data") for o in r.overrides]
-        cfg = load_config(preset_path(r.preset), [*extra, f"name={name}",
-                                                  f"train.output_dir={run_dir}", *args.set])
-        jobs.append(Job(r.row, r.model, cfg, run_dir, out / "fid" / f"{name}.json"))
+        cfg = load_config(preset_path(r.preset), [*extra, f"name={name}", *args.set])
+        seeds = seeds_from(cfg.train.seed, args.seeds)
+        for seed in seeds:
+            run = name if seed == seeds[0] else f"{name}_seed{seed}"
+            run_cfg = apply_overrides(cfg, [f"train.output_dir={out / 'runs' / run}",
+                                            f"train.seed={seed}"])
+            jobs.append(Job(r.row, r.model, run_cfg, out / "runs" / run,
+                            out / "fid" / f"{run}.json", seed if len(seeds) > 1 else None))
     return jobs
 
 
@@ -131,7 +151,7 @@ def plan(jobs: list[Job]) -> str:
         protocol = protocol_of(job.cfg)
         calls = protocol.steps * (2 if protocol.guidance else 1)
         n = job.cfg.eval.n_samples
-        lines += [f"- {job.row} / {job.model}: train {remaining:,} of {t.max_steps:,} steps "
+        lines += [f"- {job.label}: train {remaining:,} of {t.max_steps:,} steps "
                   f"x {t.batch_size} images; {train_time}",
                   f"    FID: {n:,} samples x {calls} network calls = {n * calls:,} image "
                   f"forwards; protocol: {protocol.label()}"]
@@ -222,6 +242,9 @@ def parse_args(table: Table, argv: Sequence[str] | None = None) -> argparse.Name
                    help="only rows with this name (or name prefix) or model (repeatable)")
     p.add_argument("--stage", choices=["all", "train", "fid", "table"], default="all",
                    help="run up to this stage only (default all)")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="training seeds per row (default 1); with 2 or more every cell is "
+                        "the mean over seeds with its 95%% interval")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="autocast dtype for FID sampling on CUDA")
@@ -248,9 +271,9 @@ def run(table: Table, args: argparse.Namespace) -> int:
             table.prepare_smoke(Path(args.out) / "data")
         for job in jobs:
             if args.stage in ("all", "train"):
-                print(f"{job.row} / {job.model}: {run_train(job)}", flush=True)
+                print(f"{job.label}: {run_train(job)}", flush=True)
             if args.stage in ("all", "fid"):
-                print(f"{job.row} / {job.model}: {run_fid(job, args.smoke, args)}", flush=True)
+                print(f"{job.label}: {run_fid(job, args.smoke, args)}", flush=True)
         if args.stage in ("all", "table") and int(os.environ.get("RANK", "0")) == 0:
             text = table.render(load_results(Path(args.out) / "fid"))
             if args.smoke and (note := smoke_note(jobs)):
