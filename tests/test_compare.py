@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from readme_commands import argv
 
 from uvic.cli import compare
 
@@ -18,6 +19,9 @@ TINY = ["train.max_steps=6", "train.batch_size=4", "model.embed_dim=16", "model.
         "model.num_heads=2", "eval.n_samples=4", "sample.steps=2", "train.keep_steps=[]",
         "sample.autoguidance_scale=0", "data.num_images=32", "train.log_every=3",
         "train.log_with=", "optim.warmup_steps=2", "model.attention_backend=torch"]
+# The README's commands, shrunk by ARGS (later options win)
+README_RUN = "python scripts/compare.py --steps 1500,2100 --best --set eval.n_samples=128"
+README_PLAN = "python scripts/compare.py --dry-run --steps 1500,2100 --set eval.n_samples=128"
 ARGS = ["--variants", "uvit,uvic", "--seeds", "2", "--steps", "3", "--heldout", "8",
         "--threads", "1", "--best", *[w for o in TINY for w in ("--set", o)]]
 
@@ -31,12 +35,23 @@ def torch_settings():
     torch.use_deterministic_algorithms(deterministic)
 
 
-def run(tmp_path: Path, *extra: str) -> int:
-    return compare.main([*ARGS, "--out", str(tmp_path / "cmp"), *extra])
+def run(tmp_path: Path, *extra: str, readme: str | None = None) -> int:
+    words = argv(readme)[2:] if readme else []
+    return compare.main([*words, *ARGS, "--out", str(tmp_path / "cmp"), *extra])
+
+
+def test_readme_plan_states_the_compute(tmp_path: Path, capsys) -> None:
+    """The README's dry run, as written: 3 presets x 3 seeds, 3 evaluation steps."""
+    assert compare.main([*argv(README_PLAN)[2:], "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "3 variants (uvit, uvic, uvie) x 3 seeds (1234, 1235, 1236) = 9 runs" in out
+    assert "9 runs x 2,700 steps x 32 images = 24,300 steps" in out
+    assert "9 runs x 3 steps (1500, 2100, 2700) = 27" in out
+    assert "128 x 100 network calls = 12,800 image forwards per evaluation" in out
 
 
 def test_compare_end_to_end(tmp_path: Path, torch_settings, capsys) -> None:
-    assert run(tmp_path) == 0
+    assert run(tmp_path, readme=README_RUN) == 0
     out = tmp_path / "cmp"
     report = json.loads((out / "compare.json").read_text())
     assert report["seeds"] == [1234, 1235] and report["grid"] == [3, 6]
@@ -79,7 +94,7 @@ def test_compare_end_to_end(tmp_path: Path, torch_settings, capsys) -> None:
     before = json.loads(lost.read_text())
     lost.unlink()
     capsys.readouterr()
-    assert run(tmp_path) == 0
+    assert run(tmp_path, readme=README_RUN) == 0
     printed = capsys.readouterr().out
     assert printed.count("trained (skipped)") == 4 and printed.count("(skipped)") == 11
     assert json.loads(lost.read_text())["metrics"] == before["metrics"]

@@ -36,6 +36,16 @@ from uvic.run.weights import file_sha256
 from uvic.sampling.assets import to_pixels
 from uvic.sampling.generate import distributed_state
 from uvic.sampling.load import load_model
+from uvic.training.stop import Interrupted
+
+
+class RunStopped(Exception):
+    """A run stopped on a signal with its checkpoint (`Interrupted`, which does not pickle,
+    as a worker process can return it)."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(signum, message)
+        self.signum, self.message = signum, message
 
 
 @dataclass(frozen=True)
@@ -136,7 +146,10 @@ def train_and_evaluate(job: Job, settings: EvalSettings, threads: int | None) ->
     if threads is not None:
         make_deterministic(threads)
     cfg = job.cfg
-    lines = [f"{cfg.name}: {run_train(job)}"]
+    try:
+        lines = [f"{cfg.name}: {run_train(job)}"]
+    except Interrupted as err:
+        raise RunStopped(err.signum, str(err)) from None
     heldout = reference = None
     if "heldout_mse" in settings.metrics:
         heldout = real_images(cfg, "val", settings.heldout)

@@ -10,21 +10,25 @@ processes the runs go one after another, every process taking part in each.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
+import signal
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from uvic.cli.compare_eval import EvalSettings, train_and_evaluate
+from uvic.cli.compare_eval import EvalSettings, RunStopped, train_and_evaluate
 from uvic.cli.compare_plan import SAMPLED, Plan, describe, make_plan
 from uvic.cli.compare_report import write_report
 from uvic.cli.quickstart_steps import run_logged
 from uvic.cli.table_runner import Job
 from uvic.config import ConfigError, apply_overrides
+from uvic.training.stop import Interrupted
 
 ATTENTION_KEYS = {"model.attention", "model.attention_backend"}
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def jobs_of(plan: Plan) -> list[Job]:
@@ -105,18 +109,42 @@ def run_all(jobs: list[Job], settings: EvalSettings, args: argparse.Namespace) -
     print(f"{len(jobs)} runs, {workers} at a time ({per_job} thread(s) each; output in "
           f"{logs}/<run>.log)", flush=True)
     context = multiprocessing.get_context("spawn")  # no fork of a threaded parent
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = {pool.submit(run_logged, logs / f"{job.cfg.name}.log", train_and_evaluate,
-                               job, settings, per_job): job for job in jobs}
-        for future in as_completed(futures):
-            job = futures[future]
-            try:
-                lines = future.result()
-            except Exception as err:
-                first = str(err).splitlines()[0] if str(err) else repr(err)
-                raise RuntimeError(f"{job.cfg.name}: {first} (full output: "
-                                   f"{logs / job.cfg.name}.log)") from err
-            print("\n".join(lines), flush=True)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    previous = {sig: signal.signal(sig, _stop_workers(pool)) for sig in STOP_SIGNALS}
+    try:
+        waiting, running = list(jobs), {}
+        while waiting or running:
+            while waiting and len(running) < workers:  # none queued beyond the workers:
+                job = waiting.pop(0)                    # a stop leaves no run to start
+                running[pool.submit(run_logged, logs / f"{job.cfg.name}.log",
+                                    train_and_evaluate, job, settings, per_job)] = job
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                job = running.pop(future)
+                try:
+                    lines = future.result()
+                except RunStopped as err:
+                    raise Interrupted(err.signum, err.message) from None
+                except Exception as err:
+                    first = str(err).splitlines()[0] if str(err) else repr(err)
+                    raise RuntimeError(f"{job.cfg.name}: {first} (full output: "
+                                       f"{logs / job.cfg.name}.log)") from err
+                print("\n".join(lines), flush=True)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # a stopped worker saves first
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_workers(pool: ProcessPoolExecutor):
+    """A SIGINT/SIGTERM handler: pass the signal on to the workers (each run stops after a
+    step with its checkpoint, `uvic.training.stop`) and stop here (`Interrupted`)."""
+    def handler(signum: int, frame: Any) -> None:
+        for process in list(getattr(pool, "_processes", {}).values()):
+            with contextlib.suppress(OSError):
+                os.kill(process.pid, signum)
+        raise Interrupted(signum, f"stopped by {signal.Signals(signum).name}")
+    return handler
 
 
 def run(args: argparse.Namespace) -> int:
@@ -147,4 +175,9 @@ def run(args: argparse.Namespace) -> int:
             FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, RunStopped) as err:  # a run stopped on a signal, or Ctrl-C
+        signum = getattr(err, "signum", signal.SIGINT)
+        print(f"stopped by {signal.Signals(signum).name}: every finished step is kept; run "
+              "the same command again to continue", file=sys.stderr)
+        return 128 + signum
     return 0
