@@ -107,6 +107,8 @@ def test_compare_end_to_end(tmp_path: Path, torch_settings, capsys) -> None:
     (["--steps", "9"], "evaluation step 9 is outside the run"),
     (["--variant", "x:train.seed=3", "--variants", "uvit,x"], "variant 'x' sets train.seed"),
     (["--metrics", "fidd"], "--metrics 'fidd'"),
+    (["--metrics", "fid", "--set", "eval.inception_path=/nowhere/inception.pt"],
+     "FID Inception weights not found at /nowhere/inception.pt"),
 ])
 def test_bad_input_is_one_line(tmp_path: Path, capsys, extra: list[str], message: str) -> None:
     assert run(tmp_path, "--dry-run", *extra) == 2

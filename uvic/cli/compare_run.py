@@ -38,6 +38,14 @@ def jobs_of(plan: Plan) -> list[Job]:
             for (variant, seed), cfg in plan.configs.items()]
 
 
+def trained_steps(job: Job) -> int:
+    """Steps a run has done: its summary's, or its newest checkpoint's (a stopped run)."""
+    from uvic.run.folder import RunFolder
+
+    latest = RunFolder(job.run_dir).latest_checkpoint()
+    return max(job.trained_steps(), int(latest.name.rsplit("_", 1)[1]) if latest else 0)
+
+
 def pairing_check(plan: Plan) -> dict[str, Any]:
     """Seed s of every variant must start from the same initial weights where they share
     parameters. Builds each variant's model as the trainer does (the first seed) and
@@ -78,13 +86,10 @@ def pairing_check(plan: Plan) -> dict[str, Any]:
 
 
 def prepare_references(plan: Plan) -> None:
-    """Reference statistics made once, here, before the workers need them (Inception's
-    weights are checked before any training)."""
+    """Reference statistics made once, here, before the workers need them."""
     from uvic.evaluation.reference import reference_statistics
-    from uvic.evaluation.statistics import check_inception, stand_in_features
+    from uvic.evaluation.statistics import stand_in_features
 
-    if "fid" in plan.metrics:
-        check_inception(plan.base, plan.base.eval.mode)
     if any(m in SAMPLED for m in plan.metrics if m != "fid"):
         cfg = apply_overrides(plan.base, ["eval.features=projection"])
         reference_statistics(cfg, stand_in_features(cfg), stats_dir=plan.out / "fid_stats",
@@ -158,8 +163,12 @@ def run(args: argparse.Namespace) -> int:
         plan = make_plan(args)
         jobs = jobs_of(plan)
         print(describe(plan, {(j.row, j.seed): j.step_time() for j in jobs},
-                       {(j.row, j.seed): j.trained_steps() for j in jobs}), flush=True)
+                       {(j.row, j.seed): trained_steps(j) for j in jobs}), flush=True)
         pairing = pairing_check(plan)
+        if "fid" in plan.metrics:  # before any training, not hours later
+            from uvic.evaluation.statistics import check_inception
+
+            check_inception(plan.base, plan.base.eval.mode)
         if args.dry_run:
             return 0
         settings = EvalSettings(tuple(plan.metrics), tuple(plan.grid), plan.heldout, plan.out)

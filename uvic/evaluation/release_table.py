@@ -41,8 +41,9 @@ def row_of(result: dict[str, Any]) -> ReleaseRow:
 
 def release_table(results: list[dict[str, Any]]) -> str:
     """Markdown: a line per (release row, protocol, reference digest) with our best U-ViT
-    and U-ViC FID under it (several training seeds: mean ± 95% interval, `fid_cell`) and the release's reported FID (a protocol is split by reference,
-    and marked, only where its results' references differ); rows without results show their
+    and U-ViC FID under it (several training seeds: mean ± 95% interval, `fid_cell`) and
+    the release's reported FID (a protocol is split by reference, and marked, only where its
+    results' references differ); rows without results show their
     release protocol and "—". Protocols are listed under the table, the release's with both
     guidance conventions and its reference statistics file."""
     split = ReferenceSplit()
