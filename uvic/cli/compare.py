@@ -1,9 +1,9 @@
 """Compare model variants the way a reviewer accepts: several seeds, matched steps, paired
 confidence intervals.
 
-    uvic-compare --dry-run                      # the plan: runs x steps x evaluations
-    uvic-compare --steps 1500,2100 --threads 2  # attention presets on the quickstart, 3 seeds
-    uvic-compare --variants uvit,uvic --variant-file variants.json --seeds 5 --best
+    uvic-compare --dry-run --steps 1500,2100 --set eval.n_samples=128  # runs x steps x evals
+    uvic-compare --steps 1500,2100 --best --set eval.n_samples=128  # presets, Shapes, 3 seeds
+    uvic-compare --variant-file variants.json --seeds 5 --every 500
 
 (`python scripts/compare.py` runs the same program.) Variants (default: every attention
 preset, `uvic.models.checks.ATTENTION_PRESETS`) x seeds (default 3: train.seed, +1, +2):
