@@ -29,7 +29,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from uvic.cli.config_options import add_set_option
+from uvic.cli.config_options import add_config_options
 
 
 def _ints(text: str) -> list[int]:
@@ -42,8 +42,7 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="quickstart",
-                   help="base config: a file or a preset's name (default quickstart)")
+    add_config_options(p, optional_config="quickstart")  # --config, --set (every run's)
     p.add_argument("--variants", type=lambda s: [v for v in s.split(",") if v], default=[],
                    help="variant keys, comma-separated: attention presets or defined "
                         "variants (default: the defined ones, else every attention preset)")
@@ -62,7 +61,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="also report each run's best step, selected on the metric itself")
     p.add_argument("--heldout", type=int, default=256, help="held-out images of heldout_mse")
     p.add_argument("--out", default="runs/compare", help="output folder")
-    add_set_option(p)  # applied to every run, before the variant's overrides
     p.add_argument("--threads", type=int, default=2, help="CPU threads in all")
     p.add_argument("--jobs", type=int, help="runs at once on a CPU, one process each, "
                                             "sharing --threads (default: --threads)")

@@ -21,7 +21,7 @@ from typing import Any
 from uvic.cli.table_runner import seeds_from
 from uvic.config import Config, ConfigError, load_config
 from uvic.models.checks import ATTENTION_PRESETS
-from uvic.presets import resolve_config
+from uvic.presets import preset_path
 
 # keys a variant may not set: the comparison sets them for every run alike
 RESERVED = ("name", "train.seed", "train.max_steps", "train.output_dir", "train.keep_steps")
@@ -166,7 +166,8 @@ def metric_list(text: str, cfg: Config) -> list[str]:
 
 def make_plan(args: Any) -> Plan:
     """The comparison that `uvic-compare`'s arguments ask for, checked."""
-    base = load_config(resolve_config(args.config), list(args.set))
+    config = args.config or preset_path("quickstart")
+    base = load_config(config, list(args.set))
     variants = variant_list(args.variants, parse_variants(args.variant, args.variant_file))
     seeds = seed_list(base.train.seed, args.seeds)
     grid = step_grid(base.train.max_steps, args.every, args.steps)
@@ -183,7 +184,7 @@ def make_plan(args: Any) -> Plan:
     for variant, overrides in variants.items():
         for seed in seeds:
             name = f"{variant}_seed{seed}"
-            configs[variant, seed] = load_config(resolve_config(args.config), [
+            configs[variant, seed] = load_config(config, [
                 *args.set, *overrides, f"name={name}", f"train.seed={seed}",
                 f"train.output_dir={out / 'runs' / name}",
                 f"train.keep_steps=[{','.join(map(str, keep))}]"])
