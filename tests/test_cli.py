@@ -188,6 +188,7 @@ CONFIG_COMMANDS = {
     "uvic-fid": ["--ckpt", "c.safetensors"],
     "uvic-export": ["run", "--out", "o"],
     "uvic-analyze-attention": ["c.safetensors", "--out", "o"],
+    "uvic-compare": [],
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,22 @@ def test_results_shown_in_protocol_number_order() -> None:
     shown = table.split("Results shown:")[1]
     order = [shown.index(f"(P{i})") for i in range(1, 13)]
     assert order == sorted(order)
+
+
+def test_cells_of_several_seeds_carry_their_interval() -> None:
+    """Three seeds (each its best of two checkpoints): FIDs 3.0, 3.2, 3.7 -> mean 3.3, sd
+    sqrt(0.13), half-width t(0.975, 2) sqrt(0.13 / 3) = 0.896 (t by its closed form)."""
+    def seeded(model: str, fid: float, seed: int) -> dict:
+        return {**result(model, "cifar10", fid, RELEASE["cifar10"]),
+                "config": {"train": {"seed": seed}}}
+
+    results = [seeded("U-ViT", 3.0, 1), seeded("U-ViT", 3.2, 2), seeded("U-ViT", 3.7, 3),
+               seeded("U-ViT", 4.5, 3),  # seed 3's other checkpoint: not its best
+               seeded("U-ViC", 3.1, 1)]  # one seed: its number, no interval
+    table = protocol_table(results)
+    half = 0.95 / math.sqrt(2 * 0.975 * 0.025) * math.sqrt(0.13 / 3)
+    assert table_rows(table)["U-ViT"][0] == f"3.30 ± {half:.2f} (3 seeds)" == \
+        "3.30 ± 0.90 (3 seeds)"
+    assert table_rows(table)["U-ViC"][0] == "3.10"
+    assert "mean of each seed's best FID ± the half-width of its 95% Student-t" in table
+    assert table.count("- U-ViT / CIFAR-10") == 3  # each seed's result shown

@@ -475,6 +475,10 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
     "--only imagenet256_huge": NotHere(ACCELERATE_GPUS.format(n=8) + " and " + INCEPTION),
     "python scripts/reproduce_release_table.py --smoke":
         Run(check=writes("runs/release_table_smoke/release_table.md")),
+    "python scripts/compare.py --dry-run --steps 1500,2100 --set eval.n_samples=128":
+        Elsewhere("tests/test_compare.py"),
+    "python scripts/compare.py --steps 1500,2100 --best --set eval.n_samples=128":
+        Elsewhere("tests/test_compare.py"),
     "accelerate launch eval/fid.py --config configs/cifar10_uvit.py --ckpt "
     "cifar10_uvit_small.pth --out runs/fid/release/cifar10_uvit.json":
         NotHere(INCEPTION, CIFAR10_MODEL),

@@ -5,6 +5,7 @@ real on-disk formats (CelebA, ImageNet class folders, extracted ImageNet latents
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,19 @@ def test_smoke_chain_on_every_kind_of_data_and_resume(tmp_path: Path, capsys) ->
     assert second.count("trained (skipped)") == 6
     assert second.count("(skipped: result exists)") == 6
     assert (out / "release_table.md").read_text() == table
+
+
+def test_seeded_runs_plan_and_cells(capsys) -> None:
+    """--seeds 2: every row twice, the second run with the next seed in its own folder; the
+    cell of two seeds is their mean ± t(0.975, 1) |a - b| / 2."""
+    assert release_table.main(["--dry-run", "--out", "unused", "--only", "celeba64_small",
+                               "--seeds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "- celeba64_small / uvit / seed 1234: train" in out
+    assert "- celeba64_small / uvic / seed 1235: train" in out
+    row = RELEASE_ROWS["celeba64_small"]
+    seeded = [{**result("celeba64_small_uvit", "U-ViT", row.protocol, fid),
+               "config": {"train": {"seed": seed}}} for seed, fid in ((1, 2.0), (2, 2.5))]
+    line = next(x for x in render(seeded).splitlines() if x.startswith("| CelebA"))
+    half = math.tan(math.pi * 0.475) * 0.25
+    assert f"| {2.25:.2f} ± {half:.2f} (2 seeds) | — |" in line

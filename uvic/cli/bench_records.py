@@ -81,13 +81,18 @@ def environment(device: torch.device) -> dict[str, Any]:
         triton_version: str | None = triton.__version__
     except ImportError:
         triton_version = None
-    commit, status = _git("rev-parse", "HEAD"), _git("status", "--porcelain")
     return {"device": torch.cuda.get_device_name(device) if device.type == "cuda"
             else platform.processor() or "cpu",
             "device_type": device.type, "python": platform.python_version(),
             "torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "git_commit": commit, "git_dirty": None if status is None else bool(status)}
+            **git_state()}
+
+
+def git_state() -> dict[str, Any]:
+    """The checkout's commit and whether it has uncommitted changes (None: not a checkout)."""
+    commit, status = _git("rev-parse", "HEAD"), _git("status", "--porcelain")
+    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
 
 
 def default_out(kind: str, env: dict[str, Any]) -> Path:

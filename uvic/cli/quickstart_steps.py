@@ -15,9 +15,11 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,12 +35,10 @@ from uvic.cli.quickstart_report import (
 from uvic.config import (
     Config,
     ConfigError,
-    DiffusionConfig,
     apply_overrides,
     load_config,
 )
-from uvic.data.datasets import build_dataset
-from uvic.diffusion.schedule import Diffusion
+from uvic.evaluation.heldout import heldout_loss, real_images
 from uvic.evaluation.quality import quality_figures
 from uvic.files import save_config, write_json
 from uvic.presets import preset_path
@@ -48,7 +48,7 @@ from uvic.sampling.assets import to_pixels
 from uvic.sampling.generate import sample_checkpoint
 from uvic.sampling.images import save_comparison_grid
 from uvic.sampling.load import load_model
-from uvic.training.trainer import diffusion_loss, train
+from uvic.training.trainer import train
 
 MODELS = {"U-ViT": "uvit", "U-ViC": "uvic"}  # display name -> attention preset
 
@@ -107,18 +107,23 @@ def train_and_sample(cfg: Config, n_samples: int, threads: int) -> dict:
     return {"run_dir": run_dir, "samples": images}
 
 
-def train_and_sample_logged(cfg: Config, n_samples: int, threads: int, log_path: Path) -> dict:
-    """`train_and_sample` in a worker process, all its output (the traceback of a failure
-    too) in `log_path` instead of the terminal the workers share."""
+def run_logged(log_path: Path, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` in a worker process, all its output (the traceback of a failure too) in
+    `log_path` instead of the terminal the workers share."""
     log = open(log_path, "w", buffering=1)  # noqa: SIM115 (open for the process's lifetime)
     os.dup2(log.fileno(), 1)  # the C-level streams too (warnings of compiled code)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
     try:
-        return train_and_sample(cfg, n_samples, threads)
+        return fn(*args)
     except BaseException:
         traceback.print_exc()
         raise
+
+
+def train_and_sample_logged(cfg: Config, n_samples: int, threads: int, log_path: Path) -> dict:
+    """`train_and_sample` in a worker process, its output in `log_path` (`run_logged`)."""
+    return run_logged(log_path, train_and_sample, cfg, n_samples, threads)
 
 
 def train_models(configs: dict[str, Config], n_samples: int, threads: int,
@@ -175,29 +180,6 @@ def show_progress(configs: dict[str, Config], futures: dict[str, Future]) -> Non
             bars[name].set_postfix(loss=f"{last['loss']:.4f}")
     for bar in bars.values():
         bar.close()
-
-
-def real_images(cfg: Config, split: str, n: int) -> torch.Tensor:
-    """The first `n` images of a split in model space, without random flips."""
-    dataset = build_dataset(apply_overrides(cfg, ["data.random_flip=false"]), split=split)
-    return torch.stack([dataset[i]["x"] for i in range(min(n, len(dataset)))])
-
-
-@torch.no_grad()
-def heldout_loss(model: torch.nn.Module, diffusion: DiffusionConfig, x: torch.Tensor,
-                 seed: int = 0) -> float:
-    """Noise-prediction MSE of `model` (the EMA weights) on held-out images `x`, with
-    fixed t and noise so both models are scored on the same draws. Always the plain MSE
-    (no `min_snr_gamma` weighting), so runs with different weightings compare."""
-    plain = Diffusion(dataclasses.replace(diffusion, min_snr_gamma=0.0))
-    device = next(model.parameters()).device
-    generator = torch.Generator(device).manual_seed(seed)
-    total = 0.0
-    for chunk in x.to(device).split(64):
-        loss = diffusion_loss(model, plain, {"x": chunk}, generator)
-        total += loss.item() * chunk.shape[0]
-    return total / x.shape[0]
-
 
 
 def try_fid(cfg: Config, ckpt: Path, out_dir: Path) -> tuple[float | None, str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from uvic.cli.config_options import add_set_option, startup_config
-from uvic.config import Config, ConfigError
+from uvic.config import Config, ConfigError, apply_overrides
 from uvic.config.sampling import PRECISIONS
 from uvic.evaluation.protocols import load_results, protocol_of
 from uvic.presets import preset_path
@@ -60,13 +60,21 @@ class Table:
 
 @dataclass
 class Job:
-    """One row's run: its config, run folder and FID result file."""
+    """One row's run: its config, run folder and FID result file (`seed`: the training
+    seed of a row run with several seeds, else None)."""
 
     row: str
     model: str
     cfg: Config
     run_dir: Path
     result: Path
+    seed: int | None = None
+
+    @property
+    def label(self) -> str:
+        """"row / model" (and " / seed N" for a row run with several seeds)."""
+        return f"{self.row} / {self.model}" + (f" / seed {self.seed}" if self.seed is not None
+                                               else "")
 
     @property
     def ckpt(self) -> Path:
@@ -95,9 +103,19 @@ def selected(rows: Sequence[Row], only: Sequence[str]) -> list[Row]:
         name in (r.row, r.model) or r.row.startswith(name + "_") for name in only)]
 
 
+def seeds_from(base: int, n: int) -> list[int]:
+    """The training seeds of `n` runs of one config: base, base + 1, ... (base: its
+    train.seed)."""
+    if n < 1:
+        raise ConfigError(f"--seeds {n}: must be >= 1")
+    return [base + i for i in range(n)]
+
+
 def make_jobs(table: Table, args: argparse.Namespace) -> list[Job]:
     """The table's runs (its smoke runs with --smoke) that --only picks, configured and
-    checked (`startup_config`: before any heavy import)."""
+    checked (`startup_config`: before any heavy import); with --seeds N, N runs of each
+    (the first keeps the row's folder and seed, run k the seed train.seed + k in
+    <row>_<model>_seed<seed>)."""
     rows = selected(table.smoke_rows if args.smoke else table.rows, args.only)
     if not rows:
         raise ConfigError(f"--only {args.only}: matches no row of {table.name} "
@@ -106,11 +124,16 @@ def make_jobs(table: Table, args: argparse.Namespace) -> list[Job]:
     jobs = []
     for r in rows:
         name = f"{r.row}_{r.model}"
-        run_dir = out / "runs" / name
         extra = [o.format(data=out / "data") for o in r.overrides]
         cfg = startup_config(str(preset_path(r.preset)), [
-            *extra, f"name={name}", f"train.output_dir={run_dir}", *args.set])
-        jobs.append(Job(r.row, r.model, cfg, run_dir, out / "fid" / f"{name}.json"))
+            *extra, f"name={name}", f"train.output_dir={out / 'runs' / name}", *args.set])
+        seeds = seeds_from(cfg.train.seed, args.seeds)
+        for seed in seeds:
+            run = name if seed == seeds[0] else f"{name}_seed{seed}"
+            run_cfg = apply_overrides(cfg, [f"train.output_dir={out / 'runs' / run}",
+                                            f"train.seed={seed}"])
+            jobs.append(Job(r.row, r.model, run_cfg, out / "runs" / run,
+                            out / "fid" / f"{run}.json", seed if len(seeds) > 1 else None))
     return jobs
 
 
@@ -130,7 +153,7 @@ def plan(jobs: list[Job]) -> str:
         protocol = protocol_of(job.cfg)
         calls = protocol.steps * (2 if protocol.guidance else 1)
         n = job.cfg.eval.n_samples
-        lines += [f"- {job.row} / {job.model}: train {remaining:,} of {t.max_steps:,} steps "
+        lines += [f"- {job.label}: train {remaining:,} of {t.max_steps:,} steps "
                   f"x {t.batch_size} images; {train_time}",
                   f"    FID: {n:,} samples x {calls} network calls = {n * calls:,} image "
                   f"forwards; protocol: {protocol.label()}"]
@@ -221,6 +244,9 @@ def parse_args(table: Table, argv: Sequence[str] | None = None) -> argparse.Name
                    help="only rows with this name (or name prefix) or model (repeatable)")
     p.add_argument("--stage", choices=["all", "train", "fid", "table"], default="all",
                    help="run up to this stage only (default all)")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="training seeds per row (default 1); with 2 or more every cell is "
+                        "the mean over seeds with its 95%% interval")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="autocast dtype for FID sampling on CUDA")
@@ -251,9 +277,9 @@ def run(table: Table, args: argparse.Namespace) -> int:
             table.prepare_smoke(Path(args.out) / "data")
         for job in jobs:
             if args.stage in ("all", "train"):
-                print(f"{job.row} / {job.model}: {run_train(job)}", flush=True)
+                print(f"{job.label}: {run_train(job)}", flush=True)
             if args.stage in ("all", "fid"):
-                print(f"{job.row} / {job.model}: {run_fid(job, args.smoke, args)}", flush=True)
+                print(f"{job.label}: {run_fid(job, args.smoke, args)}", flush=True)
         if args.stage in ("all", "table") and int(os.environ.get("RANK", "0")) == 0:
             text = table.render(load_results(Path(args.out) / "fid"))
             if args.smoke and (note := smoke_note(jobs)):

@@ -28,6 +28,7 @@ from typing import Any
 
 from uvic.config import Config, load_config
 from uvic.config.sampling import effective_cfg_scale, fid_label_draw
+from uvic.evaluation.paired import format_interval, t_interval
 from uvic.evaluation.reference_split import ReferenceSplit, digest_order
 from uvic.presets import preset_path
 
@@ -227,16 +228,16 @@ def protocol_from_result(result: dict[str, Any]) -> Protocol:
 def protocol_table(results: list[dict[str, Any]]) -> str:
     """Markdown Table 3: rows U-ViT / U-ViC (and other attention patterns), one column per
     (dataset, protocol, reference digest) holding our best FID under that protocol and
-    reference (`uvic.evaluation.reference_split`: a protocol is split by reference, and
+    reference (runs of several training seeds: the mean of each seed's best ± its 95%
+    interval, `fid_cell`) (`uvic.evaluation.reference_split`: a protocol is split by reference, and
     marked, only where its results' references differ), and the paper's column per
     dataset. Protocols are listed under the table; the release's is marked."""
     split = ReferenceSplit()
-    cells: dict[tuple[str, str, Protocol, str | None], dict[str, Any]] = {}
+    cells: dict[tuple[str, str, Protocol, str | None], list[dict[str, Any]]] = {}
     for r in results:
         p = protocol_from_result(r)
         key = (r["model"], r["dataset"], p, split.add(r["dataset"], p, r))
-        if key not in cells or r["fid"] < cells[key]["fid"]:
-            cells[key] = r
+        cells.setdefault(key, []).append(r)
     datasets = ["cifar10", "mscoco"]
     datasets += sorted({key[1] for key in cells} - set(datasets))
     models = ["U-ViT", "U-ViC"]
@@ -267,8 +268,8 @@ def protocol_table(results: list[dict[str, Any]]) -> str:
                 cell = "—" if paper is None else f"{paper:.2f}"
                 row.append(cell + (f" (release {release:.2f})" if release is not None else ""))
             else:
-                r = cells.get((m, d, p, g))
-                row.append("—" if r is None else f"{r['fid']:.2f}")
+                found = cells.get((m, d, p, g))
+                row.append("—" if found is None else fid_cell(found))
         lines.append("| " + " | ".join(row) + " |")
 
     lines += ["", "Lower is better. Paper: the Cog-attention paper's Table 3 (U-ViT-S/2, 44M "
@@ -279,16 +280,50 @@ def protocol_table(results: list[dict[str, Any]]) -> str:
         d = next(dd for dd, pp, _ in columns if pp == p)
         return " — *release protocol*" if RELEASE.get(d) == p else ""
 
-    lines += protocol_notes(names, "Columns", mark)
+    lines += protocol_notes(names, "Columns", mark) + seeds_note(cells.values())
     lines += split.notes({(d, p): f"{DATASET_TITLES.get(d, d)}, {names[p]}"
                           for d, p, _ in columns if p}, "column")
     number = {p: i for i, p in enumerate(names)}  # P2 before P10
-    details = [_describe(r, p, tags[d, p, g]) for (_, d, p, g), r in sorted(
+    details = [_describe(r, p, tags[d, p, g]) for (_, d, p, g), found in sorted(
         cells.items(), key=lambda kv: (kv[0][1], kv[0][0], number[kv[0][2]],
-                                       digest_order(kv[0][3])))]
+                                       digest_order(kv[0][3]))) for r in best_per_seed(found)]
     if details:
         lines += ["", "Results shown:", "", *details]
     return "\n".join(lines) + "\n"
+
+
+def seed_of(result: dict[str, Any]) -> int | None:
+    """The training seed of the run a result scores (its config's train.seed), if named."""
+    return ((result.get("config") or {}).get("train") or {}).get("seed")
+
+
+def best_per_seed(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each training seed's lowest-FID result, by seed (results naming none: one seed)."""
+    best: dict[Any, dict[str, Any]] = {}
+    for r in results:
+        k = seed_of(r)
+        if k not in best or r["fid"] < best[k]["fid"]:
+            best[k] = r
+    return [best[k] for k in sorted(best, key=str)]
+
+
+def fid_cell(results: list[dict[str, Any]]) -> str:
+    """A table cell: one seed's best FID (`3.27`); several seeds: the mean of each seed's
+    best FID ± the half-width of its 95% Student-t interval (`3.271 ± 0.046 (3 seeds)`,
+    `uvic.evaluation.paired`)."""
+    chosen = best_per_seed(results)
+    if len(chosen) == 1:
+        return f"{chosen[0]['fid']:.2f}"
+    iv = t_interval([r["fid"] for r in chosen], what="FID")
+    return f"{format_interval(iv)} ({iv.n} seeds)"
+
+
+def seeds_note(cells: Any) -> list[str]:
+    """The note under a table where a cell averages several seeds."""
+    if not any(len(best_per_seed(c)) > 1 for c in cells):
+        return []
+    return ["", "A cell of several seeds (`--seeds`) is the mean of each seed's best FID ± "
+            "the half-width of its 95% Student-t interval over the seeds."]
 
 
 def protocol_notes(names: dict[Protocol, str], marked: str,

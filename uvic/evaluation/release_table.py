@@ -18,8 +18,11 @@ from uvic.evaluation.protocols import (
     RELEASE_ROWS,
     Protocol,
     ReleaseRow,
+    best_per_seed,
+    fid_cell,
     protocol_from_result,
     protocol_notes,
+    seeds_note,
 )
 from uvic.evaluation.reference_split import ReferenceSplit, digest_order
 
@@ -38,18 +41,18 @@ def row_of(result: dict[str, Any]) -> ReleaseRow:
 
 def release_table(results: list[dict[str, Any]]) -> str:
     """Markdown: a line per (release row, protocol, reference digest) with our best U-ViT
-    and U-ViC FID under it and the release's reported FID (a protocol is split by reference,
-    and marked, only where its results' references differ); rows without results show their
+    and U-ViC FID under it (several training seeds: mean ± 95% interval, `fid_cell`) and
+    the release's reported FID (a protocol is split by reference, and marked, only where its
+    results' references differ); rows without results show their
     release protocol and "—". Protocols are listed under the table, the release's with both
     guidance conventions and its reference statistics file."""
     split = ReferenceSplit()
-    best: dict[tuple[str, Protocol, str | None], dict[str, dict[str, Any]]] = {}
+    best: dict[tuple[str, Protocol, str | None], dict[str, list[dict[str, Any]]]] = {}
     for r in results:
         key, p = row_of(r).key, protocol_from_result(r)
         cell = best.setdefault((key, p, split.add(key, p, r)), {})
-        if r["model"] not in cell or r["fid"] < cell[r["model"]]["fid"]:
-            cell[r["model"]] = r
-    lines_of: list[tuple[ReleaseRow, Protocol, str, dict[str, dict[str, Any]]]] = []
+        cell.setdefault(r["model"], []).append(r)
+    lines_of: list[tuple[ReleaseRow, Protocol, str, dict[str, list[dict[str, Any]]]]] = []
     for key, row in RELEASE_ROWS.items():
         found = sorted(((p, g) for k, p, g in best if k == key),
                        key=lambda k: (k[0] != row.protocol, k[0].label(), digest_order(k[1])))
@@ -60,7 +63,7 @@ def release_table(results: list[dict[str, Any]]) -> str:
     lines = ["| Release row | Protocol | U-ViT | U-ViC | Release (U-ViT) |", "|" + "---|" * 5]
     for row, p, tag, cell in lines_of:
         mark = "" if p.inception else ", stand-in: not FID"
-        fids = [f"{cell[m]['fid']:.2f}" if m in cell else "—" for m in MODELS]
+        fids = [fid_cell(cell[m]) if m in cell else "—" for m in MODELS]
         lines.append(f"| {row.title} (`{row.uvit}`) | {names[p]}{tag}{mark} | "
                      f"{' | '.join(fids)} | {row.release_fid:.2f} |")
     lines += ["", "Lower is better. Release: the FID the U-ViT repository reports for the row "
@@ -72,10 +75,11 @@ def release_table(results: list[dict[str, Any]]) -> str:
         return f" — *release protocol*: {rows[0].label()}" if rows else ""
 
     lines += protocol_notes(names, "Lines", mark)
+    lines += seeds_note(c for _, _, _, cell in lines_of for c in cell.values())
     lines += split.notes({(row.key, p): f"{row.title}, {names[p]}"
                           for row, p, _, _ in lines_of}, "line")
-    shown = [(row, p, tag, cell[m])
-             for row, p, tag, cell in lines_of for m in MODELS if m in cell]
+    shown = [(row, p, tag, r) for row, p, tag, cell in lines_of for m in MODELS if m in cell
+             for r in best_per_seed(cell[m])]
     if shown:
         lines += ["", "Results shown:", ""]
         for row, p, tag, r in shown:

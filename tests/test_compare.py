@@ -1,0 +1,145 @@
+"""`uvic-compare` at reduced size: 2 variants x 2 seeds of a tiny model through the real
+training loop, evaluated at matched steps; the report's statistics recomputed by hand from
+the per-run evaluation files; resumption; pairing; and the one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from readme_commands import argv
+
+from uvic.cli import compare
+
+T1 = math.tan(math.pi * 0.475)  # t(0.975) with 1 degree of freedom (2 seeds)
+TINY = ["train.max_steps=6", "train.batch_size=4", "model.embed_dim=16", "model.depth=2",
+        "model.num_heads=2", "eval.n_samples=4", "sample.steps=2", "train.keep_steps=[]",
+        "sample.autoguidance_scale=0", "data.num_images=32", "train.log_every=3",
+        "train.log_with=", "optim.warmup_steps=2", "model.attention_backend=torch"]
+# The README's commands, shrunk by ARGS (later options win)
+README_RUN = "python scripts/compare.py --steps 1500,2100 --best --set eval.n_samples=128"
+README_PLAN = "python scripts/compare.py --dry-run --steps 1500,2100 --set eval.n_samples=128"
+ARGS = ["--variants", "uvit,uvic", "--seeds", "2", "--steps", "3", "--heldout", "8",
+        "--threads", "1", "--best", *[w for o in TINY for w in ("--set", o)]]
+
+
+@pytest.fixture
+def torch_settings():
+    """The command fixes torch's thread count and deterministic kernels: restored after."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)
+
+
+def run(tmp_path: Path, *extra: str, readme: str | None = None) -> int:
+    words = argv(readme)[2:] if readme else []
+    return compare.main([*words, *ARGS, "--out", str(tmp_path / "cmp"), *extra])
+
+
+def test_readme_plan_states_the_compute(tmp_path: Path, capsys) -> None:
+    """The README's dry run, as written: 3 presets x 3 seeds, 3 evaluation steps."""
+    assert compare.main([*argv(README_PLAN)[2:], "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "3 variants (uvit, uvic, uvie) x 3 seeds (1234, 1235, 1236) = 9 runs" in out
+    assert "9 runs x 2,700 steps x 32 images = 24,300 steps" in out
+    assert "9 runs x 3 steps (1500, 2100, 2700) = 27" in out
+    assert "128 x 100 network calls = 12,800 image forwards per evaluation" in out
+
+
+def test_compare_end_to_end(tmp_path: Path, torch_settings, capsys) -> None:
+    assert run(tmp_path, readme=README_RUN) == 0
+    out = tmp_path / "cmp"
+    report = json.loads((out / "compare.json").read_text())
+    assert report["seeds"] == [1234, 1235] and report["grid"] == [3, 6]
+    assert report["pairing"]["share_of_initial_weights_equal_to_first"] == {"uvit": 1.0,
+                                                                           "uvic": 1.0}
+    for metric in ("heldout_mse", "standin_fid", "hf_ratio", "palette_share", "shape_share"):
+        for step in (3, 6):
+            runs = {(v, s): json.loads((out / "evals" / f"{v}_seed{s}" /
+                                        f"step_{step:06d}.json").read_text())
+                    for v in ("uvit", "uvic") for s in (1234, 1235)}
+            x = {k: r["metrics"][metric] for k, r in runs.items()}
+            got = report["summary"][metric]["steps"][str(step)]
+            for v in ("uvit", "uvic"):  # 2 seeds: mean, half-width t1 * |x1 - x2| / 2
+                a, b = x[v, 1234], x[v, 1235]
+                assert got["variants"][v]["mean"] == pytest.approx((a + b) / 2, abs=1e-12)
+                assert got["variants"][v]["half_width"] == pytest.approx(
+                    T1 * abs(a - b) / 2, rel=1e-9, abs=1e-12)
+            (pair,) = got["pairs"]  # uvic - uvit, seed by seed
+            d = [x["uvic", s] - x["uvit", s] for s in (1234, 1235)]
+            assert (pair["a"], pair["b"]) == ("uvit", "uvic")
+            assert pair["mean"] == pytest.approx(sum(d) / 2, abs=1e-12)
+            assert pair["t_half_width"] == pytest.approx(T1 * abs(d[0] - d[1]) / 2,
+                                                         rel=1e-9, abs=1e-12)
+            assert pair["bootstrap_low"] == pytest.approx(min(d), abs=1e-12)
+            assert pair["bootstrap_high"] == pytest.approx(max(d), abs=1e-12)
+        best = report["summary"][metric]["best"]["variants"]["uvit"]
+        assert set(best["steps"].values()) <= {3, 6}
+    assert report["protocols"]["standin_fid"].endswith("NOT comparable with Inception FID)")
+    assert report["git_commit"] and report["configs"]["uvic_seed1235"]["train"]["seed"] == 1235
+    # the pairs' samples start from the same noise: after 6 steps from the same weights the
+    # held-out MSEs of the two variants agree closely but are not equal
+    h = report["summary"]["heldout_mse"]["steps"]["6"]["variants"]
+    assert h["uvit"]["mean"] != h["uvic"]["mean"]
+    text = (out / "compare.md").read_text()
+    assert "| uvic − uvit | 6 |" in text and "best step (selected on this metric itself)" in text
+    assert r"\pm" in (out / "compare.tex").read_text() and (out / "compare.png").stat().st_size
+
+    # resumes: nothing is redone; a lost evaluation is redone, bit for bit
+    lost = out / "evals" / "uvic_seed1235" / "step_000003.json"
+    before = json.loads(lost.read_text())
+    lost.unlink()
+    capsys.readouterr()
+    assert run(tmp_path, readme=README_RUN) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("trained (skipped)") == 4 and printed.count("(skipped)") == 11
+    assert json.loads(lost.read_text())["metrics"] == before["metrics"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--variants", "uvit,nope"], "unknown variant 'nope'"),
+    (["--seeds", "1"], "--seeds 1: one seed gives no interval"),
+    (["--table-steps", "4"], "--table-steps 4: not on the evaluation grid (3, 6)"),
+    (["--steps", "9"], "evaluation step 9 is outside the run"),
+    (["--variant", "x:train.seed=3", "--variants", "uvit,x"], "variant 'x' sets train.seed"),
+    (["--metrics", "fidd"], "--metrics 'fidd'"),
+    (["--metrics", "fid", "--set", "eval.inception_path=/nowhere/inception.pt"],
+     "FID Inception weights not found at /nowhere/inception.pt"),
+])
+def test_bad_input_is_one_line(tmp_path: Path, capsys, extra: list[str], message: str) -> None:
+    assert run(tmp_path, "--dry-run", *extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+
+
+def test_guided_steps_before_the_guide_are_refused(tmp_path: Path, capsys) -> None:
+    assert compare.main(["--dry-run", "--steps", "900", "--out", str(tmp_path)]) == 2
+    assert "step 900: its samples would be guided by the run's own step-1000" in (
+        capsys.readouterr().err)
+
+
+def test_attention_variants_must_keep_the_parameters(tmp_path: Path, capsys,
+                                                     monkeypatch) -> None:
+    """Presets start from the same weights (the end-to-end test); a variant whose model
+    gained a parameter where only attention was asked for is refused."""
+    import uvic.models.uvit as uvit
+
+    real = uvit.build_model
+
+    def build(model):
+        net = real(model)
+        if model.attention == "uvic":
+            net.register_parameter("extra", torch.nn.Parameter(torch.zeros(3)))
+        return net
+
+    monkeypatch.setattr(uvit, "build_model", build)
+    assert run(tmp_path, "--dry-run") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: variant 'uvic' has ") and "attention only" in err
+    # a variant that asks for another model is compared as asked
+    assert run(tmp_path, "--dry-run", "--variant", "wide:model.attention=uvic;model.qkv_bias=true",
+               "--variants", "uvit,wide") == 0

@@ -1,0 +1,86 @@
+"""Compare model variants the way a reviewer accepts: several seeds, matched steps, paired
+confidence intervals.
+
+    uvic-compare --dry-run --steps 1500,2100 --set eval.n_samples=128  # runs x steps x evals
+    uvic-compare --steps 1500,2100 --best --set eval.n_samples=128  # presets, Shapes, 3 seeds
+    uvic-compare --variant-file variants.json --seeds 5 --every 500
+
+(`python scripts/compare.py` runs the same program.) Variants (default: every attention
+preset, `uvic.config.models.ATTENTION_PRESETS`) x seeds (default 3: train.seed, +1, +2):
+every run is trained through the real loop (`uvic.training.trainer`, Accelerate,
+resumable) from `--config` (default the quickstart's) with `--set` and the variant's
+overrides, keeps a checkpoint at every step of the evaluation grid (`--steps` and/or
+`--every`, always the last step) and is evaluated there on `--metrics`: the held-out
+noise MSE of the EMA weights, the stand-in FID (eval.features=projection, no download),
+FID under the config's protocol (Inception weights needed) and the Shapes quality figures.
+Seed s of every variant starts from the same initial weights (checked before training),
+data order and noise, so the report pairs them by seed (`uvic.evaluation.paired`).
+
+Outputs in `--out`: runs/<variant>_seed<s>/ (run folders), evals/ (one file per run and
+step), compare.md, compare.tex, compare.json and compare.png. Every stage resumes: run the
+same command again after an interruption. One seed is refused (no interval); so are an
+unknown variant, a table step off the grid and variants that differ in attention only but
+not in their parameters or initial weights. The stages are in `uvic.cli.compare_run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from uvic.cli.config_options import add_config_options
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers separated by commas"
+                                         ) from None
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_config_options(p, optional_config="quickstart")  # --config, --set (every run's)
+    p.add_argument("--variants", type=lambda s: [v for v in s.split(",") if v], default=[],
+                   help="variant keys, comma-separated: attention presets or defined "
+                        "variants (default: the defined ones, else every attention preset)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[;...]",
+                   help="define a variant by config overrides (repeatable)")
+    p.add_argument("--variant-file", help='JSON {"name": ["section.key=value", ...]}')
+    p.add_argument("--seeds", type=int, default=3, help="seeds per variant (>= 2; default 3)")
+    p.add_argument("--steps", type=_ints, default=[], help="evaluation steps, comma-separated")
+    p.add_argument("--every", type=int, help="evaluate every K steps too")
+    p.add_argument("--table-steps", type=_ints, default=[],
+                   help="steps the tables show, on the grid (default the last)")
+    p.add_argument("--metrics", default="heldout_mse,standin_fid,quality",
+                   help="comma-separated: heldout_mse, standin_fid, fid, quality (hf_ratio, "
+                        "palette_share, shape_share)")
+    p.add_argument("--best", action="store_true",
+                   help="also report each run's best step, selected on the metric itself")
+    p.add_argument("--heldout", type=int, default=256, help="held-out images of heldout_mse")
+    p.add_argument("--out", default="runs/compare", help="output folder")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads in all")
+    p.add_argument("--jobs", type=int, help="runs at once on a CPU, one process each, "
+                                            "sharing --threads (default: --threads)")
+    p.add_argument("--stage", choices=["all", "train", "report"], default="all",
+                   help="train only; or the report from the evaluations on disk")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the comparison; returns the exit status."""
+    args = parse_args(argv)
+    if args.threads < 1 or (args.jobs is not None and args.jobs < 1):
+        print(f"error: --threads {args.threads} and --jobs {args.jobs} must be >= 1",
+              file=sys.stderr)
+        return 2
+    from uvic.cli.compare_run import run  # torch, the training loop: after the arguments
+
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""What `uvic-compare` runs: its variants, seeds and evaluation grid, every run's config,
+the checks that refuse a comparison that would not be one, and the plan it states.
+
+A variant is a name and `--set` overrides: an attention preset by its name (the presets of
+`uvic.config.models.ATTENTION_PRESETS`: `uvit` is `model.attention=uvit`, and a preset
+added there is a variant here), or one defined with `--variant NAME:KEY=VALUE[;KEY=VALUE]`
+or a variant file (JSON: {"name": ["key=value", ...]}). Seed s of every variant gets
+`train.seed=s`: the same initial weights where the variants share parameters, the same
+data order and the same training and sampling noise, so the variants' numbers pair by
+seed. No torch at import (`--help`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from uvic.cli.table_runner import seeds_from
+from uvic.config import Config, ConfigError, load_config
+from uvic.config.models import ATTENTION_PRESETS
+from uvic.presets import preset_path
+
+# keys a variant may not set: the comparison sets them for every run alike
+RESERVED = ("name", "train.seed", "train.max_steps", "train.output_dir", "train.keep_steps")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# metric -> (what it is, which way is better: `uvic.evaluation.paired.BETTER`)
+METRICS = {
+    "heldout_mse": ("held-out noise MSE of the EMA weights", "lower"),
+    "standin_fid": ("stand-in FID (projection features; NOT comparable with FID)", "lower"),
+    "fid": ("FID", "lower"),
+    "hf_ratio": ("high-frequency energy relative to real images", "one"),
+    "palette_share": ("share of pixels on their image's 3 dominant colours", "higher"),
+    "shape_share": ("share of samples holding a shape", "higher"),
+}
+QUALITY = ("hf_ratio", "palette_share", "shape_share")  # `uvic.evaluation.quality`
+SAMPLED = ("standin_fid", "fid", *QUALITY)  # metrics of generated samples
+BETTER_TEXT = {"lower": "lower is better", "higher": "higher is better", "one": "1 is ideal"}
+
+
+def variant_list(names: list[str], defined: dict[str, tuple[str, ...]]
+                 ) -> dict[str, tuple[str, ...]]:
+    """The compared variants (name -> overrides) in order: `names` (default: the ones
+    defined, else every attention preset), each a preset or a defined variant."""
+    chosen = names or list(defined) or list(ATTENTION_PRESETS)
+    out = {}
+    for name in chosen:
+        if name in defined:
+            out[name] = defined[name]
+        elif name in ATTENTION_PRESETS:
+            out[name] = (f"model.attention={name}",)
+        else:
+            raise ConfigError(f"unknown variant {name!r}: an attention preset "
+                              f"({', '.join(ATTENTION_PRESETS)}) or one defined with "
+                              "--variant NAME:KEY=VALUE or --variant-file")
+    if len(out) < 2 or len(out) != len(chosen):
+        raise ConfigError(f"variants {chosen}: a comparison needs 2 or more different ones")
+    return out
+
+
+def parse_variants(flags: list[str], file: str | None) -> dict[str, tuple[str, ...]]:
+    """Variants defined by `--variant NAME:KEY=VALUE[;KEY=VALUE...]` and a variant file."""
+    defined: dict[str, tuple[str, ...]] = {}
+    if file:
+        try:
+            data = json.loads(Path(file).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ConfigError(f"--variant-file {file}: {err}") from err
+        if not isinstance(data, dict) or not all(
+                isinstance(v, list) and all(isinstance(o, str) for o in v) for v in data.values()):
+            raise ConfigError(f"--variant-file {file}: expected a JSON object "
+                              '{"name": ["section.key=value", ...]}')
+        defined.update({k: tuple(v) for k, v in data.items()})
+    for flag in flags:
+        name, sep, rest = flag.partition(":")
+        if not sep or not rest:
+            raise ConfigError(f"--variant {flag!r}: expected NAME:KEY=VALUE[;KEY=VALUE...]")
+        defined[name] = tuple(o.strip() for o in rest.split(";") if o.strip())
+    for name, overrides in defined.items():
+        if not NAME.match(name):
+            raise ConfigError(f"variant name {name!r}: letters, digits, '_', '-', '.' only")
+        for o in overrides:
+            key = o.split("=", 1)[0].strip()
+            if key in RESERVED:
+                raise ConfigError(f"variant {name!r} sets {key}: the comparison sets it for "
+                                  "every run alike (--seeds, --steps, --out)")
+    return defined
+
+
+def seed_list(base: int, n: int) -> list[int]:
+    """The seeds of a comparison of `n` seeds: base, base + 1, ... (base: train.seed)."""
+    if n < 2:
+        raise ConfigError(f"--seeds {n}: one seed gives no interval and no paired test; "
+                          "use --seeds 2 or more (3 is the default)")
+    return seeds_from(base, n)
+
+
+def step_grid(max_steps: int, every: int | None, steps: list[int]) -> list[int]:
+    """The evaluation grid: `steps`, or every `every` steps, and always the last step."""
+    if every is not None and every < 1:
+        raise ConfigError(f"--every {every}: must be >= 1")
+    grid = set(steps) | ({*range(every, max_steps + 1, every)} if every else set())
+    bad = [s for s in sorted(grid) if not 0 < s <= max_steps]
+    if bad:
+        raise ConfigError(f"evaluation step {bad[0]} is outside the run (1 to "
+                          f"train.max_steps={max_steps})")
+    return sorted(grid | {max_steps})
+
+
+def table_steps(grid: list[int], asked: list[int]) -> list[int]:
+    """The steps the tables show (default the last); each must be on the grid."""
+    for step in asked:
+        if step not in grid:
+            raise ConfigError(f"--table-steps {step}: not on the evaluation grid "
+                              f"({', '.join(map(str, grid))}); add it with --steps")
+    return sorted(set(asked)) or [grid[-1]]
+
+
+def guide_step(cfg: Config) -> int | None:
+    """The training step of the run's own autoguidance checkpoint, if it samples with one."""
+    if cfg.sample.autoguidance_scale == 0:
+        return None
+    found = re.fullmatch(r"checkpoints/step_(\d+)/ema\.safetensors", cfg.sample.autoguidance_ckpt)
+    return int(found.group(1)) if found else None
+
+
+@dataclass
+class Plan:
+    """A comparison: base config, variants, seeds, grid, metrics and every run's config."""
+
+    base: Config
+    variants: dict[str, tuple[str, ...]]
+    seeds: list[int]
+    grid: list[int]
+    table_steps: list[int]
+    metrics: list[str]
+    configs: dict[tuple[str, int], Config]
+    out: Path
+    heldout: int  # held-out images of the held-out MSE
+    best: bool  # also report each run's best step, selected on the metric itself
+
+    def run_name(self, variant: str, seed: int) -> str:
+        return f"{variant}_seed{seed}"
+
+
+def metric_list(text: str, cfg: Config) -> list[str]:
+    """`--metrics`: comma-separated metric names, `quality` for the three quality figures."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    out: list[str] = []
+    for name in names:
+        expanded = QUALITY if name == "quality" else (name,)
+        for m in expanded:
+            if m not in METRICS:
+                raise ConfigError(f"--metrics {name!r}: choose from "
+                                  f"{', '.join(['quality', *METRICS])}")
+            out += [m] if m not in out else []
+    if not out:
+        raise ConfigError("--metrics: name at least one metric")
+    if any(m in QUALITY for m in out) and cfg.data.name != "shapes":
+        raise ConfigError(f"--metrics quality: the quality figures are for the Shapes data, "
+                          f"not data.name={cfg.data.name!r}")
+    return out
+
+
+def make_plan(args: Any) -> Plan:
+    """The comparison that `uvic-compare`'s arguments ask for, checked."""
+    config = args.config or preset_path("quickstart")
+    base = load_config(config, list(args.set))
+    variants = variant_list(args.variants, parse_variants(args.variant, args.variant_file))
+    seeds = seed_list(base.train.seed, args.seeds)
+    grid = step_grid(base.train.max_steps, args.every, args.steps)
+    metrics = metric_list(args.metrics, base)
+    guide = guide_step(base)
+    if guide is not None and any(m in SAMPLED for m in metrics) and grid[0] <= guide:
+        raise ConfigError(f"evaluation step {grid[0]}: its samples would be guided by the "
+                          f"run's own step-{guide} weights (sample.autoguidance_ckpt), not an "
+                          f"earlier model; evaluate steps after {guide} or set "
+                          "sample.autoguidance_scale=0")
+    out = Path(args.out)
+    keep = sorted(set(base.train.keep_steps) | set(grid))
+    configs = {}
+    for variant, overrides in variants.items():
+        for seed in seeds:
+            name = f"{variant}_seed{seed}"
+            configs[variant, seed] = load_config(config, [
+                *args.set, *overrides, f"name={name}", f"train.seed={seed}",
+                f"train.output_dir={out / 'runs' / name}",
+                f"train.keep_steps=[{','.join(map(str, keep))}]"])
+    return Plan(base, variants, seeds, grid, table_steps(grid, args.table_steps), metrics,
+                configs, out, args.heldout, args.best)
+
+
+def describe(plan: Plan, step_times: dict[tuple[str, int], float | None],
+             trained: dict[tuple[str, int], int]) -> str:
+    """The compute before anything starts: runs x steps x evaluations, and the time where a
+    run has measured its step time."""
+    cfg = plan.base
+    runs = len(plan.configs)
+    evaluations = runs * len(plan.grid)
+    sampled = [m for m in plan.metrics if m in SAMPLED]
+    calls = cfg.sample.steps * (2 if cfg.sample.autoguidance_scale else 1)
+    n = cfg.eval.n_samples
+    lines = [
+        f"Plan: {len(plan.variants)} variants ({', '.join(plan.variants)}) x {len(plan.seeds)} "
+        f"seeds ({', '.join(map(str, plan.seeds))}) = {runs} runs",
+        f"- training: {runs} runs x {cfg.train.max_steps:,} steps x {cfg.train.batch_size} "
+        f"images = {runs * cfg.train.max_steps:,} steps "
+        f"({sum(max(0, cfg.train.max_steps - s) for s in trained.values()):,} still to run)",
+        f"- evaluations: {runs} runs x {len(plan.grid)} steps "
+        f"({', '.join(map(str, plan.grid))}) = {evaluations}; metrics: "
+        f"{', '.join(plan.metrics)}",
+    ]
+    if "heldout_mse" in plan.metrics:
+        lines.append(f"    held-out MSE: {plan.heldout} images, one forward each")
+    if sampled:
+        lines.append(f"    samples: {n:,} x {calls} network calls = {n * calls:,} image forwards "
+                     f"per evaluation, {evaluations * n * calls:,} in all")
+    known = [t for t in step_times.values() if t]
+    if known:
+        mean = sum(known) / len(known)
+        left = sum(max(0, cfg.train.max_steps - s) for s in trained.values())
+        lines.append(f"- training time left: ~{left * mean / 60:.1f} min of one worker at the "
+                     f"measured {mean * 1000:.0f} ms/step (divide by --jobs)")
+    lines.append(f"- tables at step(s) {', '.join(map(str, plan.table_steps))}")
+    return "\n".join(lines)
+

@@ -1,0 +1,192 @@
+"""`uvic-compare`'s stages on parsed arguments: plan (and the pairing check), train and
+evaluate every run (several at once on a CPU, one process each), then the report.
+
+On a CPU the runs go `--jobs` at a time, each in its own process with `--threads` split
+between them (a small model keeps the cores busier that way, as in the quickstart); each
+worker's output goes to <out>/logs/<run>.log. Under `accelerate launch` with several
+processes the runs go one after another, every process taking part in each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing
+import os
+import signal
+import sys
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from uvic.cli.compare_eval import EvalSettings, RunStopped, train_and_evaluate
+from uvic.cli.compare_plan import SAMPLED, Plan, describe, make_plan
+from uvic.cli.compare_report import write_report
+from uvic.cli.quickstart_steps import run_logged
+from uvic.cli.table_runner import Job
+from uvic.config import ConfigError, apply_overrides
+from uvic.training.stop import Interrupted
+
+ATTENTION_KEYS = {"model.attention", "model.attention_backend"}
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def jobs_of(plan: Plan) -> list[Job]:
+    """One table-runner `Job` per run (variant x seed), in variant order."""
+    return [Job(variant, f"seed {seed}", cfg, Path(cfg.train.output_dir),
+                plan.out / "evals" / cfg.name, seed)
+            for (variant, seed), cfg in plan.configs.items()]
+
+
+def trained_steps(job: Job) -> int:
+    """Steps a run has done: its summary's, or its newest checkpoint's (a stopped run)."""
+    from uvic.run.folder import RunFolder
+
+    latest = RunFolder(job.run_dir).latest_checkpoint()
+    return max(job.trained_steps(), int(latest.name.rsplit("_", 1)[1]) if latest else 0)
+
+
+def pairing_check(plan: Plan) -> dict[str, Any]:
+    """Seed s of every variant must start from the same initial weights where they share
+    parameters. Builds each variant's model as the trainer does (the first seed) and
+    compares it with the first variant's. Variants that differ only in attention must have
+    the same parameters, all equal at initialisation: else a ConfigError naming them."""
+    import torch
+    from accelerate.utils import set_seed
+
+    from uvic.models.uvit import build_model
+
+    asked = {o.split("=", 1)[0].strip() for ov in plan.variants.values() for o in ov}
+    attention_only = asked <= ATTENTION_KEYS
+    seed, first = plan.seeds[0], next(iter(plan.variants))
+    reference: dict[str, torch.Tensor] = {}
+    counts, shared = {}, {}
+    for variant in plan.variants:
+        set_seed(seed)  # as the trainer: the initial weights depend on the seed only
+        try:
+            state = build_model(plan.configs[variant, seed].model).state_dict()
+        except ValueError as err:
+            raise ConfigError(f"variant {variant!r}: {err}") from err
+        counts[variant] = sum(t.numel() for t in state.values())
+        reference = reference or state
+        same_shape = [k for k in state if k in reference and state[k].shape == reference[k].shape]
+        equal = sum(state[k].numel() for k in same_shape if torch.equal(state[k], reference[k]))
+        shared[variant] = equal / max(counts[variant], 1)
+        if attention_only and (len(same_shape) != len(state) or state.keys() != reference.keys()):
+            raise ConfigError(
+                f"variant {variant!r} has {counts[variant]:,} parameters ({len(state)} tensors), "
+                f"{first!r} {counts[first]:,} ({len(reference)}): variants that differ in "
+                "attention only must keep the model's parameters")
+        if attention_only and shared[variant] != 1.0:
+            raise ConfigError(f"variant {variant!r} starts from other initial weights than "
+                              f"{first!r} with train.seed={seed}: its differences would not "
+                              "be paired")
+    return {"seed_checked": seed, "attention_only": attention_only, "parameters": counts,
+            "share_of_initial_weights_equal_to_first": shared}
+
+
+def prepare_references(plan: Plan) -> None:
+    """Reference statistics made once, here, before the workers need them."""
+    from uvic.evaluation.reference import reference_statistics
+    from uvic.evaluation.statistics import stand_in_features
+
+    if any(m in SAMPLED for m in plan.metrics if m != "fid"):
+        cfg = apply_overrides(plan.base, ["eval.features=projection"])
+        reference_statistics(cfg, stand_in_features(cfg), stats_dir=plan.out / "fid_stats",
+                             progress=False)
+
+
+def run_all(jobs: list[Job], settings: EvalSettings, args: argparse.Namespace) -> None:
+    """Train and evaluate every run: in this process (one job at a time, or several
+    processes under accelerate launch) or in `--jobs` worker processes."""
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    workers = 1 if distributed else max(1, min(args.jobs or args.threads, args.threads,
+                                               len(jobs)))
+    if workers == 1:
+        for job in jobs:
+            threads = None if distributed else args.threads
+            for line in train_and_evaluate(job, settings, threads):
+                print(line, flush=True)
+        return
+    logs = settings.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    per_job = max(1, args.threads // workers)
+    print(f"{len(jobs)} runs, {workers} at a time ({per_job} thread(s) each; output in "
+          f"{logs}/<run>.log)", flush=True)
+    context = multiprocessing.get_context("spawn")  # no fork of a threaded parent
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    previous = {sig: signal.signal(sig, _stop_workers(pool)) for sig in STOP_SIGNALS}
+    try:
+        waiting, running = list(jobs), {}
+        while waiting or running:
+            while waiting and len(running) < workers:  # none queued beyond the workers:
+                job = waiting.pop(0)                    # a stop leaves no run to start
+                running[pool.submit(run_logged, logs / f"{job.cfg.name}.log",
+                                    train_and_evaluate, job, settings, per_job)] = job
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                job = running.pop(future)
+                try:
+                    lines = future.result()
+                except RunStopped as err:
+                    raise Interrupted(err.signum, err.message) from None
+                except Exception as err:
+                    first = str(err).splitlines()[0] if str(err) else repr(err)
+                    raise RuntimeError(f"{job.cfg.name}: {first} (full output: "
+                                       f"{logs / job.cfg.name}.log)") from err
+                print("\n".join(lines), flush=True)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # a stopped worker saves first
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_workers(pool: ProcessPoolExecutor):
+    """A SIGINT/SIGTERM handler: pass the signal on to the workers (each run stops after a
+    step with its checkpoint, `uvic.training.stop`) and stop here (`Interrupted`)."""
+    def handler(signum: int, frame: Any) -> None:
+        for process in list(getattr(pool, "_processes", {}).values()):
+            with contextlib.suppress(OSError):
+                os.kill(process.pid, signum)
+        raise Interrupted(signum, f"stopped by {signal.Signals(signum).name}")
+    return handler
+
+
+def run(args: argparse.Namespace) -> int:
+    """The comparison on parsed arguments; returns the exit status."""
+    from uvic.data.base import DatasetError
+    from uvic.evaluation.statistics import InceptionWeightsMissing
+    from uvic.run.weights import CheckpointError
+    from uvic.training.trainer import TrainError
+
+    try:
+        plan = make_plan(args)
+        jobs = jobs_of(plan)
+        print(describe(plan, {(j.row, j.seed): j.step_time() for j in jobs},
+                       {(j.row, j.seed): trained_steps(j) for j in jobs}), flush=True)
+        pairing = pairing_check(plan)
+        if "fid" in plan.metrics:  # before any training, not hours later
+            from uvic.evaluation.statistics import check_inception
+
+            check_inception(plan.base, plan.base.eval.mode)
+        if args.dry_run:
+            return 0
+        settings = EvalSettings(tuple(plan.metrics), tuple(plan.grid), plan.heldout, plan.out)
+        if args.stage != "report":
+            prepare_references(plan)
+            if args.stage == "train":
+                settings = EvalSettings((), (), plan.heldout, plan.out)
+            run_all(jobs, settings, args)
+        if args.stage in ("all", "report") and int(os.environ.get("RANK", "0")) == 0:
+            for line in write_report(plan, pairing, sys.argv):
+                print(line, flush=True)
+    except (ConfigError, TrainError, CheckpointError, DatasetError, InceptionWeightsMissing,
+            FileNotFoundError, ValueError, RuntimeError) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, RunStopped) as err:  # a run stopped on a signal, or Ctrl-C
+        signum = getattr(err, "signum", signal.SIGINT)
+        print(f"stopped by {signal.Signals(signum).name}: every finished step is kept; run "
+              "the same command again to continue", file=sys.stderr)
+        return 128 + signum
+    return 0
