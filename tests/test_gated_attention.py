@@ -142,4 +142,160 @@ def test_hand_built_model_is_in_superposition():
     data = S.make_prompts(3, 1500, seed=5)
     assert min(S.trigram_accuracy(model, data)) == 1.0
     enc = E.original_encodings(model, data)
-    assert enc == {"single": [[0], [1], []], "shared": [2]}
+    assert enc == {"single": [[0], [1], []], "shared": [2], "bias": []}
+
+
+def tiny_uvit(attention: str = "uvic"):
+    cfg = load_config(ROOT / "configs/quickstart.py", [*TINY, f"model.attention={attention}"])
+    torch.manual_seed(0)
+    return cfg, build_model(cfg).eval()
+
+
+def test_distil_a_uvit_block():
+    """The captured inputs are what the block's attention receives (its output is the
+    module applied to them); the gated block takes the module's mode and 2x its heads,
+    and its report has the reconstruction error, L0.6 and open heads per (query, key)."""
+    _, model = tiny_uvit("uvic")
+    module = uvit_block(model, "mid_block")
+    assert module_attention(module) == ("cog", 2)
+    x, t = torch.randn(3, 3, 8, 8), torch.rand(3) * 999
+    inputs, outputs = capture(module, lambda: model(x, t))
+    n = model.extras + 16
+    assert inputs.shape == outputs.shape == (3, n, 16)
+    torch.testing.assert_close(module(inputs), outputs)
+    before = G.gate_report(G.GatedAttentionBlock(16, 16, 4, 8, mode="cog"), inputs, outputs)
+    block, report = distil_module(module, inputs, outputs, epochs=30, lr=1e-2, batch=3)
+    assert (block.num_heads, block.mode, report["gated_heads"]) == (4, "cog", 4)
+    assert report["reconstruction_mse"] < before["reconstruction_mse"]
+    assert len(report["open_heads"]) == n and len(report["open_heads"][0]) == n
+    assert sum(report["open_histogram"]) == pytest.approx(1.0)
+    assert math.isfinite(report["l0_6"]) and math.isfinite(report["relative_error"])
+    with pytest.raises(ValueError, match="out_blocks.0"):
+        uvit_block(model, "block7")
+
+
+def test_distil_a_diffusers_attention():
+    """A diffusers DiT's self-attention is captured with its own processor's mode."""
+    from diffusers import DiTTransformer2DModel
+
+    from uvic.models.attention_processor import set_cog_attention
+
+    torch.manual_seed(0)
+    dit = DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=4, in_channels=4,
+                                num_layers=2, sample_size=4, patch_size=2,
+                                num_embeds_ada_norm=10).eval()
+    set_cog_attention(dit, "expressive", blocks=[1])
+    attn = dit.transformer_blocks[1].attn1
+    assert module_attention(attn) == ("expressive", 2)
+    assert module_attention(dit.transformer_blocks[0].attn1)[0] == "softmax"
+    run = lambda: dit(torch.randn(2, 4, 4, 4), timestep=torch.tensor([3, 5]),  # noqa: E731
+                      class_labels=torch.tensor([1, 2]))
+    inputs, outputs = capture(attn, run)
+    assert inputs.shape == (2, 4, 8) and outputs.shape == (2, 4, 8)
+    torch.testing.assert_close(attn(inputs), outputs)
+    _, report = distil_module(attn, inputs, outputs, epochs=2)
+    assert report["mode"] == "expressive" and report["gated_heads"] == 4
+
+
+def test_figures(tmp_path):
+    report = {"gate_mean": torch.rand(3, 5, 5).tolist(), "open_heads": torch.rand(5, 5).tolist(),
+              "threshold": 0.1, "l0_6": 0.5, "relative_error": 0.1}
+    assert gate_figure(report, tmp_path / "g.png").stat().st_size > 1000
+    cells = [{"mode": m, "heads": h, "capacity": [h, h + 1], "mean": h + 0.5, "std": 0.7,
+              "min": h, "max": h + 1, "hit_max": False,
+              "distilled": {"gated_open_heads_b_to_a": [1.0, 1.0]}}
+             for m in ("softmax", "cog") for h in (1, 2)]
+    assert capacity_figure({"cells": cells}, tmp_path / "c.png").stat().st_size > 1000
+    for cell in cells:
+        cell["distilled"].update(trigrams=2, gated_single=[[0], [1]], original_shared=[1])
+    table = E.markdown_table({"cells": cells})
+    assert table.splitlines()[2].startswith("| softmax | 1.50 ± 0.70 [1, 2] | 2.50 ± 0.70")
+    assert "1.00 (2/2 single; 1 shared before)" in table
+
+
+@pytest.mark.parametrize("bad", [
+    ["capacity", "--modes", "softmax,foo"], ["capacity", "--heads", "0,2"],
+    ["capacity", "--seeds", "0"], ["capacity", "--warmup", "2"], ["trigrams", "--coef", "-1"],
+    ["trigrams", "--setting", "5x9"], ["trigrams", "--mode", "linear"]])
+def test_cli_refuses_bad_input_in_one_line(bad, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main([*bad, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and err[-1].count("error") == 1 and bad[1] in err[-1]
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_distil_and_dry_run(tmp_path, capsys):
+    """distil: one line for a missing checkpoint or block; a tiny U-ViC block end to end.
+    capacity --dry-run states the compute and writes nothing."""
+    cfg, model = tiny_uvit("uvic")
+    ckpt = tmp_path / "m.safetensors"
+    save_file(model.state_dict(), str(ckpt))
+    sets = [a for item in [*TINY, "model.attention=uvic"] for a in ("--set", item)]
+    base = ["distil", "--config", str(ROOT / "configs/quickstart.py"), *sets]
+    assert main([*base, "--checkpoint", str(tmp_path / "none.pt"), "--out", str(tmp_path)]) == 2
+    assert "none.pt" in capsys.readouterr().err
+    assert main([*base, "--checkpoint", str(ckpt), "--block", "x", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--block 'x'" in err[0]
+    out = tmp_path / "out"
+    assert main([*base, "--checkpoint", str(ckpt), "--num-images", "2", "--epochs", "2",
+                 "--out", str(out)]) == 0, capsys.readouterr().err
+    result = json.loads((out / "gated.json").read_text())
+    assert result["block"] == "mid_block" and result["mode"] == "cog"
+    assert (out / "gated_gates.png").is_file()
+    assert main(["capacity", "--dry-run", "--seeds", "2", "--out", str(tmp_path / "c")]) == 0
+    said = capsys.readouterr().out
+    assert "compute:" in said and "x 2 seeds" in said and not (tmp_path / "c").exists()
+
+
+def gated_copy_of_hand_built(resolved: bool) -> G.GatedAttentionBlock:
+    """A 4-head gated block that reproduces :func:`hand_built_model` exactly, with B3's
+    trigram either in one head of its own (``resolved``) or in heads 0 and 1 together,
+    as the original holds it (superposition)."""
+    a, bos, b1, b2, b3, c1, c2, c3 = 0, 7, 1, 2, 3, 4, 5, 6
+    e = torch.eye(8)
+    heads = [((b1,) if resolved else (b1, b3), e[c1] + 0.6 * e[c3]),
+             ((b2,) if resolved else (b2, b3), e[c2] + 0.6 * e[c3])]
+    if resolved:
+        heads.append(((b3,), e[c1] + e[c2] + 1.2 * e[c3]))
+    block = G.GatedAttentionBlock(8, 8, num_heads=4, head_dim=1, mode="softmax", causal=True)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.zero_()
+        block.b_O[b1:b3 + 1] = -1.0
+        for h, (queries, out) in enumerate(heads):
+            block.W_Q[h, :, 0] = -10.0
+            block.W_K[h, a, 0], block.W_K[h, bos, 0] = 1.0, -1.0
+            block.W_V[h, a, 0] = 1.0
+            block.b_V[h, 0] = out.norm() - 1  # A's value is |out|: W_O is normalised
+            block.W_O[h, 0] = out
+            block.W_gate_K[h, a, 0] = 1.0
+            for q in queries:
+                block.W_Q[h, q, 0] = 10.0
+                block.W_gate_Q[h, q, 0] = 1.0
+    return block
+
+
+def test_gating_prefers_one_head_per_trigram():
+    """The mechanism, on the paper's 2-head / 3-trigram superposition: a gated block can
+    reproduce the original exactly either by copying its superposition (B3's C from two
+    heads) or with each trigram in one head; both reconstruct equally (error ~0), and the
+    L0.6 penalty is lower for the single-head block, so the recipe's loss prefers it for
+    every coefficient > 0. The head-ablation test tells the two apart."""
+    teacher = S.hand_built_model()
+    data = S.make_prompts(3, 1500, seed=5)
+    x = teacher.embed(data.tokens[:, :-1])
+    with torch.no_grad():
+        y = teacher.attn(x)
+        found = {}
+        for resolved in (False, True):
+            block = gated_copy_of_hand_built(resolved)
+            assert (block(x) - y).abs().max() < 1e-5
+            found[resolved] = (G.l0_penalty(block.last_gate).item(),
+                               S.head_encodings(block.head_outputs(x), x + block.b_O, data),
+                               S.trigram_gates(block.last_gate, data, G.OPEN_GATE))
+    assert found[True][0] < found[False][0]
+    assert found[False][1] == {"single": [[0], [1], []], "shared": [2], "bias": []}
+    assert found[True][1] == {"single": [[0], [1], [2]], "shared": [], "bias": []}
+    assert found[False][2] == [1.0, 1.0, 2.0] and found[True][2] == [1.0, 1.0, 1.0]

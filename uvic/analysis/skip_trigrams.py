@@ -164,16 +164,22 @@ def head_encodings(heads: Tensor, base: Tensor, data: TrigramData,
     t's B sites, keeping h and removing any combination of the other heads still leaves C
     as the top logit (on ``min_share`` of the sites). Returns ``single``: per trigram the
     heads that encode it alone; ``shared``: trigrams the whole block gets right (on
-    ``min_share`` of their sites) that no head encodes alone: superposition.
+    ``min_share`` of their sites) that no head encodes alone: superposition; ``bias``:
+    trigrams the rest of the logits gets right with every head removed (no head is
+    credited with those).
     """
     num_heads = heads.shape[2]
     prompt, pos, tri = trigram_sites(data)
     outs, rest = heads[prompt, pos], base[prompt, pos]  # (S, h, vocab), (S, vocab)
-    single, shared = [], []
+    single, shared, bias = [], [], []
     for t in range(data.num_trigrams):
         sel, sel_rest = outs[tri == t], rest[tri == t]
         target = t + 1 + data.num_trigrams
         encoders = []
+        if len(sel) and float((sel_rest.argmax(-1) == target).double().mean()) >= min_share:
+            bias.append(t)
+            single.append(encoders)
+            continue
         for h in range(num_heads):
             others = [o for o in range(num_heads) if o != h]
             drops = [set(c) for r in range(len(others) + 1)
@@ -188,7 +194,7 @@ def head_encodings(heads: Tensor, base: Tensor, data: TrigramData,
         whole = (sel.sum(dim=1) + sel_rest).argmax(-1) == target
         if not encoders and len(sel) and float(whole.double().mean()) >= min_share:
             shared.append(t)
-    return {"single": single, "shared": shared}
+    return {"single": single, "shared": shared, "bias": bias}
 
 
 @torch.no_grad()

@@ -38,12 +38,12 @@ from uvic.analysis.skip_trigrams import (
 class ToySettings:
     """How the one-layer models and their gated blocks are trained."""
 
-    steps: int = 400  # Adam steps of the one-layer model (fresh prompts each step)
-    batch: int = 256
+    steps: int = 300  # Adam steps of the one-layer model (fresh prompts each step)
+    batch: int = 128
     lr: float = 1e-2
     eval_prompts: int = 2000
-    gated_epochs: int = 40  # passes over gated_batches batches of gated_batch prompts
-    gated_batches: int = 10
+    gated_epochs: int = 20  # passes over gated_batches batches of gated_batch prompts
+    gated_batches: int = 16
     gated_batch: int = 64
     gated_lr: float = 1e-3
     coef: float = 3e-1  # L0.6 coefficient

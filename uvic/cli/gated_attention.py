@@ -159,7 +159,7 @@ def _distil(args: argparse.Namespace, out: Path) -> dict:
     images, contexts = load_inputs(cfg, args.num_images, "test", args.seed)
     [(x_t, net_t, _)] = noised_inputs(cfg, images, [args.timestep], args.seed)
     dev = args.device
-    labels = torch.zeros(len(x_t), dtype=torch.long, device=dev) if model.num_classes else None
+    labels = torch.zeros(len(x_t), dtype=torch.long, device=dev) if model.num_classes > 0 else None
     inputs, outputs = capture(module, lambda: model(
         x_t.to(dev), net_t.to(dev), context=None if contexts is None else contexts.to(dev),
         y=labels))
