@@ -170,7 +170,7 @@ def test_distil_a_uvit_block():
     assert len(report["open_heads"]) == n and len(report["open_heads"][0]) == n
     assert sum(report["open_histogram"]) == pytest.approx(1.0)
     assert math.isfinite(report["l0_6"]) and math.isfinite(report["relative_error"])
-    with pytest.raises(ValueError, match="out_blocks.0"):
+    with pytest.raises(ValueError, match=r"out_blocks\.0"):
         uvit_block(model, "block7")
 
 
@@ -228,7 +228,7 @@ def test_cli_refuses_bad_input_in_one_line(bad, tmp_path, capsys):
 def test_cli_distil_and_dry_run(tmp_path, capsys):
     """distil: one line for a missing checkpoint or block; a tiny U-ViC block end to end.
     capacity --dry-run states the compute and writes nothing."""
-    cfg, model = tiny_uvit("uvic")
+    _, model = tiny_uvit("uvic")
     ckpt = tmp_path / "m.safetensors"
     save_file(model.state_dict(), str(ckpt))
     sets = [a for item in [*TINY, "model.attention=uvic"] for a in ("--set", item)]
