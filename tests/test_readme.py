@@ -211,6 +211,12 @@ def writes(*paths: str) -> Callable[[Path, subprocess.CompletedProcess], None]:
     return check
 
 
+def states_the_gated_compute(ws: Path, proc: subprocess.CompletedProcess) -> None:
+    """--dry-run states the table's compute (every mode, 3 head counts) and runs nothing."""
+    assert proc.stdout.startswith("compute: ") and "3 head counts" in proc.stdout
+    assert not (ws / "runs/gated/capacity").exists()
+
+
 def exported(folder: str, size: int, **inputs: object
              ) -> Callable[[Path, subprocess.CompletedProcess], None]:
     """The command wrote a pipeline folder that `UViTPipeline.from_pretrained` loads and
@@ -471,6 +477,13 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
     "--num-images 8 --levels 5 --out runs/analysis/cifar10":
         Run((*CIFAR10_MODEL, "--num-images", "2", "--levels", "2"),
             ("cifar10", "cifar10 runs"), check=writes("runs/analysis/cifar10/attention.json")),
+    "python scripts/gated_attention.py capacity --dry-run --out runs/gated/capacity":
+        Run(check=states_the_gated_compute),
+    "python scripts/gated_attention.py capacity --seeds 2 --out runs/gated/capacity":
+        Run(("--modes", "softmax", "--heads", "1", "--seeds", "1", "--max-trigrams", "1",
+             "--steps", "2", "--gated-epochs", "1"),
+            check=writes("runs/gated/capacity/capacity.json", "runs/gated/capacity/capacity.md",
+                         "runs/gated/capacity/capacity.png")),
     'make test ARGS="tests/test_kernels.py -x"':
         NotHere("a part of the test suite itself (make test runs it all)"),
     "TRITON_INTERPRET=1 .venv/bin/python -m pytest tests/test_kernels.py":
