@@ -207,10 +207,13 @@ def test_figures(tmp_path):
              for m in ("softmax", "cog") for h in (1, 2)]
     assert capacity_figure({"cells": cells}, tmp_path / "c.png").stat().st_size > 1000
     for cell in cells:
-        cell["distilled"].update(trigrams=2, gated_single=[[0], [1]], original_shared=[1])
+        cell["distilled"].update(trigrams=2, gated_single=[[0], [1]], gated_shared=[],
+                                 original_single=[[0], []], original_shared=[1],
+                                 gated_relative_error=0.25)
     table = E.markdown_table({"cells": cells})
-    assert table.splitlines()[2].startswith("| softmax | 1.50 ± 0.70 [1, 2] | 2.50 ± 0.70")
-    assert "1.00 (2/2 single; 1 shared before)" in table
+    lines = table.splitlines()
+    assert lines[2] == "| softmax | 1.50 ± 0.70 [1, 2] | 2.50 ± 0.70 [2, 3] |"
+    assert "| cog | 2 | 2 | 1 / 1 | 1.00 | 2 / 0 | 0.25 |" in lines
 
 
 @pytest.mark.parametrize("bad", [
