@@ -203,7 +203,8 @@ def test_figures(tmp_path):
     assert gate_figure(report, tmp_path / "g.png").stat().st_size > 1000
     cells = [{"mode": m, "heads": h, "capacity": [h, h + 1], "mean": h + 0.5, "std": 0.7,
               "min": h, "max": h + 1, "hit_max": False,
-              "distilled": {"gated_open_heads_b_to_a": [1.0, 1.0]}}
+              "distilled": {"gated_open_heads_b_to_a": [1.0, 1.0], "trigrams": 2,
+                            "original_shared": [1]}}
              for m in ("softmax", "cog") for h in (1, 2)]
     assert capacity_figure({"cells": cells}, tmp_path / "c.png").stat().st_size > 1000
     for cell in cells:

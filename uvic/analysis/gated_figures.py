@@ -43,7 +43,8 @@ def gate_figure(report: dict, path: str | Path, title: str = "") -> Path:
 
 def capacity_figure(table: dict, path: str | Path) -> Path:
     """Bars: per mode, capacity for each head count (mean over seeds, min-max whiskers,
-    every seed a dot); a second panel gives the gated block's open heads per trigram."""
+    every seed a dot); a second panel gives, for each cell's distilled (largest learnt)
+    model, the share of its trigrams that no head holds alone (superposition)."""
     cells = table["cells"]
     modes = list(dict.fromkeys(c["mode"] for c in cells))
     head_counts = sorted({c["heads"] for c in cells})
@@ -63,16 +64,16 @@ def capacity_figure(table: dict, path: str | Path) -> Path:
             hi.append(cell["max"] - cell["mean"])
             ax.scatter([x] * len(cell["capacity"]), cell["capacity"], s=8, color="k", zorder=3)
             dist = cell.get("distilled")
-            gated.append(np.mean(dist["gated_open_heads_b_to_a"]) if dist else np.nan)
+            gated.append(len(dist["original_shared"]) / dist["trigrams"] if dist else np.nan)
         ax.bar(xs, means, width, yerr=[lo, hi], capsize=2, label=f"{heads} head(s)")
         ax2.bar(xs, gated, width, label=f"{heads} head(s)")
     for a, label in ((ax, "trigrams learnt to >= 99%"),
-                     (ax2, "gated heads open B->A per trigram")):
+                     (ax2, "share of trigrams shared by heads")):
         a.set_xticks(range(len(modes)), modes)
         a.set_ylabel(label, fontsize=8)
         a.legend(fontsize=7)
     ax.set_title("capacity of one attention layer (mean, min-max, seeds)", fontsize=9)
-    ax2.set_title("after gating (expansion 2)", fontsize=9)
+    ax2.set_title("superposition in the largest learnt model", fontsize=9)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
