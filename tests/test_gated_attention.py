@@ -303,3 +303,16 @@ def test_gating_prefers_one_head_per_trigram():
     assert found[False][1] == {"single": [[0], [1], []], "shared": [2], "bias": []}
     assert found[True][1] == {"single": [[0], [1], [2]], "shared": [], "bias": []}
     assert found[False][2] == [1.0, 1.0, 2.0] and found[True][2] == [1.0, 1.0, 1.0]
+
+
+def test_capacity_cells_do_not_depend_on_workers():
+    """A worker's job gives what the cell gives in this process (its seeds fix it; the
+    process pool itself is not started here: spawning workers costs seconds), and a seed's
+    capacity is the last number of trigrams learnt before a failure."""
+    cfg = E.ToySettings(steps=2, batch=16, eval_prompts=200, gated_epochs=1, gated_batches=1)
+    here = E.capacity_table(["softmax"], [1], [0], 2, cfg, say=lambda _: None)["cells"][0]
+    job = E._cell_job(("softmax", 1, [0], 2, cfg))
+    assert {k: v for k, v in here.items() if k != "seconds"} == {
+        k: v for k, v in job.items() if k != "seconds"}
+    assert here["capacity"] == [0]  # 2 steps learn nothing: n = 1 fails
+    assert "distilled" not in here and not here["hit_max"]

@@ -79,7 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c = sub.add_parser("capacity", help="the capacity table of every mode")
     c.add_argument("--modes", type=_modes, default=list(ATTENTION_MODES))
     c.add_argument("--heads", type=_int_list, default=[1, 2, 4], help="head counts (1,2,4)")
-    c.add_argument("--seeds", type=positive_int, default=3, help="seeds per cell (3)")
+    c.add_argument("--seeds", type=positive_int, default=2, help="seeds per cell (2)")
+    c.add_argument("--workers", type=positive_int, default=1,
+                   help="cells run at once, one thread each (1)")
     c.add_argument("--max-trigrams", type=positive_int, default=6)
     c.add_argument("--dry-run", action="store_true", help="state the compute, run nothing")
     _toy_options(c)
@@ -133,10 +135,11 @@ def _capacity(args: argparse.Namespace, out: Path) -> None:
           f"and {len(args.modes) * len(args.heads)} gated blocks of "
           f"{cfg.gated_epochs * cfg.gated_batches} steps; about "
           f"{te.estimate_seconds(cfg, bound, len(args.modes) * len(args.heads)) / 60:.0f} "
-          "min on one thread (measured: docs/gated_attention.md)")
+          f"min of one thread at most, on {args.workers} worker(s) (docs/gated_attention.md)")
     if args.dry_run:
         return
-    table = te.capacity_table(args.modes, args.heads, seeds, args.max_trigrams, cfg)
+    table = te.capacity_table(args.modes, args.heads, seeds, args.max_trigrams, cfg,
+                              workers=args.workers)
     print(f"json: {write_json(out / 'capacity.json', table, indent=1)}")
     (out / "capacity.md").write_text(te.markdown_table(table))
     print(f"table: {out / 'capacity.md'}")
