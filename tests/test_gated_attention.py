@@ -316,3 +316,21 @@ def test_capacity_cells_do_not_depend_on_workers():
         k: v for k, v in job.items() if k != "seconds"}
     assert here["capacity"] == [0]  # 2 steps learn nothing: n = 1 fails
     assert "distilled" not in here and not here["hit_max"]
+
+
+def test_cli_trigrams(tmp_path, capsys):
+    """trigrams runs a setting end to end (here shortened to a few steps): the JSON has
+    the original's accuracy and encodings and the gated block's report, and the figure."""
+    out = tmp_path / "t"
+    assert main(["trigrams", "--setting", "hand-built", "--gated-epochs", "1",
+                 "--out", str(out)]) == 0, capsys.readouterr().err
+    result = json.loads((out / "trigrams.json").read_text())
+    assert result["original_accuracy"] == [1.0, 1.0, 1.0]
+    assert result["original_encodings"]["shared"] == [2]
+    assert result["gated"]["gated_heads"] == 4 and len(result["gated"]["open_heads_b_to_a"]) == 3
+    assert result["settings"]["gated_epochs"] == 1 and (out / "trigrams_gates.png").is_file()
+    assert main(["trigrams", "--setting", "2x3", "--mode", "cog", "--steps", "2",
+                 "--gated-epochs", "1", "--out", str(out)]) == 0
+    result = json.loads((out / "trigrams.json").read_text())
+    assert (result["mode"], result["heads"], result["trigrams"]) == ("cog", 2, 3)
+    assert result["settings"]["coef"] == 5e-1
