@@ -43,7 +43,7 @@ L0_P = 0.6  # the sparsity "norm" across heads
 OPEN_GATE = 0.1  # a gate above this counts as open in the reports
 
 
-def _pattern_cols(q: Tensor, k: Tensor, mode: str, scale: float) -> Tensor:
+def _pattern_cols(q: Tensor, k: Tensor, mode: str, scale: float, **kernel: object) -> Tensor:
     """A (B, h, Nq, Nk) of one mode, non-causal, differentiable, from the kernel's torch path.
 
     The kernel returns ``A @ v``; with ``v`` a block of identity columns it returns those
@@ -61,26 +61,28 @@ def _pattern_cols(q: Tensor, k: Tensor, mode: str, scale: float) -> Tensor:
     for start in range(0, n_keys, width):
         block = F.pad(eye[:, start:start + width], (0, max(0, start + width - n_keys)))
         v = block.expand(*k.shape[:-2], n_keys, width)
-        out = uvic_kernels.attention(qp, kp, v, mode=mode, scale=scale, backend="torch")
+        out = uvic_kernels.attention(qp, kp, v, mode=mode, scale=scale, backend="torch",
+                                     **kernel)
         cols.append(out[..., :min(width, n_keys - start)])
     return torch.cat(cols, dim=-1)
 
 
 def attention_pattern(q: Tensor, k: Tensor, mode: str, scale: float,
-                      causal: bool = False) -> Tensor:
+                      causal: bool = False, **kernel: object) -> Tensor:
     """Attention weights (B, h, Nq, Nk) of ``mode`` for q (B, h, Nq, d), k (B, h, Nk, d).
 
     ``causal``: query i sees keys 0..i only, each row computed by the mode's own formula
     over its prefix (so normalised modes normalise over the prefix, and masked weights
-    are exactly 0). Differentiable in q and k.
+    are exactly 0). Differentiable in q and k. ``kernel``: further keyword arguments of
+    ``uvic_kernels.attention`` (a mode's own settings), passed through.
     """
     if not causal:
-        return _pattern_cols(q, k, mode, scale)
+        return _pattern_cols(q, k, mode, scale, **kernel)
     n = q.shape[-2]
     if k.shape[-2] != n:
         raise ValueError(f"causal attention needs as many keys as queries, got {k.shape[-2]} "
                          f"and {n}")
-    rows = [F.pad(_pattern_cols(q[..., i:i + 1, :], k[..., :i + 1, :], mode, scale),
+    rows = [F.pad(_pattern_cols(q[..., i:i + 1, :], k[..., :i + 1, :], mode, scale, **kernel),
                   (0, n - i - 1)) for i in range(n)]
     return torch.cat(rows, dim=-2)
 
@@ -94,14 +96,16 @@ class GatedAttentionBlock(nn.Module):
     """Multi-head attention (B, N, d_in) -> (B, N, d_out) whose patterns are gated per head.
 
     ``mode`` is the attention of the heads (a uvic mode), ``causal`` masks future keys
-    (language-style toy models). ``forward`` returns the output; ``last_gate`` and
+    (language-style toy models), ``kernel`` holds further arguments of the mode for
+    ``uvic_kernels.attention``. ``forward`` returns the output; ``last_gate`` and
     ``last_pattern`` hold the (B, h, N, N) gate and gated pattern of the last call.
     """
 
     def __init__(self, d_in: int, d_out: int, num_heads: int, head_dim: int,
                  mode: str = "softmax", causal: bool = False, d_gate: int = 1,
-                 scale: float | None = None) -> None:
+                 scale: float | None = None, kernel: dict | None = None) -> None:
         super().__init__()
+        self.kernel = dict(kernel or {})  # the mode's own settings for uvic_kernels.attention
         self.num_heads, self.head_dim, self.mode, self.causal = num_heads, head_dim, mode, causal
         self.scale = head_dim ** -0.5 if scale is None else scale
         h = num_heads
@@ -135,7 +139,8 @@ class GatedAttentionBlock(nn.Module):
         gq = self._project(x, self.W_gate_Q, self.b_gate_Q)
         gk = self._project(x, self.W_gate_K, self.b_gate_K)
         gate = (gq @ gk.transpose(-2, -1)).clamp(0, 1)
-        pattern = attention_pattern(q, k, self.mode, self.scale, self.causal) * gate
+        pattern = attention_pattern(q, k, self.mode, self.scale, self.causal,
+                                    **self.kernel) * gate
         self.last_gate, self.last_pattern = gate, pattern
         z = pattern @ v  # (B, h, N, head_dim)
         return torch.einsum("bhne,heo->bnho", z, F.normalize(self.W_O, dim=2))
