@@ -227,6 +227,12 @@ def writes(*paths: str) -> Callable[[Path, subprocess.CompletedProcess], None]:
     return check
 
 
+def states_the_gated_compute(ws: Path, proc: subprocess.CompletedProcess) -> None:
+    """--dry-run states the table's compute (every mode, 3 head counts) and runs nothing."""
+    assert proc.stdout.startswith("compute: ") and "3 head counts" in proc.stdout
+    assert not (ws / "runs/gated/capacity").exists()
+
+
 def exported(folder: str, size: int, **inputs: object
              ) -> Callable[[Path, subprocess.CompletedProcess], None]:
     """The command wrote a pipeline folder that `UViTPipeline.from_pretrained` loads and
@@ -494,6 +500,14 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
     "--num-images 8 --levels 5 --out runs/analysis/cifar10":
         Run((*CIFAR10_MODEL, "--num-images", "2", "--levels", "2"),
             ("cifar10", "cifar10 runs"), check=writes("runs/analysis/cifar10/attention.json")),
+    "python scripts/gated_attention.py capacity --dry-run --out runs/gated/capacity":
+        Run(check=states_the_gated_compute),
+    "python scripts/gated_attention.py capacity --seeds 2 --gated-lr 1e-3 "
+    "--out runs/gated/capacity":
+        Run(("--modes", "softmax", "--heads", "1", "--seeds", "1", "--max-trigrams", "1",
+             "--steps", "2", "--gated-epochs", "1"),
+            check=writes("runs/gated/capacity/capacity.json", "runs/gated/capacity/capacity.md",
+                         "runs/gated/capacity/capacity.png")),
     'make test ARGS="tests/test_kernels.py -x"':
         NotHere("a part of the test suite itself (make test runs it all)"),
     "TRITON_INTERPRET=1 .venv/bin/python -m pytest tests/test_kernels.py":
@@ -817,7 +831,8 @@ def test_flags_named_in_the_prose_exist() -> None:
         main, _, args = script_of(command_line(command)[1])
         if main is not None:
             parsers.append(parse_only(main, args))
-    flags = {flag for parser in parsers for flag in parser._option_string_actions}
+    flags = {flag for parser in with_subcommands(parsers)
+             for flag in parser._option_string_actions}
     keys = config_keys()
     spans = [span for name in PAGES for span in re.findall(r"`(--[^`]+)`", page(name))]
     assert spans
@@ -828,6 +843,18 @@ def test_flags_named_in_the_prose_exist() -> None:
                 assert word.split("=")[0] in flags, f"no program has the option {word} ({span})"
             if i and words[i - 1] == "--set" and not word.startswith("section."):
                 assert word.split("=")[0] in keys, f"no config key {word} ({span})"
+
+
+def with_subcommands(parsers: list[argparse.ArgumentParser]) -> list[argparse.ArgumentParser]:
+    """The parsers and, at any depth, those of their subcommands."""
+    found, todo = [], list(parsers)
+    while todo:
+        parser = todo.pop()
+        found.append(parser)
+        todo += [sub for action in parser._actions
+                 if isinstance(action, argparse._SubParsersAction)
+                 for sub in action.choices.values()]
+    return found
 
 
 def config_keys() -> set[str]:

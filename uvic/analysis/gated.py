@@ -1,0 +1,238 @@
+"""Gated attention blocks: distil an attention block into heads that do not share work.
+
+Attention heads can hold more behaviours than there are heads by working together
+("head superposition": several heads attend from the same query to the same key and only
+their summed outputs give the right answer). A gated attention block is trained to
+reproduce an attention block's outputs on the same inputs, with two changes that push
+each behaviour into one head:
+
+* per head h, a query gate ``gq = x Wgq_h + bgq_h`` and a key gate ``gk = x Wgk_h + bgk_h``
+  (width ``d_gate``, 1 by default); the gate pattern ``G_h = clamp(gq gk^T, 0, 1)``
+  multiplies the head's attention pattern ``A_h`` (any uvic mode: softmax, Cog, ...);
+* the loss is ``MSE(block(x), teacher(x)) + coef * mean(||G[:, :, i, j]||_0.6)``: the
+  L0.6 "norm" over the heads of each (query, key) gate, which is small when one head's
+  gate is open there and large when several are.
+
+More heads than the teacher (``expansion`` x, 2 by default) leave room for one head per
+behaviour. The value and output weights are normalised (unit columns of W_V over the
+input, unit rows of W_O over the output) in every forward pass, so that the penalty
+cannot be dodged by small gates and large weights; Q, K, V, O start Xavier-normal, the
+gate weights random orthogonal. This is the recipe of Mathwin et al. (2024), "Gated
+Attention Blocks: Preliminary Progress toward Removing Attention Head Superposition",
+with an output bias added so that blocks whose projection has one can be matched.
+
+The attention pattern of every mode comes from uvic's own PyTorch path
+(``uvic_kernels.attention(..., backend="torch")``, the path a model with
+``attention_backend=torch`` runs), so each mode that kernel knows is available here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import uvic_kernels
+from uvic_kernels.fused_attention import MAX_HEAD_DIM
+
+L0_P = 0.6  # the sparsity "norm" across heads
+OPEN_GATE = 0.1  # a gate above this counts as open in the reports
+
+
+def _pattern_cols(q: Tensor, k: Tensor, mode: str, scale: float, **kernel: object) -> Tensor:
+    """A (B, h, Nq, Nk) of one mode, non-causal, differentiable, from the kernel's torch path.
+
+    The kernel returns ``A @ v``; with ``v`` a block of identity columns it returns those
+    columns of ``A``. The kernel wants k and v of one width, so q and k are padded with
+    zero columns (which leaves every score as it is) to the width of the identity block.
+    """
+    n_keys = k.shape[-2]
+    width = max(q.shape[-1], min(n_keys, MAX_HEAD_DIM))
+    if width > MAX_HEAD_DIM:
+        raise ValueError(f"head dim {q.shape[-1]} is over the kernel's {MAX_HEAD_DIM}")
+    qp = F.pad(q.float(), (0, width - q.shape[-1]))
+    kp = F.pad(k.float(), (0, width - k.shape[-1]))
+    eye = torch.eye(n_keys, device=q.device)
+    cols = []
+    for start in range(0, n_keys, width):
+        block = F.pad(eye[:, start:start + width], (0, max(0, start + width - n_keys)))
+        v = block.expand(*k.shape[:-2], n_keys, width)
+        out = uvic_kernels.attention(qp, kp, v, mode=mode, scale=scale, backend="torch",
+                                     **kernel)
+        cols.append(out[..., :min(width, n_keys - start)])
+    return torch.cat(cols, dim=-1)
+
+
+def attention_pattern(q: Tensor, k: Tensor, mode: str, scale: float,
+                      causal: bool = False, **kernel: object) -> Tensor:
+    """Attention weights (B, h, Nq, Nk) of ``mode`` for q (B, h, Nq, d), k (B, h, Nk, d).
+
+    ``causal``: query i sees keys 0..i only, each row computed by the mode's own formula
+    over its prefix (so normalised modes normalise over the prefix, and masked weights
+    are exactly 0). Differentiable in q and k. ``kernel``: further keyword arguments of
+    ``uvic_kernels.attention`` (a mode's own settings), passed through.
+    """
+    if not causal:
+        return _pattern_cols(q, k, mode, scale, **kernel)
+    n = q.shape[-2]
+    if k.shape[-2] != n:
+        raise ValueError(f"causal attention needs as many keys as queries, got {k.shape[-2]} "
+                         f"and {n}")
+    rows = [F.pad(_pattern_cols(q[..., i:i + 1, :], k[..., :i + 1, :], mode, scale, **kernel),
+                  (0, n - i - 1)) for i in range(n)]
+    return torch.cat(rows, dim=-2)
+
+
+def l0_penalty(gate: Tensor) -> Tensor:
+    """Mean over (batch, query, key) of the L0.6 "norm" of the gates across heads (dim 1)."""
+    return torch.linalg.vector_norm(gate, ord=L0_P, dim=1).mean()
+
+
+class GatedAttentionBlock(nn.Module):
+    """Multi-head attention (B, N, d_in) -> (B, N, d_out) whose patterns are gated per head.
+
+    ``mode`` is the attention of the heads (a uvic mode), ``causal`` masks future keys
+    (language-style toy models), ``kernel`` holds further arguments of the mode for
+    ``uvic_kernels.attention``. ``forward`` returns the output; ``last_gate`` and
+    ``last_pattern`` hold the (B, h, N, N) gate and gated pattern of the last call.
+    """
+
+    def __init__(self, d_in: int, d_out: int, num_heads: int, head_dim: int,
+                 mode: str = "softmax", causal: bool = False, d_gate: int = 1,
+                 scale: float | None = None, kernel: dict | None = None) -> None:
+        super().__init__()
+        self.kernel = dict(kernel or {})  # the mode's own settings for uvic_kernels.attention
+        self.num_heads, self.head_dim, self.mode, self.causal = num_heads, head_dim, mode, causal
+        self.scale = head_dim ** -0.5 if scale is None else scale
+        h = num_heads
+        self.W_Q, self.W_K, self.W_V = (nn.Parameter(torch.empty(h, d_in, head_dim))
+                                        for _ in range(3))
+        self.b_Q, self.b_K, self.b_V = (nn.Parameter(torch.empty(h, head_dim)) for _ in range(3))
+        self.W_O = nn.Parameter(torch.empty(h, head_dim, d_out))
+        self.b_O = nn.Parameter(torch.zeros(d_out))
+        self.W_gate_Q, self.W_gate_K = (nn.Parameter(torch.empty(h, d_in, d_gate))
+                                        for _ in range(2))
+        self.b_gate_Q, self.b_gate_K = (nn.Parameter(torch.zeros(h, d_gate)) for _ in range(2))
+        self.last_gate: Tensor | None = None
+        self.last_pattern: Tensor | None = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-normal Q, K, V, O (and their biases, as the recipe), orthogonal gates."""
+        for p in (self.W_Q, self.W_K, self.W_V, self.W_O, self.b_Q, self.b_K, self.b_V):
+            nn.init.xavier_normal_(p)
+        for p in (self.W_gate_Q, self.W_gate_K):
+            nn.init.orthogonal_(p)
+
+    def _project(self, x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+        return torch.einsum("bnd,hde->bhne", x, w) + b[None, :, None, :]
+
+    def head_outputs(self, x: Tensor) -> Tensor:
+        """Each head's share of the output (B, N, h, d_out), without the output bias."""
+        q = self._project(x, self.W_Q, self.b_Q)
+        k = self._project(x, self.W_K, self.b_K)
+        v = self._project(x, F.normalize(self.W_V, dim=1), self.b_V)
+        gq = self._project(x, self.W_gate_Q, self.b_gate_Q)
+        gk = self._project(x, self.W_gate_K, self.b_gate_K)
+        gate = (gq @ gk.transpose(-2, -1)).clamp(0, 1)
+        pattern = attention_pattern(q, k, self.mode, self.scale, self.causal,
+                                    **self.kernel) * gate
+        self.last_gate, self.last_pattern = gate, pattern
+        z = pattern @ v  # (B, h, N, head_dim)
+        return torch.einsum("bhne,heo->bnho", z, F.normalize(self.W_O, dim=2))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head_outputs(x).sum(dim=2) + self.b_O
+
+    def extra_repr(self) -> str:
+        return (f"mode={self.mode!r}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+                f"causal={self.causal}")
+
+
+@dataclass
+class FitLog:
+    """Losses of a fit, one entry per epoch (means over its batches)."""
+
+    reconstruction: list[float]
+    l0: list[float]
+
+
+def fit(block: GatedAttentionBlock, batches: Callable[[], Iterable[tuple[Tensor, Tensor]]],
+        epochs: int, lr: float, coef: float, warmup: float = 0.0,
+        on_epoch: Callable[[int, float, float], None] | None = None) -> FitLog:
+    """Train ``block`` with Adam on ``MSE(block(x), y) + coef * L0.6``; ``batches()`` yields
+    (inputs, teacher outputs) for one epoch.
+
+    ``warmup``: the share of the epochs over which the coefficient rises linearly from 0
+    (0: the recipe's constant coefficient). A short run with the full coefficient from
+    the start can close gates before the reconstruction has found them (a closed gate
+    gets no gradient through the clamp); long runs need no warm-up.
+    """
+    opt = torch.optim.Adam(block.parameters(), lr=lr)
+    log = FitLog([], [])
+    ramp = warmup * epochs
+    for epoch in range(epochs):
+        weight = coef * min(1.0, (epoch + 1) / ramp) if ramp > 0 else coef
+        rec_sum = l0_sum = 0.0
+        count = 0
+        for x, y in batches():
+            out = block(x)
+            rec = F.mse_loss(out.reshape(-1, out.shape[-1]), y.reshape(-1, y.shape[-1]))
+            l0 = l0_penalty(block.last_gate)
+            opt.zero_grad(set_to_none=True)
+            (rec + weight * l0).backward()
+            opt.step()
+            rec_sum, l0_sum, count = rec_sum + rec.item(), l0_sum + l0.item(), count + 1
+        log.reconstruction.append(rec_sum / max(count, 1))
+        log.l0.append(l0_sum / max(count, 1))
+        if on_epoch is not None:
+            on_epoch(epoch, log.reconstruction[-1], log.l0[-1])
+    return log
+
+
+@torch.no_grad()
+def gate_report(block: GatedAttentionBlock, x: Tensor, y: Tensor,
+                threshold: float = OPEN_GATE) -> dict:
+    """Reconstruction error, L0.6 value and open heads per (query, key) pair, JSON-ready.
+
+    ``open_heads``: (N, N) mean over inputs of how many heads' gates exceed ``threshold``;
+    ``open_histogram``: share of (input, query, key) pairs with 0, 1, 2, ... open heads
+    (causal blocks: pairs with key <= query only); ``gate_mean``: (h, N, N) mean gate.
+    """
+    out = block(x)
+    gate = block.last_gate
+    mse = float(F.mse_loss(out, y))
+    var = float(((y - y.mean(dim=(0, 1))) ** 2).mean())
+    opened = (gate > threshold).sum(dim=1)  # (B, N, N)
+    n = gate.shape[-1]
+    valid = torch.ones(n, n, dtype=torch.bool)
+    if block.causal:
+        valid = torch.tril(valid)
+    counts = opened[:, valid].flatten()
+    hist = torch.bincount(counts, minlength=block.num_heads + 1).double()
+    return {
+        "reconstruction_mse": mse,
+        "relative_error": mse / var if var > 0 else float("nan"),
+        "l0_6": float(l0_penalty(gate)),
+        "threshold": threshold,
+        "open_heads": opened.double().mean(dim=0).tolist(),
+        "open_histogram": (hist / hist.sum()).tolist(),
+        "mean_open_heads": float(counts.double().mean()),
+        "gate_mean": gate.double().mean(dim=0).tolist(),
+    }
+
+
+def expanded_heads(teacher_heads: int, expansion: int) -> int:
+    """Heads of the gated block: ``expansion`` times the teacher's (the recipe uses 2)."""
+    if teacher_heads < 1 or expansion < 1:
+        raise ValueError(f"heads ({teacher_heads}) and expansion ({expansion}) must be >= 1")
+    return teacher_heads * expansion
+
+
+def default_head_dim(d_in: int, teacher_heads: int) -> int:
+    """The teacher's head width when it splits its width evenly, capped by the kernel."""
+    return max(1, min(MAX_HEAD_DIM, math.ceil(d_in / teacher_heads)))
