@@ -29,6 +29,20 @@ from torch import Tensor, nn
 from uvic.config import DiffusionConfig
 from uvic.diffusion.checks import check_diffusion
 
+# The DiffusionConfig fields each schedule reads (the others are unused by it), and those
+# of the objective (the null condition's training probability, the loss weighting).
+SCHEDULE_FIELDS = {"vp_continuous": ("beta_min", "beta_max"),
+                   "scaled_linear": ("beta_start", "beta_end")}
+OBJECTIVE_FIELDS = ("p_uncond", "min_snr_gamma")
+
+
+def schedule_settings(cfg: DiffusionConfig) -> dict[str, Any]:
+    """The settings of `cfg` that apply to its schedule and objective (what an export
+    records): the schedule, its own betas, the timesteps and the objective's fields."""
+    names = ("schedule", *SCHEDULE_FIELDS[cfg.schedule], "num_train_timesteps",
+             *OBJECTIVE_FIELDS)
+    return {name: getattr(cfg, name) for name in names}
+
 
 class Diffusion:
     """Forward process, training inputs and the diffusers schedule table of one schedule
@@ -71,7 +85,11 @@ class Diffusion:
         if self.cfg.schedule == "vp_continuous":
             alpha_bar = self.alphas_cumprod()
             previous = torch.cat([torch.ones(1, dtype=torch.float64), alpha_bar[:-1]])
-            kwargs["trained_betas"] = (1.0 - alpha_bar / previous).tolist()
+            # the exact table; the linear schedule it discretizes, beta(t) / T, is recorded
+            # alongside (schedulers read trained_betas only, when it is given)
+            kwargs.update(trained_betas=(1.0 - alpha_bar / previous).tolist(),
+                          beta_schedule="linear", beta_start=self.cfg.beta_min / self.num_timesteps,
+                          beta_end=self.cfg.beta_max / self.num_timesteps)
         else:
             kwargs.update(
                 beta_schedule="scaled_linear",
@@ -162,7 +180,7 @@ def diffusion_loss(
             y = torch.where(drop, torch.full_like(y, null_class), y)
         kwargs["y"] = y
     x_t, net_t, noise = diffusion.training_inputs(x0, generator)
-    pred = model(x_t, net_t, **kwargs)
+    pred = model(x_t, net_t, return_dict=False, **kwargs)[0]  # diffusers' cheap form
     gamma = diffusion.cfg.min_snr_gamma
     if gamma <= 0:
         return F.mse_loss(pred.float(), noise.float())

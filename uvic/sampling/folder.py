@@ -172,7 +172,7 @@ def sample_to_folder(
     out = Path(out)
     labels, resolved = _resolved(cfg, ckpts, labels, choice)
     given = cfg
-    cfg = dataclasses.replace(cfg, model=next(iter(resolved.values())).model)  # the inputs
+    cfg = next(iter(resolved.values())).applied(cfg)  # the inputs
     check_guidance(cfg, guidance_option)
     say = say if state.is_main_process else None
     assets, shown = _assets(cfg, n, nrow, prompts_file, device, class_labels, say)
@@ -183,7 +183,7 @@ def sample_to_folder(
         if say is not None:
             say(f"{label}: {resolved[label].note}")
         samples = sample_checkpoint(
-            dataclasses.replace(cfg, model=resolved[label].model), ckpt, mine, seed=seed,
+            resolved[label].applied(cfg), ckpt, mine, seed=seed,
             device=device, precision=precision, assets=assets, **shown.inputs(),
             progress=progress and state.is_main_process, choice=choice, say=say)
         images = _gathered(samples, state.is_main_process)
