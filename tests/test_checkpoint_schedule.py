@@ -104,6 +104,8 @@ def test_issue_example_samples_with_the_stored_schedule(run: Path, tmp_path: Pat
     note = capsys.readouterr().out.splitlines()[0]
     assert "diffusion.beta_max=20.0" in note and "model.embed_dim=512" in note
     assert note.endswith("not used for this checkpoint")
+    record = json.loads((out / "sample_config.json").read_text())["models"]["samples"]
+    assert record["diffusion"]["beta_max"] == 10.0
     got = written(out / "samples")
     assert np.array_equal(got, pixels(run, 10.0))
     assert np.abs(got - pixels(run, 20.0)).max() > 1  # what the bug sampled

@@ -18,6 +18,7 @@ per sample (`min_snr_gamma`, off in the paper configs).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -29,19 +30,17 @@ from torch import Tensor, nn
 from uvic.config import DiffusionConfig
 from uvic.diffusion.checks import check_diffusion
 
-# The DiffusionConfig fields each schedule reads (the others are unused by it), and those
-# of the objective (the null condition's training probability, the loss weighting).
+# The DiffusionConfig fields only one schedule reads (the other schedule ignores them).
 SCHEDULE_FIELDS = {"vp_continuous": ("beta_min", "beta_max"),
                    "scaled_linear": ("beta_start", "beta_end")}
-OBJECTIVE_FIELDS = ("p_uncond", "min_snr_gamma")
 
 
 def schedule_settings(cfg: DiffusionConfig) -> dict[str, Any]:
-    """The settings of `cfg` that apply to its schedule and objective (what an export
-    records): the schedule, its own betas, the timesteps and the objective's fields."""
-    names = ("schedule", *SCHEDULE_FIELDS[cfg.schedule], "num_train_timesteps",
-             *OBJECTIVE_FIELDS)
-    return {name: getattr(cfg, name) for name in names}
+    """The settings of `cfg` that apply to its schedule (what an export records): every
+    field but those of the other schedules (the objective's included)."""
+    other = {name for schedule, names in SCHEDULE_FIELDS.items() if schedule != cfg.schedule
+             for name in names}
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in other}
 
 
 class Diffusion:

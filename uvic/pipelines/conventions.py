@@ -34,6 +34,9 @@ from typing import Any
 
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from uvic.diffusion.checks import RELEASE_FAST
+from uvic.diffusion.samplers import scheduler_for
+
 ENTRY_MODULE = "pipeline_uvit"  # the module file a saved pipeline holds (without .py)
 ENTRY_SOURCE = '''"""diffusers' custom-pipeline entry of a saved uvic UViTPipeline:
 model_index.json's _class_name ["pipeline_uvit", "UViTPipeline"] makes
@@ -79,6 +82,20 @@ def push_folder(pipe: Any, folder: str | Path, repo_id: str | None = None,
                        token=token).repo_id
     pipe._upload_folder(folder, repo, token=token, commit_message=commit_message,
                         create_pr=create_pr)
+
+
+def with_callback(pipe: Any, scheduler: str | SchedulerMixin, order: int, steps: int,
+                  callback: Callable | None, tensor_inputs: list[str] | None
+                  ) -> str | SchedulerMixin:
+    """What the pipeline samples with: `scheduler` (a sampler's name or a scheduler) as
+    it is without a callback, else the diffusers scheduler (built from a name as uvic
+    builds it) whose steps call `callback` (`StepCallback`)."""
+    if callback is None:
+        return scheduler
+    if isinstance(scheduler, str) and scheduler not in RELEASE_FAST:
+        scheduler = scheduler_for(pipe.diffusion, scheduler, order, steps)
+    return StepCallback(scheduler, pipe, callback,
+                        check_callback(callback, tensor_inputs, scheduler))
 
 
 def check_callback(callback: Callable, tensor_inputs: list[str] | None,

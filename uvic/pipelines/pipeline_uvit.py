@@ -46,13 +46,12 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils.torch_utils import randn_tensor
 
 from uvic.config import ConfigError, from_dict
-from uvic.diffusion.checks import NAMED, RELEASE_FAST, diffusers_class
-from uvic.diffusion.samplers import model_calls, scheduler_for
+from uvic.diffusion.checks import NAMED, diffusers_class
+from uvic.diffusion.samplers import model_calls
 from uvic.diffusion.schedule import Diffusion
 from uvic.models.autoencoder import SCALE_FACTOR
 from uvic.models.uvit import UViT
 from uvic.pipelines import conventions
-from uvic.pipelines.conventions import StepCallback, check_callback
 from uvic.sampling.assets import model_to_pixels
 from uvic.sampling.generate import sample_images
 from uvic.sampling.images import to_uint8
@@ -227,12 +226,7 @@ class UViTPipeline(DiffusionPipeline):
                 loop continues from (with a diffusers scheduler; `conventions`).
         """
         device = self._execution_device
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"output_type={output_type!r}: choose one of {OUTPUT_TYPES}")
-        if num_inference_steps < 1:
-            raise ValueError(f"num_inference_steps={num_inference_steps} must be >= 1")
-        if num_images_per_prompt < 1:
-            raise ValueError(f"num_images_per_prompt={num_images_per_prompt} must be >= 1")
+        _check_counts(output_type, num_inference_steps, num_images_per_prompt)
         cond = self._conditioning(prompt, negative_prompt, class_labels, num_images_per_prompt,
                                   batch_size, prompt_embeds, negative_prompt_embeds, device)
         n = cond.pop("n")
@@ -243,13 +237,10 @@ class UViTPipeline(DiffusionPipeline):
         noise = self._initial_noise(n, (m.in_chans, m.img_size, m.img_size), generator,
                                     latents, device)
 
-        scheduler = self.scheduler if sampler is None else self._named(sampler)
+        scheduler = conventions.with_callback(
+            self, self.scheduler if sampler is None else self._named(sampler), order,
+            num_inference_steps, callback_on_step_end, callback_on_step_end_tensor_inputs)
         calls = model_calls(self.diffusion, scheduler, num_inference_steps, order)
-        if callback_on_step_end is not None:
-            if isinstance(scheduler, str) and scheduler not in RELEASE_FAST:
-                scheduler = scheduler_for(self.diffusion, scheduler, order, num_inference_steps)
-            scheduler = StepCallback(scheduler, self, callback_on_step_end, check_callback(
-                callback_on_step_end, callback_on_step_end_tensor_inputs, scheduler))
         precision = (torch.autocast(device.type, dtype=self.transformer.dtype)
                      if self.transformer.dtype != torch.float32 else contextlib.nullcontext())
         with self.progress_bar(total=calls) as bar, precision:
@@ -397,3 +388,12 @@ class UViTPipeline(DiffusionPipeline):
                                  "nor a diffusers scheduler class name") from None
         return sampler
 
+
+def _check_counts(output_type: str, steps: int, per: int) -> None:
+    """`__call__`'s output type, steps and images per prompt, before any work."""
+    if output_type not in OUTPUT_TYPES:
+        raise ValueError(f"output_type={output_type!r}: choose one of {OUTPUT_TYPES}")
+    if steps < 1:
+        raise ValueError(f"num_inference_steps={steps} must be >= 1")
+    if per < 1:
+        raise ValueError(f"num_images_per_prompt={per} must be >= 1")

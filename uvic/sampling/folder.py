@@ -198,7 +198,8 @@ def sample_to_folder(
         write_json(out / "sample_config.json", {
             "config": to_dict(given),
             "checkpoints": {label: str(c) for label, c in zip(labels, ckpts)},
-            "models": {label: {"source": r.source, "model": dataclasses.asdict(r.model)}
+            "models": {label: {"source": r.source, "model": dataclasses.asdict(r.model),
+                               "diffusion": dataclasses.asdict(r.applied(given).diffusion)}
                        for label, r in resolved.items()},
             **shown.record(), "seed": seed, "precision": precision,
             "guidance": effective_cfg_scale(cfg),
