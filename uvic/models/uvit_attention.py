@@ -16,7 +16,8 @@ one per mode from `kernel_processor`. A processor carries the mode and the kerne
 * `set_attention(spec, backend)`: uvic's form, a preset or per-block list of modes.
 
 Each records the pattern in the model's config (`attention`, `attention_backend`), so
-`save_pretrained` / `from_pretrained` rebuild the model with the attention it runs now.
+`save_pretrained` / `from_pretrained` rebuild the model with the attention it runs now
+(a block's own `set_processor`, diffusers' module-level call, changes that block only).
 A processor that is not a kernel processor, a dict with other keys, or processors that
 disagree on the backend (the config has one) are refused with one ValueError, and the
 model is left as it was.
@@ -170,7 +171,7 @@ class ProcessorsMixin:
 
     def set_default_attn_processor(self) -> None:
         """Softmax attention in every block (U-ViT), on the kernel backend in use."""
-        backend = self.attn_processors[next(iter(self.attn_processors))].backend
+        backend = next(iter(self.attn_processors.values())).backend
         self._use([kernel_processor("softmax", backend)] * (self.depth + 1), "uvit",
                   _backend_name(backend))
 
