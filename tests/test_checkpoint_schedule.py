@@ -96,6 +96,22 @@ def test_the_weights_file_records_its_diffusion_settings(run: Path) -> None:
         assert stored["beta_max"] == 10.0 and stored["min_snr_gamma"] == 5.0
 
 
+def test_the_metadata_is_written_in_one_order(tmp_path: Path) -> None:
+    """safetensors writes metadata in hash order, which changes from process to process;
+    the weights files sort it, so the same weights and settings give the same bytes (the
+    checkpoint's SHA-256 names it in FID results and sample folders)."""
+    cfg = load_config(CIFAR, ["model.embed_dim=32", "model.depth=2", "model.num_heads=2"])
+    from uvic.models.uvit import build_model
+
+    path = tmp_path / "ema.safetensors"
+    save_safetensors(build_model(cfg.model), path,
+                     metadata={"z": "1", **model_metadata(cfg.model, cfg.diffusion), "a": "2"})
+    raw = path.read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    assert list(header["__metadata__"]) == ["a", DIFFUSION_METADATA_KEY, "uvic.model", "z"]
+    assert resolve_model(cfg, path).diffusion == cfg.diffusion
+
+
 def test_issue_example_samples_with_the_stored_schedule(run: Path, tmp_path: Path,
                                                         capsys) -> None:
     out = tmp_path / "samples"
