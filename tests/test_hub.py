@@ -158,7 +158,7 @@ def test_save_pretrained_round_trip_is_bit_identical(tmp_path: Path, extra: list
         if cfg.model.clip_dim > 0:
             inputs["context"] = torch.randn(3, 5, 16)
         with torch.no_grad():
-            assert torch.equal(model(x, t, **inputs), loaded.eval()(x, t, **inputs))
+            assert torch.equal(model(x, t, **inputs).sample, loaded.eval()(x, t, **inputs).sample)
 
 
 def test_set_attention_and_backend_reach_the_saved_config(tmp_path: Path) -> None:
@@ -195,7 +195,7 @@ def test_diffusers_gradient_checkpointing_is_uvics() -> None:
 
     def grads() -> list[torch.Tensor]:
         model.zero_grad()
-        model(x, t).square().mean().backward()
+        model(x, t).sample.square().mean().backward()
         return [p.grad.clone() for p in model.parameters()]
 
     plain = grads()
@@ -380,7 +380,9 @@ def test_export_from_each_source(runs, tmp_path: Path) -> None:
         assert transformer["attention"] == attention, name
         assert transformer["attention_backend"] == "auto", name  # the loader's choice
         index = json.loads((out / "model_index.json").read_text())
-        assert index["_class_name"] == "UViTPipeline" and index["vae"] == [None, None]
+        # the class as diffusers' custom pipelines name it: [entry module, class] (issue 31)
+        assert index["_class_name"] == ["pipeline_uvit", "UViTPipeline"]
+        assert index["vae"] == [None, None]
         assert index["diffusion"]["schedule"] == "vp_continuous"
 
 

@@ -363,7 +363,8 @@ def test_forward_matches_reference(kind: str, tmp_path: Path) -> None:
         model.set_attention(spec)
         modes = resolve_attention(spec, arch["depth"])
         with torch.no_grad():
-            out = model(x.float(), t, context=None if context is None else context.float(), y=y)
+            out = model(x.float(), t, context=None if context is None else context.float(),
+                            y=y).sample
         ref = ref_uvit(sd, arch, modes, x, t, context, y)
         assert out.shape == x.shape and out.dtype == torch.float32
         assert ref.abs().max() > 0.5  # a non-trivial output
@@ -374,7 +375,7 @@ def test_forward_matches_reference(kind: str, tmp_path: Path) -> None:
 def test_backward_reaches_every_parameter(kind: str) -> None:
     model = tiny(kind, attention="uvic")
     x, t, context, y = inputs(kind)
-    out = model(x, t, context=context, y=y)
+    out = model(x, t, context=context, y=y).sample
     assert out.shape == x.shape
     out.square().mean().backward()
     no_grad = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()]
@@ -385,7 +386,7 @@ def test_scalar_time_and_input_errors() -> None:
     model = tiny("uncond")
     x, t, _, _ = inputs("uncond")
     with torch.no_grad():
-        torch.testing.assert_close(model(x, 500.0), model(x, torch.full((2,), 500.0)))
+        torch.testing.assert_close(model(x, 500.0).sample, model(x, torch.full((2,), 500.0)).sample)
         with pytest.raises(ValueError, match=r"t must be a scalar or shape \(2,\)"):
             model(x, torch.ones(3))
         with pytest.raises(ValueError, match=r"x must have shape \(B, 3, 8, 8\)"):
@@ -413,7 +414,7 @@ def test_uvit_and_uvic_weights_interchange() -> None:
     assert uvic_fresh.attention_modes == ["softmax", "cog", "softmax"]  # loading keeps modes
     x, t, ctx, _ = inputs("text")
     with torch.no_grad():
-        a, b = uvit(x, t, context=ctx), uvic(x, t, context=ctx)
+        a, b = uvit(x, t, context=ctx).sample, uvic(x, t, context=ctx).sample
     assert torch.isfinite(a).all() and torch.isfinite(b).all()
     assert (a - b).abs().max() > 1e-4  # same weights, different attention
 
@@ -424,9 +425,9 @@ def test_triton_kernel_matches_torch_path() -> None:
     model = tiny("uncond", attention="uvic").to(device)
     x, t, _, _ = (v.to(device) if v is not None else v for v in inputs("uncond", batch=1))
     with torch.no_grad():
-        ref = model(x, t)
+        ref = model(x, t).sample
         model.set_attention("uvic", backend="triton")
-        out = model(x, t)
+        out = model(x, t).sample
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -442,7 +443,7 @@ def test_grad_checkpointing_same_gradients() -> None:
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            loss = model(x, t, context=ctx).square().mean()
+            loss = model(x, t, context=ctx).sample.square().mean()
         loss.backward()
         saved.append(count[0])
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
@@ -464,7 +465,7 @@ def test_autocast_bf16_attention_runs_in_bf16(monkeypatch: pytest.MonkeyPatch) -
     model = tiny("uncond", attention="uvic", grad_checkpointing=True)
     x, t, _, _ = inputs("uncond")
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = model(x, t)
+        out = model(x, t).sample
     out.float().square().mean().backward()
     # 3 blocks forward + 3 recomputed by checkpointing in backward
     assert len(seen) == 6 and {s[:3] for s in seen} == {(torch.bfloat16,) * 3}
@@ -480,11 +481,11 @@ def test_torch_compile_training_step_matches_eager() -> None:
     model = tiny("uncond", attention="uvic", grad_checkpointing=True)
     x, t, _, _ = inputs("uncond")
     x = x.permute(0, 1, 3, 2)  # non-contiguous input: q/k/v and grads take odd strides
-    model(x, t).square().mean().backward()
+    model(x, t).sample.square().mean().backward()
     eager = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     compiled = torch.compile(model, backend="inductor", fullgraph=True)
-    compiled(x, t).square().mean().backward()
+    compiled(x, t).sample.square().mean().backward()
     for p, g in zip(model.parameters(), eager):
         torch.testing.assert_close(p.grad, g)
 
@@ -494,14 +495,14 @@ def test_torch_compile_matches_eager(tmp_path: Path) -> None:
     compiled = torch.compile(model, backend="eager", fullgraph=True)
     x, t, _, _ = inputs("uncond")
     with torch.no_grad():
-        torch.testing.assert_close(compiled(x, t), model(x, t))
+        torch.testing.assert_close(compiled(x, t).sample, model(x, t).sample)
     assert all(k.startswith("_orig_mod.") for k in compiled.state_dict())
     torch.save(compiled.state_dict(), tmp_path / "compiled.pth")  # `_orig_mod.` keys
     fresh = _different("uncond")
     fresh.set_attention("uvic")
     load_weights(fresh, tmp_path / "compiled.pth")
     with torch.no_grad():
-        torch.testing.assert_close(fresh(x, t), model(x, t), rtol=0, atol=0)
+        torch.testing.assert_close(fresh(x, t).sample, model(x, t).sample, rtol=0, atol=0)
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -527,7 +528,7 @@ def test_checkpoint_round_trip(suffix: str, tmp_path: Path) -> None:
         assert torch.equal(a, b), name
     x, t, ctx, _ = inputs("text")
     with torch.no_grad():
-        assert torch.equal(src(x, t, context=ctx), dst(x, t, context=ctx))
+        assert torch.equal(src(x, t, context=ctx).sample, dst(x, t, context=ctx).sample)
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
 
 
@@ -609,9 +610,9 @@ def test_sdpa_backend_runs_softmax_blocks_and_refuses_cog() -> None:
     model = tiny("text", attention="uvit")
     x, t, context, _ = inputs("text")
     with torch.no_grad():
-        ours = model(x, t, context=context)
+        ours = model(x, t, context=context).sample
         model.set_attention("uvit", backend="sdpa")
-        baseline = model(x, t, context=context)
+        baseline = model(x, t, context=context).sample
     assert torch.allclose(baseline, ours, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match=r"'sdpa' runs softmax attention only.*blocks \[1\]"):
         model.set_attention("uvic")

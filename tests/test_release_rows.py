@@ -193,9 +193,9 @@ def guided_eps(net: torch.nn.Module, cfg: Config, y: torch.Tensor):
 
     def eps(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         if scale == 0:
-            return net(x, t, y=y)
+            return net(x, t, y=y).sample
         both = net(torch.cat([x, x]), torch.cat([t, t]),
-                   y=torch.cat([y, torch.full_like(y, null)]))
+                   y=torch.cat([y, torch.full_like(y, null)])).sample
         cond, uncond = both.chunk(2)
         return cond + scale * (cond - uncond)
 
@@ -225,14 +225,14 @@ def test_released_checkpoint_loads_strictly_and_samples(name: str, tmp_path: Pat
     if cfg.model.num_classes > 0:  # a real class, the last one, and the null class if any
         y = torch.tensor([0, 999, cfg.model.num_classes - 1])
     with torch.no_grad():
-        out = net(x, t, y=y)
+        out = net(x, t, y=y).sample
     sd = {k: v.double() for k, v in state.items()}
     ref = ref_uvit(sd, vars(cfg.model), ["softmax"] * 3, x.double(), t.double(), y=y)
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-5)
 
     noise = torch.randn(2, *shape, generator=g)
     labels = torch.tensor([7, 998]) if cfg.model.num_classes > 0 else None
-    eps = guided_eps(net, cfg, labels) if labels is not None else (lambda x, t: net(x, t))
+    eps = guided_eps(net, cfg, labels) if labels is not None else (lambda x, t: net(x, t).sample)
     with torch.no_grad():
         z = run_sampler(eps, Diffusion(cfg.diffusion), noise, scheduler=cfg.sample.scheduler,
                         steps=cfg.sample.steps, order=cfg.sample.order,

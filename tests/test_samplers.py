@@ -556,7 +556,7 @@ def random_model_grids(noise: torch.Tensor) -> None:
     gaussian = torch_eps_fn("vp_continuous")
 
     def eps_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return gaussian(x, t) + 0.1 * model(x, t)
+        return gaussian(x, t) + 0.1 * model(x, t).sample
 
     def solve(steps: int, order: int, lu: bool) -> torch.Tensor:
         return run_sampler(eps_fn, VP, noise, scheduler="dpm_solver++", steps=steps, order=order,

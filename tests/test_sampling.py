@@ -81,10 +81,11 @@ class PointMassEps(nn.Module):
         self.schedule, self.m = schedule, m
         self.times: list[torch.Tensor] = []
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, context=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, t: torch.Tensor, context=None, return_dict=True):
         self.times.append(t.clone())
         ab = alpha_bar_of_net_time(self.schedule, t).view(-1, 1, 1, 1)
-        return ((x.double() - ab.sqrt() * self.m) / (1 - ab).sqrt()).float()
+        eps = ((x.double() - ab.sqrt() * self.m) / (1 - ab).sqrt()).float()
+        return eps if return_dict else (eps,)
 
 
 @pytest.mark.parametrize("schedule", ["vp_continuous", "scaled_linear"])
@@ -105,8 +106,8 @@ def test_wrong_time_does_not_recover_point_mass() -> None:
     m = torch.full((1, 3, 4, 4), 0.5, dtype=torch.float64)
 
     class OffByOne(PointMassEps):
-        def forward(self, x, t, context=None):
-            return super().forward(x, t + 30.0)
+        def forward(self, x, t, context=None, return_dict=True):
+            return super().forward(x, t + 30.0, return_dict=return_dict)
 
     noise = make_noise((3, 4, 4), sample_generators(0, [0]))
     x0 = sample_images(OffByOne("vp_continuous", m), diffusion, noise, steps=10)
@@ -148,10 +149,11 @@ class ContextEps(nn.Module):
         super().__init__()
         self.batches: list[int] = []
 
-    def forward(self, x, t, context=None):
+    def forward(self, x, t, context=None, return_dict=True):
         self.batches.append(x.shape[0])
         c = context.mean(dim=(1, 2)).view(-1, 1, 1, 1)
-        return 0.3 * x + c * torch.cos(t / 100).view(-1, 1, 1, 1) + context[:, :1, :1, None]
+        eps = 0.3 * x + c * torch.cos(t / 100).view(-1, 1, 1, 1) + context[:, :1, :1, None]
+        return eps if return_dict else (eps,)
 
 
 def test_guided_eps_formula() -> None:
@@ -190,9 +192,9 @@ def test_sampling_with_guidance_matches_manual_guidance() -> None:
     model = ContextEps()
 
     def manual(s):
-        def eps(x, t, context=None):
+        def eps(x, t, context=None, return_dict=True):
             c, u = model(x, t, context=context), model(x, t, context=uncond.expand_as(context))
-            return c + s * (c - u)
+            return c + s * (c - u) if return_dict else (c + s * (c - u),)
         return eps
 
     for s in (0.0, 1.0):
@@ -213,8 +215,9 @@ class ScaledTanhEps(nn.Module):
         super().__init__()
         self.c = c
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, context=None) -> torch.Tensor:
-        return self.c * torch.tanh(x) * (1 + t.view(-1, 1, 1, 1) / 1000)
+    def forward(self, x: torch.Tensor, t: torch.Tensor, context=None, return_dict=True):
+        eps = self.c * torch.tanh(x) * (1 + t.view(-1, 1, 1, 1) / 1000)
+        return eps if return_dict else (eps,)
 
 
 def test_autoguidance_extrapolates_away_from_the_weaker_model() -> None:
@@ -311,7 +314,8 @@ def test_batched_guidance_equals_two_passes_of_real_model() -> None:
     x, t = torch.randn(3, 3, 8, 8, generator=g), torch.tensor([1.0, 400.0, 999.0])
     context, uncond = torch.randn(3, 4, 16, generator=g), torch.randn(4, 16, generator=g)
     with torch.no_grad():
-        c, u = model(x, t, context=context), model(x, t, context=uncond.expand(3, 4, 16))
+        c, u = (model(x, t, context=context).sample,
+                model(x, t, context=uncond.expand(3, 4, 16)).sample)
         got = guided_eps(model, x, t, context=context, uncond_context=uncond, cfg_scale=1.0)
     torch.testing.assert_close(got, 2 * c - u, atol=1e-5, rtol=1e-5)
 
@@ -328,10 +332,11 @@ class Tamed(nn.Module):
         super().__init__()
         self.net = net
 
-    def forward(self, x, t, context=None):
+    def forward(self, x, t, context=None, return_dict=True):
         ab = alpha_bar_of_net_time("vp_continuous", t).float().view(-1, 1, 1, 1)
         exact = (1 - ab).sqrt() * x / (0.25 * ab + 1 - ab)
-        return exact + 0.02 * self.net(x, t)
+        eps = exact + 0.02 * self.net(x, t).sample
+        return eps if return_dict else (eps,)
 
 
 @pytest.mark.parametrize("scheduler", ["dpm_solver++", "dpm_solver++_fast_time_uniform",

@@ -30,12 +30,13 @@ class TamedLabels(nn.Module):
         self.net = net
         self.batches: list[int] | None = [] if record else None
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, return_dict=True):
         if self.batches is not None:
             self.batches.append(x.shape[0])
         ab = alpha_bar_of_net_time("vp_continuous", t).float().view(-1, 1, 1, 1)
         exact = (1 - ab).sqrt() * x / (0.25 * ab + 1 - ab)
-        return exact + 0.05 * self.net(x, t, y=y)
+        eps = exact + 0.05 * self.net(x, t, y=y, return_dict=False)[0]
+        return eps if return_dict else (eps,)
 
 
 def labelled_config(**sample: object) -> Config:
@@ -112,12 +113,12 @@ def test_batched_guidance_equals_the_unbatched_formula() -> None:
     y = torch.tensor([0, 2, 1])
     diffusion = Diffusion(cfg.diffusion)
 
-    def unbatched(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    def unbatched(x: torch.Tensor, t: torch.Tensor, return_dict=True):
         def guided(net: TamedLabels) -> torch.Tensor:
             c, u = net(x, t, y=y), net(x, t, y=torch.full_like(y, null))
             return c + s * (c - u)
         g, b = guided(model), guided(guide)
-        return g + a * (g - b)
+        return g + a * (g - b) if return_dict else (g + a * (g - b),)
 
     kw = {"scheduler": "dpm_solver++", "steps": 4}
     want = sample_images(unbatched, diffusion, noise, **kw)

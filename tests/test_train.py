@@ -165,9 +165,10 @@ class RecordingModel(torch.nn.Module):
         self.w = torch.nn.Parameter(torch.tensor(0.5))
         self.calls: list[dict] = []
 
-    def forward(self, x, t, context=None):
+    def forward(self, x, t, context=None, return_dict=True):
         self.calls.append({"x": x, "t": t, "context": context})
-        return self.w * x + 1e-3 * t.view(-1, 1, 1, 1)
+        eps = self.w * x + 1e-3 * t.view(-1, 1, 1, 1)
+        return eps if return_dict else (eps,)
 
 
 def test_diffusion_loss_is_noise_mse_with_caption_dropping():
@@ -206,9 +207,9 @@ class LabelRecordingModel(torch.nn.Module):
         super().__init__()
         self.labels: list[torch.Tensor] = []
 
-    def forward(self, x, t, y=None):
+    def forward(self, x, t, y=None, return_dict=True):
         self.labels.append(y)
-        return 0.5 * x
+        return 0.5 * x if return_dict else (0.5 * x,)
 
 
 def test_class_labels_are_dropped_to_the_null_class():

@@ -118,7 +118,8 @@ def _record_levels(model: nn.Module, levels: list, layout: TokenLayout,
                     recorder.batch_start = start
                     model(x_t[part].to(device), net_t[part].to(device),
                           context=None if contexts is None else contexts[part].to(device),
-                          y=None if labels is None else labels[part].to(device))
+                          y=None if labels is None else labels[part].to(device),
+                          return_dict=False)
                 per_level.append(recorder.means())
     finally:
         model.train(was_training)
@@ -257,6 +258,21 @@ def load_models(cfg: Config, checkpoints: dict[str, str | Path],
             say(f"{label}: {note}")
         models[label] = load_model(model_cfg, path, device)
     return models
+
+
+def checkpoints_config(cfg: Config, checkpoints: dict[str, str | Path],
+                       choice: ModelChoice | None = None) -> Config:
+    """`cfg` with the diffusion settings the checkpoints were trained under (stored with
+    them, `resolve_model`), which the noise levels follow; checkpoints trained under
+    different ones are refused (the models see the same noised inputs)."""
+    schedules = {label: resolve_model(cfg, path, choice).applied(cfg).diffusion
+                 for label, path in checkpoints.items()}
+    (first, diffusion), *others = schedules.items()
+    for label, other in others:
+        if other != diffusion:
+            raise ValueError(f"checkpoints {first!r} and {label!r} were trained under different "
+                             f"diffusion settings ({diffusion} vs {other}); analyze them apart")
+    return dataclasses.replace(cfg, diffusion=diffusion)
 
 
 def load_inputs(cfg: Config, num_images: int, split: str = "test",

@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # torch and the models: once the arguments and the config are checked
     from uvic.analysis import analyze, load_inputs, load_models, save_figures
+    from uvic.analysis.core import checkpoints_config
     from uvic.files import write_json
     from uvic.run.architecture import ModelChoice
     from uvic.run.weights import CheckpointError
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         choice = ModelChoice.from_overrides(args.set, args.model_from_config, args.config)
         models = load_models(cfg, checkpoints, attention, device=args.device, choice=choice,
                              say=print)
+        cfg = checkpoints_config(cfg, checkpoints, choice)  # their noise schedule
         images, contexts = load_inputs(cfg, args.num_images, args.split, args.seed)
         result = analyze(models, cfg, images, contexts, timesteps=args.timestep,
                          num_levels=args.levels, queries=args.query,

@@ -53,9 +53,10 @@ def add_config_options(parser: argparse.ArgumentParser, *, model_from_config: bo
     add_set_option(parser)
     if model_from_config:
         parser.add_argument("--model-from-config", action="store_true",
-                            help="build the model of every checkpoint as --config and --set "
-                            "say, not as the model config stored with it (e.g. to run a "
-                            "checkpoint under another attention pattern)")
+                            help="build the model of every checkpoint, and sample it with the "
+                            "diffusion settings, as --config and --set say, not as stored "
+                            "with it (e.g. to run a checkpoint under another attention "
+                            "pattern)")
 
 
 def startup_config(path: str | None, overrides: Sequence[str], *,

@@ -18,6 +18,7 @@ per sample (`min_snr_gamma`, off in the paper configs).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -28,6 +29,18 @@ from torch import Tensor, nn
 
 from uvic.config import DiffusionConfig
 from uvic.config.diffusion import check_diffusion
+
+# The DiffusionConfig fields only one schedule reads (the other schedule ignores them).
+SCHEDULE_FIELDS = {"vp_continuous": ("beta_min", "beta_max"),
+                   "scaled_linear": ("beta_start", "beta_end")}
+
+
+def schedule_settings(cfg: DiffusionConfig) -> dict[str, Any]:
+    """The settings of `cfg` that apply to its schedule (what an export records): every
+    field but those of the other schedules (the objective's included)."""
+    other = {name for schedule, names in SCHEDULE_FIELDS.items() if schedule != cfg.schedule
+             for name in names}
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in other}
 
 
 class Diffusion:
@@ -71,7 +84,11 @@ class Diffusion:
         if self.cfg.schedule == "vp_continuous":
             alpha_bar = self.alphas_cumprod()
             previous = torch.cat([torch.ones(1, dtype=torch.float64), alpha_bar[:-1]])
-            kwargs["trained_betas"] = (1.0 - alpha_bar / previous).tolist()
+            # the exact table; the linear schedule it discretizes, beta(t) / T, is recorded
+            # alongside (schedulers read trained_betas only, when it is given)
+            kwargs.update(trained_betas=(1.0 - alpha_bar / previous).tolist(),
+                          beta_schedule="linear", beta_start=self.cfg.beta_min / self.num_timesteps,
+                          beta_end=self.cfg.beta_max / self.num_timesteps)
         else:
             kwargs.update(
                 beta_schedule="scaled_linear",
@@ -162,7 +179,7 @@ def diffusion_loss(
             y = torch.where(drop, torch.full_like(y, null_class), y)
         kwargs["y"] = y
     x_t, net_t, noise = diffusion.training_inputs(x0, generator)
-    pred = model(x_t, net_t, **kwargs)
+    pred = model(x_t, net_t, return_dict=False, **kwargs)[0]  # diffusers' cheap form
     gamma = diffusion.cfg.min_snr_gamma
     if gamma <= 0:
         return F.mse_loss(pred.float(), noise.float())

@@ -32,7 +32,6 @@ are kept) and split over any number of processes (Accelerate) with identical res
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.metadata as md
 import json
 import os
@@ -286,7 +285,7 @@ def _job(cfg: Config, ckpt_path: str | Path, n: int | None, out_json: str | Path
     resolved = resolve_model(cfg, ckpt_path, choice)
     if say is not None:
         say(resolved.note)
-    cfg = dataclasses.replace(cfg, model=resolved.model)  # what the samples come from
+    cfg = resolved.applied(cfg)  # what the samples come from: its model and schedule
     stem = f"{cfg.name}_{ckpt_path.parent.name}_{ckpt_path.stem}"
     out_json = Path(out_json) if out_json is not None else Path("runs/fid") / f"{stem}.json"
     samples_dir = (Path(samples_dir) if samples_dir is not None

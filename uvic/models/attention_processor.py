@@ -10,6 +10,10 @@ mode instead of ``scaled_dot_product_attention``.  The kernel is differentiable,
 model with these processors trains as it is; on a CPU it runs the kernel's PyTorch
 implementation.
 
+The same processors run the blocks of uvic's own ``UViT`` (its attention module has one
+fused ``qkv`` projection: ``uvic.models.uvit_attention``), so a mode is one processor
+everywhere; ``kernel_processor(mode)`` gives the processor of any kernel mode.
+
 ``set_cog_attention(model)`` puts a processor on every ``Attention`` module of a model,
 or on those of chosen transformer blocks (``keep_softmax="first_last"`` leaves the first
 and the last block as they are, as U-ViC keeps softmax there).  DiT has no
@@ -56,16 +60,25 @@ class KernelAttnProcessor:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(mode={self.mode!r}, backend={self.backend!r})"
 
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               scale: float | None = None) -> torch.Tensor:
+        """The attention op on (B, H, N, D) heads: the kernel in this mode and backend."""
+        return uvic_kernels.attention(q, k, v, mode=self.mode, scale=scale, backend=self.backend)
+
     def __call__(
         self,
-        attn: Attention,
+        attn: nn.Module,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         temb: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of ``attn`` over ``hidden_states`` (self-attention) or, given
-        ``encoder_hidden_states``, from them (cross-attention; any key length)."""
+        ``encoder_hidden_states``, from them (cross-attention; any key length).
+        A module that is not diffusers' ``Attention`` (U-ViT's, with a fused ``qkv``)
+        runs its own ``fused_attention`` with this processor."""
+        if not isinstance(attn, Attention):
+            return attn.fused_attention(hidden_states, self)
         if attention_mask is not None:
             raise ValueError(
                 f"{type(self).__name__}: attention masks are not supported (the fused kernel "
@@ -103,7 +116,7 @@ class KernelAttnProcessor:
         if attn.norm_k is not None:
             key = attn.norm_k(key)
 
-        hidden_states = uvic_kernels.attention(query, key, value, self.mode, backend=self.backend)
+        hidden_states = self.attend(query, key, value)
         hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
         hidden_states = hidden_states.to(query.dtype)
 
@@ -143,6 +156,13 @@ PROCESSORS: dict[str, type[KernelAttnProcessor]] = {
     "expressive": ExpressiveAttnProcessor,
     "softmax": SoftmaxAttnProcessor,
 }
+
+
+def kernel_processor(mode: str, backend: str | None = None) -> KernelAttnProcessor:
+    """The processor of a kernel mode: its class in ``PROCESSORS``, else a
+    ``KernelAttnProcessor(mode)`` (any mode the kernel runs has one)."""
+    named = PROCESSORS.get(mode)
+    return named(backend) if named is not None else KernelAttnProcessor(mode, backend)
 
 
 def transformer_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -225,7 +245,7 @@ def set_cog_attention(
     if mode not in PROCESSORS:
         raise ValueError(
             f"set_cog_attention: mode must be one of {tuple(PROCESSORS)}, got {mode!r}")
-    processor = PROCESSORS[mode](backend)
+    processor = kernel_processor(mode, backend)
     chosen = _chosen_blocks(model, blocks, keep_softmax)
     targets = {
         name: module for name, module in model.named_modules()

@@ -13,7 +13,10 @@ and U-ViC weights are interchangeable (only each block's `attn.mode` differs).
 
 Differences from the release, on purpose:
 * Attention goes through `uvic_kernels.attention` (fused Triton kernel or PyTorch),
-  with the per-block mode "softmax" or "cog".
+  with a per-block mode ("softmax", "cog", ...) held by the block's attention processor
+  (diffusers' interface: `attn_processors`, `set_attn_processor`; `uvit_attention`).
+* `forward` follows diffusers' models: it returns a `Transformer2DModelOutput` (`.sample`),
+  or the tuple `(sample,)` with `return_dict=False` (what uvic's own callers use).
 * Under autocast, q/k/v stay in the autocast dtype (fp16/bf16); the release casts them
   to float32 before its softmax attention. The kernels accumulate in float32 anyway.
 * Gradient checkpointing uses `torch.utils.checkpoint` with use_reentrant=False.
@@ -33,19 +36,19 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from timm.layers import Mlp
 from torch import Tensor, nn
 
-import uvic_kernels
 from uvic.config import Config, ModelConfig
 from uvic.config.models import (
-    ATTENTION_MODES,
     check_arch,
     check_backend_fits,
     kernel_backend,
     resolve_attention,
 )
+from uvic.models.uvit_attention import Attention, ProcessorsMixin
 
 
 def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
@@ -78,39 +81,6 @@ class PatchEmbed(nn.Module):
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
-class Attention(nn.Module):
-    """Multi-head self-attention whose weights are softmax or Cog (`mode`).
-
-    (B, N, D) -> qkv (B, N, 3D) -> q, k, v (B, h, N, D/h) -> kernel -> (B, N, D) -> proj.
-    """
-
-    def __init__(
-        self, dim: int, num_heads: int, qkv_bias: bool = False, mode: str = "softmax",
-        backend: str | None = None,
-    ) -> None:
-        super().__init__()
-        if mode not in ATTENTION_MODES:
-            raise ValueError(f"attention mode {mode!r} is not one of {ATTENTION_MODES}")
-        self.num_heads = num_heads
-        self.scale = (dim // num_heads) ** -0.5
-        self.mode = mode
-        self.backend = backend  # None: the kernel picks (Triton on CUDA, else PyTorch)
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        qkv = self.qkv(x)
-        # Non-contiguous (B, h, N, D/h) views; the kernel accepts strided inputs.
-        q, k, v = einops.rearrange(qkv, "B N (K h d) -> K B h N d", K=3, h=self.num_heads)
-        out = uvic_kernels.attention(q, k, v, mode=self.mode, scale=self.scale,
-                                     backend=self.backend)
-        out = einops.rearrange(out, "B h N d -> B N (h d)")
-        return self.proj(out)
-
-    def extra_repr(self) -> str:
-        return f"mode={self.mode!r}, num_heads={self.num_heads}, backend={self.backend!r}"
-
-
 class Block(nn.Module):
     """Pre-LN transformer block; out-blocks first merge the long skip with Linear(2D, D)."""
 
@@ -135,7 +105,7 @@ class Block(nn.Module):
         return x
 
 
-class UViT(ModelMixin, ConfigMixin):
+class UViT(ModelMixin, ConfigMixin, ProcessorsMixin):
     """U-ViT / U-ViC noise predictor: forward(x, t, context=None, y=None) -> eps like x.
 
     Token layout: unconditional [time, patches]; class-conditional [label, time, patches];
@@ -145,7 +115,10 @@ class UViT(ModelMixin, ConfigMixin):
     A diffusers model (`ModelMixin`, `ConfigMixin`): the constructor's arguments, which are
     `uvic.config.ModelConfig`'s fields, are its config, so `save_pretrained(folder)` writes
     config.json (the per-block attention included) and safetensors weights, and
-    `UViT.from_pretrained(folder)` rebuilds it (`uvic.pipelines` has the pipeline).
+    `UViT.from_pretrained(folder)` rebuilds it (`uvic.pipelines` has the pipeline). As
+    diffusers' models, `forward` returns a `Transformer2DModelOutput` (`.sample`), or
+    `(sample,)` with `return_dict=False`, and the blocks' attention processors are
+    `attn_processors` / `set_attn_processor` (`uvic.models.uvit_attention`).
     """
 
     _supports_gradient_checkpointing = True  # diffusers' enable_gradient_checkpointing()
@@ -223,29 +196,6 @@ class UViT(ModelMixin, ConfigMixin):
         return [*self.in_blocks, self.mid_block, *self.out_blocks]
 
     @property
-    def attention_modes(self) -> list[str]:
-        """Current per-block attention modes (depth + 1 entries)."""
-        return [blk.attn.mode for blk in self.blocks()]
-
-    def set_attention(self, spec: str | Sequence[str], backend: str | None = None) -> None:
-        """Switch the per-block pattern in place (e.g. load U-ViT weights, run as U-ViC).
-
-        `backend`, if given, is "auto", "triton" or "torch" and is set on every block.
-        """
-        modes = resolve_attention(spec, self.depth)
-        kernel = (self.blocks()[0].attn.backend if backend is None
-                  else kernel_backend(backend, label="attention backend "))
-        check_backend_fits(kernel, modes)
-        for blk, mode in zip(self.blocks(), modes):
-            blk.attn.mode = mode
-            if backend is not None:
-                blk.attn.backend = kernel
-        # the diffusers config (save_pretrained) records the pattern the model now runs
-        self.register_to_config(attention=spec if isinstance(spec, str) else modes)
-        if backend is not None:
-            self.register_to_config(attention_backend=backend)
-
-    @property
     def gradient_checkpointing(self) -> bool:
         """diffusers' name for `grad_checkpointing` (its enable_gradient_checkpointing())."""
         return self.grad_checkpointing
@@ -263,10 +213,11 @@ class UViT(ModelMixin, ConfigMixin):
 
     def forward(
         self, x: Tensor, t: Tensor | float, context: Tensor | None = None,
-        y: Tensor | None = None,
-    ) -> Tensor:
+        y: Tensor | None = None, return_dict: bool = True,
+    ) -> Transformer2DModelOutput | tuple[Tensor]:
         """x (B, C, H, W), t (B,) or scalar network time, context (B, 77, clip_dim),
-        y (B,) class ids -> predicted noise (B, C, H, W)."""
+        y (B,) class ids -> predicted noise (B, C, H, W): `.sample` of the output, or
+        `[0]` of the tuple given with `return_dict=False`."""
         B = self._check_inputs(x, context, y)
         t = torch.as_tensor(t, device=x.device)
         if t.dim() == 0:
@@ -299,7 +250,8 @@ class UViT(ModelMixin, ConfigMixin):
             h, "B (hh ww) (p1 p2 C) -> B C (hh p1) (ww p2)",
             hh=self.img_size // self.patch_size, p1=self.patch_size, p2=self.patch_size,
         )
-        return self.final_layer(img)
+        out = self.final_layer(img)
+        return Transformer2DModelOutput(sample=out) if return_dict else (out,)
 
     def _run(self, blk: Block, h: Tensor, skip: Tensor | None = None) -> Tensor:
         if self.grad_checkpointing and self.training and torch.is_grad_enabled():

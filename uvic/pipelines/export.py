@@ -36,7 +36,7 @@ from uvic.config.diffusion import RELEASE_FAST
 from uvic.config.sampling import effective_cfg_scale
 from uvic.config.validation import validate
 from uvic.diffusion.samplers import make_scheduler
-from uvic.diffusion.schedule import Diffusion
+from uvic.diffusion.schedule import Diffusion, schedule_settings
 from uvic.models.autoencoder import load_vae
 from uvic.models.uvit import UViT
 from uvic.pipelines.pipeline_uvit import UViTPipeline
@@ -105,7 +105,8 @@ def build_pipeline(cfg: Config, model: UViT, vae=None, null_class: int | None = 
     text = cfg.model.clip_dim > 0
     pipe = UViTPipeline(
         transformer=model, scheduler=scheduler, vae=vae if is_latent(cfg) else None,
-        diffusion=dataclasses.asdict(cfg.diffusion), scale_factor=cfg.data.scale_factor,
+        diffusion=schedule_settings(cfg.diffusion),
+        scale_factor=cfg.data.scale_factor if is_latent(cfg) else None,
         clip_model=_portable(cfg.data.clip_model) if text else None,
         clip_pretrained=_portable(cfg.data.clip_pretrained) if text else None,
         cfg_scale=effective_cfg_scale(cfg), null_class=null_class)
@@ -142,7 +143,7 @@ def export(
     model = load_model(runtime, weights)
     if say is not None:
         say(resolved.note)
-    pipe, note = build_pipeline(dataclasses.replace(cfg, model=runtime), model,
+    pipe, note = build_pipeline(dataclasses.replace(resolved.applied(cfg), model=runtime), model,
                                 null_class=null_class)
     tmp = out.with_name(f".{out.name}.tmp")
     if tmp.exists():

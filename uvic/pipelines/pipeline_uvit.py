@@ -22,6 +22,10 @@ guidance of `guided_eps`, and `uvic.diffusion.samplers.run_sampler`, which steps
 images are `uvic-sample`'s (`generator=uvic.sampling.noise.sample_generators(seed,
 range(n))` draws `uvic-sample --seed seed`'s noise).
 
+`DiffusionPipeline.from_pretrained(folder)` loads a saved pipeline too (diffusers'
+custom-pipeline mechanism: `uvic.pipelines.conventions`), and `callback_on_step_end` is
+diffusers'.
+
 Conventions (`uvic.diffusion.schedule`): the network's time input is not the scheduler's
 timestep k but 999 (k + 1) / 1000 for the continuous VP schedule (CIFAR-10) and k + 1 for
 the scaled-linear one (MS-COCO); `Diffusion.net_time` converts. Guidance: the release
@@ -47,6 +51,7 @@ from uvic.diffusion.samplers import model_calls
 from uvic.diffusion.schedule import Diffusion
 from uvic.models.autoencoder import SCALE_FACTOR
 from uvic.models.uvit import UViT
+from uvic.pipelines import conventions
 from uvic.sampling.assets import model_to_pixels
 from uvic.sampling.generate import sample_images
 from uvic.sampling.images import to_uint8
@@ -63,7 +68,8 @@ class UViTPipeline(DiffusionPipeline):
         scheduler: a diffusers scheduler built with the model's noise schedule.
         vae: the autoencoder that decodes latents (latent models only).
         diffusion: uvic's DiffusionConfig as a dict (the schedule and its time input).
-        scale_factor: latents are `scale_factor` times the VAE's (the release's 0.23010).
+        scale_factor: latents are `scale_factor` times the VAE's (the release's 0.23010);
+            None for pixel models.
         clip_model, clip_pretrained: the open_clip text encoder of text-to-image models
             (`uvic.models.text_encoder.load_open_clip`'s arguments).
         cfg_scale: default guidance s of `eps = c + s (c - u)`; None: the release's, 1.0
@@ -75,6 +81,7 @@ class UViTPipeline(DiffusionPipeline):
 
     model_cpu_offload_seq = "transformer->vae"
     _optional_components: ClassVar[list[str]] = ["vae"]
+    _callback_tensor_inputs: ClassVar[list[str]] = conventions.CALLBACK_TENSOR_INPUTS
 
     def __init__(
         self,
@@ -82,7 +89,7 @@ class UViTPipeline(DiffusionPipeline):
         scheduler: SchedulerMixin,
         vae: AutoencoderKL | None = None,
         diffusion: dict[str, Any] | None = None,
-        scale_factor: float = SCALE_FACTOR,
+        scale_factor: float | None = SCALE_FACTOR,
         clip_model: str | None = None,
         clip_pretrained: str | None = None,
         cfg_scale: float | None = None,
@@ -108,6 +115,21 @@ class UViTPipeline(DiffusionPipeline):
                                 clip_model=clip_model, clip_pretrained=clip_pretrained,
                                 cfg_scale=cfg_scale, null_class=null_class)
         self._text_encoder = text_encoder
+
+    def save_pretrained(self, save_directory: str, *args: Any, push_to_hub: bool = False,
+                        **kwargs: Any) -> None:
+        """diffusers' `save_pretrained`, plus the entry module that lets
+        `DiffusionPipeline.from_pretrained` load the folder (`conventions.write_entry`)."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        conventions.write_entry(save_directory, type(self).__name__)
+        if push_to_hub:  # after the entry is written: the Hub gets it too
+            conventions.push_folder(self, save_directory, **kwargs)
+
+    @classmethod
+    def _dict_from_json_file(cls, json_file: str) -> dict[str, Any]:
+        """A config as diffusers reads it; loaded by this class itself, a saved folder's
+        [module, class] `_class_name` is this class (no entry module is run)."""
+        return conventions.class_named(super()._dict_from_json_file(json_file), cls.__name__)
 
     # ------------------------------------------------------------------ text
 
@@ -170,6 +192,8 @@ class UViTPipeline(DiffusionPipeline):
         negative_prompt_embeds: torch.Tensor | None = None,
         output_type: str = "pil",
         return_dict: bool = True,
+        callback_on_step_end: Any = None,
+        callback_on_step_end_tensor_inputs: list[str] | None = None,
     ) -> ImagePipelineOutput | tuple:
         """Generate images.
 
@@ -197,14 +221,12 @@ class UViTPipeline(DiffusionPipeline):
             output_type: "pil" (PIL images), "np" (float (n, H, W, 3) in [0, 1]), "pt"
                 (float (n, 3, H, W) in [0, 1]) or "latent" (model-space samples, undecoded).
             return_dict: an `ImagePipelineOutput`, else a tuple `(images,)`.
+            callback_on_step_end, callback_on_step_end_tensor_inputs: diffusers' step
+                callback `f(pipe, i, t, {"latents": x})`, whose returned "latents" the
+                loop continues from (with a diffusers scheduler; `conventions`).
         """
         device = self._execution_device
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"output_type={output_type!r}: choose one of {OUTPUT_TYPES}")
-        if num_inference_steps < 1:
-            raise ValueError(f"num_inference_steps={num_inference_steps} must be >= 1")
-        if num_images_per_prompt < 1:
-            raise ValueError(f"num_images_per_prompt={num_images_per_prompt} must be >= 1")
+        _check_counts(output_type, num_inference_steps, num_images_per_prompt)
         cond = self._conditioning(prompt, negative_prompt, class_labels, num_images_per_prompt,
                                   batch_size, prompt_embeds, negative_prompt_embeds, device)
         n = cond.pop("n")
@@ -215,7 +237,9 @@ class UViTPipeline(DiffusionPipeline):
         noise = self._initial_noise(n, (m.in_chans, m.img_size, m.img_size), generator,
                                     latents, device)
 
-        scheduler = self.scheduler if sampler is None else self._named(sampler)
+        scheduler = conventions.with_callback(
+            self, self.scheduler if sampler is None else self._named(sampler), order,
+            num_inference_steps, callback_on_step_end, callback_on_step_end_tensor_inputs)
         calls = model_calls(self.diffusion, scheduler, num_inference_steps, order)
         precision = (torch.autocast(device.type, dtype=self.transformer.dtype)
                      if self.transformer.dtype != torch.float32 else contextlib.nullcontext())
@@ -364,3 +388,12 @@ class UViTPipeline(DiffusionPipeline):
                                  "nor a diffusers scheduler class name") from None
         return sampler
 
+
+def _check_counts(output_type: str, steps: int, per: int) -> None:
+    """`__call__`'s output type, steps and images per prompt, before any work."""
+    if output_type not in OUTPUT_TYPES:
+        raise ValueError(f"output_type={output_type!r}: choose one of {OUTPUT_TYPES}")
+    if steps < 1:
+        raise ValueError(f"num_inference_steps={steps} must be >= 1")
+    if per < 1:
+        raise ValueError(f"num_images_per_prompt={per} must be >= 1")

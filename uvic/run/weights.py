@@ -13,6 +13,7 @@ folders of a run: `uvic.run.folder`.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,6 +210,24 @@ def save_safetensors(
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     with atomic_write(path) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
+        if meta is not None and len(meta) > 1:
+            _sort_metadata(Path(tmp))
+
+
+def _sort_metadata(path: Path) -> None:
+    """Rewrite the file's header with its metadata keys sorted. safetensors writes the
+    metadata in hash order, which differs from process to process: without this, the same
+    weights and metadata would give files of different bytes (and SHA-256). The header
+    keeps its length (the same JSON, reordered), the tensors are not touched."""
+    with open(path, "r+b") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > size:  # not the same JSON text: leave the file as written
+            return
+        f.seek(8)
+        f.write(text.ljust(size, b" "))
 
 
 def _listing(names: list[str]) -> str:

@@ -33,9 +33,11 @@ class CudaGraphSafe(nn.Module):
         super().__init__()
         self.compiled = compiled
 
-    def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor | bool | None
+                ) -> tuple[torch.Tensor, ...]:
+        """The compiled model's `(sample,)` (called with `return_dict=False`), copied."""
         torch.compiler.cudagraph_mark_step_begin()
-        return self.compiled(*args, **kwargs).clone()
+        return tuple(out.clone() for out in self.compiled(*args, **kwargs))
 
 
 def compile_network(model: nn.Module, mode: str = "off") -> nn.Module:

@@ -173,7 +173,7 @@ def sample_to_folder(
     out = Path(out)
     labels, resolved = _resolved(cfg, ckpts, labels, choice)
     given = cfg
-    cfg = dataclasses.replace(cfg, model=next(iter(resolved.values())).model)  # the inputs
+    cfg = next(iter(resolved.values())).applied(cfg)  # the inputs
     check_guidance(cfg, guidance_option)
     say = say if state.is_main_process else None
     assets, shown = _assets(cfg, n, nrow, prompts_file, device, class_labels, say)
@@ -184,7 +184,7 @@ def sample_to_folder(
         if say is not None:
             say(f"{label}: {resolved[label].note}")
         samples = sample_checkpoint(
-            dataclasses.replace(cfg, model=resolved[label].model), ckpt, mine, seed=seed,
+            resolved[label].applied(cfg), ckpt, mine, seed=seed,
             device=device, precision=precision, assets=assets, **shown.inputs(),
             progress=progress and state.is_main_process, choice=choice, say=say)
         images = _gathered(samples, state.is_main_process)
@@ -199,7 +199,8 @@ def sample_to_folder(
         write_json(out / "sample_config.json", {
             "config": to_dict(given),
             "checkpoints": {label: str(c) for label, c in zip(labels, ckpts)},
-            "models": {label: {"source": r.source, "model": dataclasses.asdict(r.model)}
+            "models": {label: {"source": r.source, "model": dataclasses.asdict(r.model),
+                               "diffusion": dataclasses.asdict(r.applied(given).diffusion)}
                        for label, r in resolved.items()},
             **shown.record(), "seed": seed, "precision": precision,
             "guidance": effective_cfg_scale(cfg),

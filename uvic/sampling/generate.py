@@ -76,14 +76,16 @@ def guided_eps(
     (B, L, D), the empty-prompt context. A class-conditional model is guided the same way
     with class ids y (B,) against the null class `uncond_y` (an id or (B,) ids; the
     release's ImageNet models use the last id).
+    `model` is called as diffusers' models are, `model(x, t, ..., return_dict=False)[0]`
+    (the plain tuple: no output object per call).
     """
     if context is None and y is None:
         if cfg_scale != 0.0:
             raise ValueError(f"cfg_scale={cfg_scale} needs a context (the model is unconditional)")
-        return model(x, t)
+        return model(x, t, return_dict=False)[0]
     key, cond = ("context", context) if context is not None else ("y", y)
     if cfg_scale == 0.0:
-        return model(x, t, **{key: cond})
+        return model(x, t, return_dict=False, **{key: cond})[0]
     if key == "context":
         if uncond_context is None:
             raise ValueError(f"cfg_scale={cfg_scale} needs uncond_context (the empty-prompt "
@@ -94,7 +96,8 @@ def guided_eps(
         if uncond_y is None:
             raise ValueError(f"cfg_scale={cfg_scale} needs uncond_y (the null class)")
         uncond = torch.as_tensor(uncond_y, device=y.device, dtype=y.dtype).expand(x.shape[0])
-    out = model(torch.cat([x, x]), torch.cat([t, t]), **{key: torch.cat([cond, uncond])})
+    out = model(torch.cat([x, x]), torch.cat([t, t]), return_dict=False,
+                **{key: torch.cat([cond, uncond])})[0]
     cond, unc = out.chunk(2)
     return cond + cfg_scale * (cond - unc)
 

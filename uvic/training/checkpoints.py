@@ -158,8 +158,9 @@ def _write_checkpoint(acc: Accelerator, run: RunFolder, cfg: Config, tmp: Path, 
     acc.save_state(str(tmp))  # model, optimizer, LR schedule, scaler, RNG states, EMA
     acc.wait_for_everyone()
     if acc.is_main_process:
-        # the EMA files carry the model config: a copy out of the run still knows it
-        metadata = model_metadata(cfg.model)
+        # the EMA files carry the model config and the diffusion settings (schedule,
+        # objective): a copy out of the run still knows them
+        metadata = model_metadata(cfg.model, cfg.diffusion)
         save_safetensors(ema_model, tmp / RunFolder.EMA, metadata=metadata)
         recorded_cfg, resumes = recorded
         save_run_config(recorded_cfg, tmp / RunFolder.CONFIG, resumes)
