@@ -618,3 +618,22 @@ def test_sdpa_backend_runs_softmax_blocks_and_refuses_cog() -> None:
         model.set_attention("uvic")
     with pytest.raises(ValueError, match=r"attention_backend='sdpa'.*'cog'"):
         tiny("uncond", attention="uvic", attention_backend="sdpa")
+
+
+def test_the_models_settings_are_one_list() -> None:
+    """ModelConfig's fields are UViT's signature (names, defaults, keyword-only) and the
+    config diffusers records; an unknown setting is refused by name (issue 31)."""
+    import dataclasses
+    import inspect
+
+    from uvic.config import ModelConfig
+
+    fields = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    parameters = list(inspect.signature(UViT.__init__).parameters.values())[1:]
+    assert {p.name: p.default for p in parameters} == fields
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters)
+    model = UViT(img_size=8, patch_size=2, embed_dim=16, depth=2, num_heads=2)
+    assert {k: v for k, v in model.config.items() if not k.startswith("_")} == {
+        **fields, "img_size": 8, "patch_size": 2, "embed_dim": 16, "depth": 2, "num_heads": 2}
+    with pytest.raises(TypeError, match="embed_dims"):
+        UViT(embed_dims=16)

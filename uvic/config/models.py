@@ -50,9 +50,7 @@ def size_overrides(name: str) -> list[str]:
 
 def check_model(model: ModelConfig) -> None:
     """The rules on `model.*` values (those `UViT` applies to its arguments)."""
-    check_arch(model.img_size, model.patch_size, model.embed_dim, model.depth,
-               model.num_heads, model.num_classes, model.clip_dim, model.num_clip_token,
-               model.pos_embed_init)
+    check_arch(model)
     backend = kernel_backend(model.attention_backend)
     check_backend_fits(backend, resolve_attention(model.attention, model.depth))
 
@@ -126,29 +124,26 @@ def check_backend_fits(backend: str | None, modes: Sequence[str]) -> None:
             f"{', '.join(names[:-1])} or {names[-1]}")
 
 
-def check_arch(
-    img_size: int, patch_size: int, embed_dim: int, depth: int, num_heads: int,
-    num_classes: int, clip_dim: int, num_clip_token: int, pos_embed_init: str,
-) -> None:
+def check_arch(m: ModelConfig) -> None:
     """Sizes that fit together: patches tile the image, heads split the width, an even
     depth (in-blocks, mid-block, out-blocks), one kind of condition."""
-    if img_size % patch_size:
-        raise ConfigError(f"model.img_size={img_size} is not divisible by "
-                          f"model.patch_size={patch_size}")
-    if embed_dim % num_heads:
-        raise ConfigError(f"model.embed_dim={embed_dim} is not divisible by "
-                          f"model.num_heads={num_heads}")
-    if depth < 2 or depth % 2:
-        raise ConfigError(f"model.depth={depth} must be even and >= 2 "
+    if m.img_size % m.patch_size:
+        raise ConfigError(f"model.img_size={m.img_size} is not divisible by "
+                          f"model.patch_size={m.patch_size}")
+    if m.embed_dim % m.num_heads:
+        raise ConfigError(f"model.embed_dim={m.embed_dim} is not divisible by "
+                          f"model.num_heads={m.num_heads}")
+    if m.depth < 2 or m.depth % 2:
+        raise ConfigError(f"model.depth={m.depth} must be even and >= 2 "
                           "(depth/2 in-blocks + mid-block + depth/2 out-blocks)")
-    if num_classes > 0 and clip_dim > 0:
+    if m.num_classes > 0 and m.clip_dim > 0:
         raise ConfigError("model.num_classes and model.clip_dim are both set; U-ViT is either "
                           "class- or text-conditional")
-    if clip_dim > 0 and num_clip_token < 1:
-        raise ConfigError(f"model.num_clip_token={num_clip_token} must be >= 1")
-    if pos_embed_init not in POS_EMBED_INITS:
-        raise ConfigError(f"model.pos_embed_init={pos_embed_init!r}: choose one of "
+    if m.clip_dim > 0 and m.num_clip_token < 1:
+        raise ConfigError(f"model.num_clip_token={m.num_clip_token} must be >= 1")
+    if m.pos_embed_init not in POS_EMBED_INITS:
+        raise ConfigError(f"model.pos_embed_init={m.pos_embed_init!r}: choose one of "
                           f"{list(POS_EMBED_INITS)}")
-    if pos_embed_init == "sincos" and embed_dim % 4:
+    if m.pos_embed_init == "sincos" and m.embed_dim % 4:
         raise ConfigError(f"model.pos_embed_init='sincos' needs model.embed_dim divisible "
-                          f"by 4, got {embed_dim}")
+                          f"by 4, got {m.embed_dim}")

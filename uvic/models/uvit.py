@@ -28,8 +28,9 @@ E extra tokens (time, label or context), N = E + L tokens, D width, h heads.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
-from collections.abc import Sequence
+from typing import Any
 
 import einops
 import torch
@@ -42,12 +43,7 @@ from timm.layers import Mlp
 from torch import Tensor, nn
 
 from uvic.config import Config, ModelConfig
-from uvic.config.models import (
-    check_arch,
-    check_backend_fits,
-    kernel_backend,
-    resolve_attention,
-)
+from uvic.config.models import check_model, kernel_backend, resolve_attention
 from uvic.models.uvit_attention import Attention, ProcessorsMixin
 
 
@@ -105,6 +101,16 @@ class Block(nn.Module):
         return x
 
 
+def _fields_signature(config_class: type) -> inspect.Signature:
+    """`(self, *, field=default, ...)` for the fields of a dataclass: the constructor
+    signature diffusers' `register_to_config` and `from_pretrained` read."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    return inspect.Signature([
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        *(inspect.Parameter(f.name, keyword, default=f.default, annotation=f.type)
+          for f in dataclasses.fields(config_class))])
+
+
 class UViT(ModelMixin, ConfigMixin, ProcessorsMixin):
     """U-ViT / U-ViC noise predictor: forward(x, t, context=None, y=None) -> eps like x.
 
@@ -123,71 +129,57 @@ class UViT(ModelMixin, ConfigMixin, ProcessorsMixin):
 
     _supports_gradient_checkpointing = True  # diffusers' enable_gradient_checkpointing()
 
-    @register_to_config
-    def __init__(
-        self,
-        img_size: int = 32,
-        patch_size: int = 2,
-        in_chans: int = 3,
-        embed_dim: int = 512,
-        depth: int = 12,
-        num_heads: int = 8,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = False,
-        mlp_time_embed: bool = False,
-        num_classes: int = -1,
-        clip_dim: int = 0,
-        num_clip_token: int = 77,
-        conv: bool = True,
-        skip: bool = True,
-        attention: str | Sequence[str] = "uvit",
-        attention_backend: str = "auto",
-        grad_checkpointing: bool = False,
-        pos_embed_init: str = "normal",
-    ) -> None:
+    def __init__(self, **fields: Any) -> None:
+        """Build from `uvic.config.ModelConfig`'s fields, given by keyword (the others take
+        its defaults). That dataclass is the one list of the model's settings: this
+        signature is made from it (`_fields_signature`), diffusers records it as the
+        model's config, and `check_model` checks it."""
         super().__init__()
-        check_arch(img_size, patch_size, embed_dim, depth, num_heads, num_classes, clip_dim,
-                   num_clip_token, pos_embed_init)
-        backend = kernel_backend(attention_backend)
-        modes = resolve_attention(attention, depth)
-        check_backend_fits(backend, modes)
+        m = ModelConfig(**fields)  # an unknown keyword is a TypeError naming it
+        check_model(m)
+        backend, modes = kernel_backend(m.attention_backend), resolve_attention(m.attention,
+                                                                                m.depth)
+        self.img_size, self.patch_size, self.in_chans = m.img_size, m.patch_size, m.in_chans
+        self.embed_dim, self.depth = m.embed_dim, m.depth
+        self.num_classes, self.clip_dim = m.num_classes, m.clip_dim
+        self.num_clip_token, self.grad_checkpointing = m.num_clip_token, m.grad_checkpointing
+        dim, num_patches = m.embed_dim, (m.img_size // m.patch_size) ** 2
 
-        self.img_size, self.patch_size, self.in_chans = img_size, patch_size, in_chans
-        self.embed_dim, self.depth = embed_dim, depth
-        self.num_classes, self.clip_dim, self.num_clip_token = num_classes, clip_dim, num_clip_token
-        self.grad_checkpointing = grad_checkpointing
-        num_patches = (img_size // patch_size) ** 2
-
-        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
+        self.patch_embed = PatchEmbed(m.patch_size, m.in_chans, dim)
         self.time_embed = nn.Sequential(
-            nn.Linear(embed_dim, 4 * embed_dim), nn.SiLU(), nn.Linear(4 * embed_dim, embed_dim),
-        ) if mlp_time_embed else nn.Identity()
-        if num_classes > 0:
-            self.label_emb = nn.Embedding(num_classes, embed_dim)
-        if clip_dim > 0:
-            self.context_embed = nn.Linear(clip_dim, embed_dim)
-        self.extras = 1 + (1 if num_classes > 0 else 0) + (num_clip_token if clip_dim > 0 else 0)
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.extras + num_patches, embed_dim))
+            nn.Linear(dim, 4 * dim), nn.SiLU(), nn.Linear(4 * dim, dim),
+        ) if m.mlp_time_embed else nn.Identity()
+        if m.num_classes > 0:
+            self.label_emb = nn.Embedding(m.num_classes, dim)
+        if m.clip_dim > 0:
+            self.context_embed = nn.Linear(m.clip_dim, dim)
+        self.extras = 1 + (m.num_classes > 0) + (m.num_clip_token if m.clip_dim > 0 else 0)
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.extras + num_patches, dim))
 
         def block(i: int, skip_in: bool) -> Block:
-            return Block(embed_dim, num_heads, mlp_ratio, qkv_bias, skip=skip_in,
+            return Block(dim, m.num_heads, m.mlp_ratio, m.qkv_bias, skip=skip_in,
                          mode=modes[i], backend=backend)
 
-        half = depth // 2
+        half = m.depth // 2
         self.in_blocks = nn.ModuleList([block(i, False) for i in range(half)])
         self.mid_block = block(half, False)
-        self.out_blocks = nn.ModuleList([block(half + 1 + i, skip) for i in range(half)])
+        self.out_blocks = nn.ModuleList([block(half + 1 + i, m.skip) for i in range(half)])
 
-        self.norm = nn.LayerNorm(embed_dim)
-        self.decoder_pred = nn.Linear(embed_dim, patch_size**2 * in_chans)
-        self.final_layer = nn.Conv2d(in_chans, in_chans, 3, padding=1) if conv else nn.Identity()
+        self.norm = nn.LayerNorm(dim)
+        self.decoder_pred = nn.Linear(dim, m.patch_size**2 * m.in_chans)
+        self.final_layer = (nn.Conv2d(m.in_chans, m.in_chans, 3, padding=1) if m.conv
+                            else nn.Identity())
 
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        if pos_embed_init == "sincos":  # same draws as "normal" elsewhere, patch rows replaced
+        if m.pos_embed_init == "sincos":  # same draws as "normal" elsewhere, patch rows replaced
             with torch.no_grad():
-                self.pos_embed[0, self.extras:] = sincos_pos_embed_2d(img_size // patch_size,
-                                                                      embed_dim)
+                self.pos_embed[0, self.extras:] = sincos_pos_embed_2d(m.img_size // m.patch_size,
+                                                                      dim)
         self.apply(_init_weights)
+
+    # the signature diffusers reads (config keys, defaults): ModelConfig's fields
+    __init__.__signature__ = _fields_signature(ModelConfig)  # type: ignore[attr-defined]
+    __init__ = register_to_config(__init__)
 
     # ------------------------------------------------------------------ attention pattern
 
