@@ -1,12 +1,12 @@
-"""Cog, expressive and softmax attention for diffusers models, on uvic's fused kernel.
+"""Cog, expressive, sigmoid and softmax attention for diffusers models, on uvic's fused kernel.
 
 diffusers' ``Attention`` modules (DiT, PixArt, the UNets' transformer blocks, ...) hand
 their work to a *processor*: ``processor(attn, hidden_states, encoder_hidden_states,
 attention_mask, temb)``.  The processors here do what diffusers' default,
 ``AttnProcessor2_0``, does (spatial and group norms, the q/k/v projections, q/k norms,
 cross-attention, 4-D inputs, the output projection, residual and output rescaling) with
-one change: the attention op is ``uvic_kernels.attention`` in Cog, expressive or softmax
-mode instead of ``scaled_dot_product_attention``.  The kernel is differentiable, so a
+one change: the attention op is ``uvic_kernels.attention`` in Cog, expressive, sigmoid or
+softmax mode instead of ``scaled_dot_product_attention``.  The kernel is differentiable, so a
 model with these processors trains as it is; on a CPU it runs the kernel's PyTorch
 implementation.
 
@@ -18,6 +18,7 @@ and the last block as they are, as U-ViC keeps softmax there).  DiT has no
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -39,13 +40,20 @@ class KernelAttnProcessor:
     Equal to diffusers' ``AttnProcessor2_0`` apart from the attention op; like it, the
     scores are scaled by ``head_dim ** -0.5`` (``attn.scale`` is not read).  ``backend``
     is passed to the kernel: None picks Triton on CUDA and PyTorch on a CPU.  Attention
-    masks are refused: the fused kernel has none.
+    masks are refused: the fused kernel has none.  ``bias`` is sigmoid attention's (a
+    number; None: ``-log N``, N the number of keys of each call).
     """
 
-    def __init__(self, mode: str = "cog", backend: str | None = None) -> None:
+    def __init__(self, mode: str = "cog", backend: str | None = None,
+                 bias: float | None = None) -> None:
         name = type(self).__name__
         if mode not in MODES:
             raise ValueError(f"{name}: mode must be one of {MODES}, got {mode!r}")
+        if bias is not None and (mode != "sigmoid" or isinstance(bias, bool)
+                                 or not isinstance(bias, int | float) or not math.isfinite(bias)):
+            raise ValueError(f"{name}: bias must be a finite number and is sigmoid mode's only, "
+                             f"got bias={bias!r} with mode={mode!r}")
+        self.bias = bias
         if backend is not None and backend not in BACKENDS:
             raise ValueError(f"{name}: backend must be one of {BACKENDS} or None, got {backend!r}")
         if backend == "sdpa" and mode != "softmax":
@@ -103,7 +111,9 @@ class KernelAttnProcessor:
         if attn.norm_k is not None:
             key = attn.norm_k(key)
 
-        hidden_states = uvic_kernels.attention(query, key, value, self.mode, backend=self.backend)
+        extra = {} if self.bias is None else {"bias": self.bias}
+        hidden_states = uvic_kernels.attention(query, key, value, self.mode, backend=self.backend,
+                                               **extra)
         hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
         hidden_states = hidden_states.to(query.dtype)
 
@@ -131,8 +141,16 @@ class ExpressiveAttnProcessor(KernelAttnProcessor):
         super().__init__("expressive", backend)
 
 
+class SigmoidAttnProcessor(KernelAttnProcessor):
+    """Sigmoid attention without normalisation, ``sigmoid(S + bias)`` (seed 002); ``bias``
+    defaults to ``-log N`` for N keys."""
+
+    def __init__(self, backend: str | None = None, bias: float | None = None) -> None:
+        super().__init__("sigmoid", backend, bias)
+
+
 class SoftmaxAttnProcessor(KernelAttnProcessor):
-    """Softmax attention through the same kernel (a baseline for the other two)."""
+    """Softmax attention through the same kernel (a baseline for the others)."""
 
     def __init__(self, backend: str | None = None) -> None:
         super().__init__("softmax", backend)
@@ -141,6 +159,7 @@ class SoftmaxAttnProcessor(KernelAttnProcessor):
 PROCESSORS: dict[str, type[KernelAttnProcessor]] = {
     "cog": CogAttnProcessor,
     "expressive": ExpressiveAttnProcessor,
+    "sigmoid": SigmoidAttnProcessor,
     "softmax": SoftmaxAttnProcessor,
 }
 

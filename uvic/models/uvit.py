@@ -13,7 +13,9 @@ and U-ViC weights are interchangeable (only each block's `attn.mode` differs).
 
 Differences from the release, on purpose:
 * Attention goes through `uvic_kernels.attention` (fused Triton kernel or PyTorch),
-  with the per-block mode "softmax" or "cog".
+  with the per-block mode "softmax", "cog", "expressive" or "sigmoid" (seed 002:
+  sigmoid(S + b), no row normalisation; b = `sigmoid_bias`, default -log N, optionally
+  a learnable bias per head).
 * Under autocast, q/k/v stay in the autocast dtype (fp16/bf16); the release casts them
   to float32 before its softmax attention. The kernels accumulate in float32 anyway.
 * Gradient checkpointing uses `torch.utils.checkpoint` with use_reentrant=False.
@@ -43,6 +45,7 @@ from uvic.models.checks import (
     ATTENTION_MODES,
     check_arch,
     check_backend_fits,
+    check_sigmoid_bias,
     kernel_backend,
     resolve_attention,
 )
@@ -101,14 +104,16 @@ class PatchEmbed(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention whose weights are softmax or Cog (`mode`).
+    """Multi-head self-attention whose weights are softmax, Cog, expressive or sigmoid (`mode`).
 
     (B, N, D) -> qkv (B, N, 3D) -> q, k, v (B, h, N, D/h) -> kernel -> (B, N, D) -> proj.
+    Sigmoid attention's bias is `sigmoid_bias` (None: -log N at run time), or, once
+    `learn_sigmoid_bias` has been called, the per-head parameter `sigmoid_bias_param` (h,).
     """
 
     def __init__(
         self, dim: int, num_heads: int, qkv_bias: bool = False, mode: str = "softmax",
-        backend: str | None = None,
+        backend: str | None = None, sigmoid_bias: float | None = None,
     ) -> None:
         super().__init__()
         if mode not in ATTENTION_MODES:
@@ -117,15 +122,26 @@ class Attention(nn.Module):
         self.scale = (dim // num_heads) ** -0.5
         self.mode = mode
         self.backend = backend  # None: the kernel picks (Triton on CUDA, else PyTorch)
+        self.sigmoid_bias = sigmoid_bias  # sigmoid mode's fixed bias; None: -log N
+        self.register_parameter("sigmoid_bias_param", None)  # see learn_sigmoid_bias
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
+
+    def learn_sigmoid_bias(self, init: float) -> None:
+        """Give sigmoid mode a learnable bias per head, starting at `init` (kept if present)."""
+        if self.sigmoid_bias_param is None:
+            self.sigmoid_bias_param = nn.Parameter(torch.full((self.num_heads,), float(init)))
 
     def forward(self, x: Tensor) -> Tensor:
         qkv = self.qkv(x)
         # Non-contiguous (B, h, N, D/h) views; the kernel accepts strided inputs.
         q, k, v = einops.rearrange(qkv, "B N (K h d) -> K B h N d", K=3, h=self.num_heads)
+        extra = {}
+        if self.mode == "sigmoid":
+            bias = self.sigmoid_bias_param
+            extra["bias"] = self.sigmoid_bias if bias is None else bias
         out = uvic_kernels.attention(q, k, v, mode=self.mode, scale=self.scale,
-                                     backend=self.backend)
+                                     backend=self.backend, **extra)
         out = einops.rearrange(out, "B h N d -> B N (h d)")
         return self.proj(out)
 
@@ -138,11 +154,12 @@ class Block(nn.Module):
 
     def __init__(
         self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, skip: bool = False,
-        mode: str = "softmax", backend: str | None = None,
+        mode: str = "softmax", backend: str | None = None, sigmoid_bias: float | None = None,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, num_heads, qkv_bias, mode=mode, backend=backend)
+        self.attn = Attention(dim, num_heads, qkv_bias, mode=mode, backend=backend,
+                              sigmoid_bias=sigmoid_bias)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))  # timm's: fc1 -> GELU -> fc2, as the release
         self.skip_linear = nn.Linear(2 * dim, dim) if skip else None  # last, as the release
@@ -162,7 +179,7 @@ class UViT(ModelMixin, ConfigMixin):
 
     Token layout: unconditional [time, patches]; class-conditional [label, time, patches];
     text-conditional [time, 77 context tokens, patches]. `attention` is a preset
-    ("uvit", "uvic") or a list of depth + 1 modes (see `resolve_attention`).
+    ("uvit", "uvic", "uvie", "uvis") or a list of depth + 1 modes (see `resolve_attention`).
 
     A diffusers model (`ModelMixin`, `ConfigMixin`): the constructor's arguments, which are
     `uvic.config.ModelConfig`'s fields, are its config, so `save_pretrained(folder)` writes
@@ -193,10 +210,13 @@ class UViT(ModelMixin, ConfigMixin):
         attention_backend: str = "auto",
         grad_checkpointing: bool = False,
         pos_embed_init: str = "normal",
+        sigmoid_bias: float | None = None,
+        sigmoid_bias_learnable: bool = False,
     ) -> None:
         super().__init__()
         check_arch(img_size, patch_size, embed_dim, depth, num_heads, num_classes, clip_dim,
                    num_clip_token, pos_embed_init)
+        check_sigmoid_bias(sigmoid_bias)
         backend = kernel_backend(attention_backend)
         modes = resolve_attention(attention, depth)
         check_backend_fits(backend, modes)
@@ -220,7 +240,7 @@ class UViT(ModelMixin, ConfigMixin):
 
         def block(i: int, skip_in: bool) -> Block:
             return Block(embed_dim, num_heads, mlp_ratio, qkv_bias, skip=skip_in,
-                         mode=modes[i], backend=backend)
+                         mode=modes[i], backend=backend, sigmoid_bias=sigmoid_bias)
 
         half = depth // 2
         self.in_blocks = nn.ModuleList([block(i, False) for i in range(half)])
@@ -230,6 +250,11 @@ class UViT(ModelMixin, ConfigMixin):
         self.norm = nn.LayerNorm(embed_dim)
         self.decoder_pred = nn.Linear(embed_dim, patch_size**2 * in_chans)
         self.final_layer = nn.Conv2d(in_chans, in_chans, 3, padding=1) if conv else nn.Identity()
+        # sigmoid blocks' learnable bias per head, from the fixed one (default -log N)
+        self.sigmoid_bias_learnable = sigmoid_bias_learnable
+        self._sigmoid_bias_init = (-math.log(self.extras + num_patches) if sigmoid_bias is None
+                                   else sigmoid_bias)
+        self._learn_sigmoid_biases()
 
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if pos_embed_init == "sincos":  # same draws as "normal" elsewhere, patch rows replaced
@@ -262,10 +287,19 @@ class UViT(ModelMixin, ConfigMixin):
             blk.attn.mode = mode
             if backend is not None:
                 blk.attn.backend = kernel
+        self._learn_sigmoid_biases()
         # the diffusers config (save_pretrained) records the pattern the model now runs
         self.register_to_config(attention=spec if isinstance(spec, str) else modes)
         if backend is not None:
             self.register_to_config(attention_backend=backend)
+
+    def _learn_sigmoid_biases(self) -> None:
+        """With `sigmoid_bias_learnable`, a bias parameter per head in every sigmoid block
+        (state-dict key `...attn.sigmoid_bias_param`); other blocks have none."""
+        if self.sigmoid_bias_learnable:
+            for blk in self.blocks():
+                if blk.attn.mode == "sigmoid":
+                    blk.attn.learn_sigmoid_bias(self._sigmoid_bias_init)
 
     @property
     def gradient_checkpointing(self) -> bool:

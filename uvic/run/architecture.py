@@ -32,7 +32,7 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 
 from uvic.config import Config, ConfigError, ModelConfig, from_dict, load_config
-from uvic.models.checks import resolve_attention
+from uvic.models.checks import MODE_LETTERS, resolve_attention
 from uvic.run.folder import RunFolder
 from uvic.run.weights import CheckpointError
 
@@ -129,9 +129,9 @@ def stored_model_config(path: str | Path) -> tuple[ModelConfig, str] | None:
 
 def describe_model(model: ModelConfig) -> str:
     """A short account of an architecture: attention (per block: S softmax, C cog,
-    E expressive), depth, width, image and patch size."""
+    E expressive, G sigmoid), depth, width, image and patch size."""
     modes = _field_value(model, "attention")
-    pattern = f" ({''.join(m[0].upper() for m in modes)})" if isinstance(modes, list) else ""
+    pattern = f" ({''.join(MODE_LETTERS[m] for m in modes)})" if isinstance(modes, list) else ""
     return (f"attention {model.attention}{pattern}, depth {model.depth}, embed_dim "
             f"{model.embed_dim}, {model.img_size}x{model.img_size}x{model.in_chans} in "
             f"patches of {model.patch_size}")
