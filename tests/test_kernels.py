@@ -812,7 +812,8 @@ def test_input_checks_once_per_signature(monkeypatch):
     assert checks.n == 5
 
 
-def test_gpu_launch_path_without_gpu():
+@pytest.mark.parametrize("mode", ["cog", "sigmoid"])  # sigmoid: no Delta kernel, bias rows
+def test_gpu_launch_path_without_gpu(mode):
     """The cached launch path of a GPU, checked on any machine: the kernels compile for
     sm_90 against a stand-in driver that records launches, and the cached launches must hand
     the launcher the same grid, function and arguments as Triton's own path.  (Runs in a
@@ -823,7 +824,7 @@ def test_gpu_launch_path_without_gpu():
     env = {**os.environ, "TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "uvic_kernels.bench_host", "--check", "--shape", "1,2,70,64",
-         "--dtype", "fp16", "--mode", "cog"],
+         "--dtype", "fp16", "--mode", mode],
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
