@@ -180,8 +180,7 @@ def test_sigmoid_blocks_weights_and_bias():
         torch.testing.assert_close(attention_weights(attn, x), torch.sigmoid(s - math.log(9)))
         attn.sigmoid_bias = 1.0
         torch.testing.assert_close(attention_weights(attn, x), torch.sigmoid(s + 1.0))
-        attn.learn_sigmoid_bias(0.0)
-        attn.sigmoid_bias_param.copy_(torch.tensor([-2.0, 3.0]))
+        attn.sigmoid_bias = torch.nn.Parameter(torch.tensor([-2.0, 3.0]))
         b = torch.tensor([-2.0, 3.0]).reshape(2, 1, 1)
         torch.testing.assert_close(attention_weights(attn, x), torch.sigmoid(s + b))
 

@@ -175,7 +175,7 @@ def ref_uvit(sd: dict[str, Tensor], arch: dict, modes: list[str], x, t, context=
             h = lin(torch.cat([h, skip], dim=-1), f"{name}.skip_linear")
         qkv = lin(ln(h, f"{name}.norm1"), f"{name}.attn.qkv")
         qkv = qkv.reshape(B, h.shape[1], 3, heads, D // heads).permute(2, 0, 3, 1, 4)
-        a = ref_attention(qkv[0], qkv[1], qkv[2], mode, sd.get(f"{name}.attn.sigmoid_bias_param"))
+        a = ref_attention(qkv[0], qkv[1], qkv[2], mode, sd.get(f"{name}.attn.sigmoid_bias"))
         a = a.transpose(1, 2).reshape(B, -1, D)
         h = h + lin(a, f"{name}.attn.proj")
         m = lin(F.gelu(lin(ln(h, f"{name}.norm2"), f"{name}.mlp.fc1")), f"{name}.mlp.fc2")
@@ -435,22 +435,23 @@ def test_sigmoid_bias_settings(tmp_path: Path) -> None:
     fixed = tiny("uncond", attention="uvis")
     n_tokens = 1 + (8 // 2) ** 2
     assert fixed.mid_block.attn.sigmoid_bias is None  # -log N at run time
+    assert tiny("uncond", attention="uvis", sigmoid_bias=2.0).mid_block.attn.sigmoid_bias == 2.0
     assert not any("sigmoid_bias" in k for k in fixed.state_dict())
     learnable = tiny("uncond", attention="uvis", sigmoid_bias_learnable=True)
     params = {k: v for k, v in learnable.state_dict().items() if "sigmoid_bias" in k}
-    assert list(params) == ["mid_block.attn.sigmoid_bias_param"]  # blocks 0 and 2: softmax
-    assert torch.equal(params["mid_block.attn.sigmoid_bias_param"],
+    assert list(params) == ["mid_block.attn.sigmoid_bias"]  # blocks 0 and 2: softmax
+    assert torch.equal(params["mid_block.attn.sigmoid_bias"],
                        torch.full((2,), -math.log(n_tokens)))
     with torch.no_grad():  # same start: the same function as the fixed -log N
         torch.testing.assert_close(learnable(x.float(), t), fixed(x.float(), t))
     out = learnable(x.float(), t)
     out.square().mean().backward()
-    assert learnable.mid_block.attn.sigmoid_bias_param.grad.abs().min() > 0
+    assert learnable.mid_block.attn.sigmoid_bias.grad.abs().min() > 0
     # a given bias; the functional reference with the learned values
     other = tiny("uncond", attention="uvis", sigmoid_bias=-1.0, sigmoid_bias_learnable=True)
-    assert torch.equal(other.mid_block.attn.sigmoid_bias_param, torch.full((2,), -1.0))
+    assert torch.equal(other.mid_block.attn.sigmoid_bias, torch.full((2,), -1.0))
     with torch.no_grad():
-        other.mid_block.attn.sigmoid_bias_param.copy_(torch.tensor([0.5, -3.0]))
+        other.mid_block.attn.sigmoid_bias.copy_(torch.tensor([0.5, -3.0]))
         sd = {k: v.double() for k, v in other.state_dict().items()}
         ref = ref_uvit(sd, TINY["uncond"], ["softmax", "sigmoid", "softmax"], x, t)
         torch.testing.assert_close(other(x.float(), t).double(), ref, rtol=0, atol=2e-5)
@@ -458,14 +459,14 @@ def test_sigmoid_bias_settings(tmp_path: Path) -> None:
     other.save_pretrained(tmp_path / "uvis")
     loaded = UViT.from_pretrained(tmp_path / "uvis")
     assert loaded.config.sigmoid_bias == -1.0 and loaded.config.sigmoid_bias_learnable
-    assert torch.equal(loaded.mid_block.attn.sigmoid_bias_param,
-                       other.mid_block.attn.sigmoid_bias_param)
+    assert torch.equal(loaded.mid_block.attn.sigmoid_bias,
+                       other.mid_block.attn.sigmoid_bias)
     # switching a learnable model's blocks to sigmoid gives them a bias of their own
     other.set_attention("sigmoid,sigmoid,softmax")
-    assert torch.equal(other.in_blocks[0].attn.sigmoid_bias_param, torch.full((2,), -1.0))
+    assert torch.equal(other.in_blocks[0].attn.sigmoid_bias, torch.full((2,), -1.0))
     missing = tiny("uncond", attention="uvis", sigmoid_bias_learnable=True).load_state_dict(
         tiny("uncond").state_dict(), strict=False).missing_keys
-    assert missing == ["mid_block.attn.sigmoid_bias_param"]
+    assert missing == ["mid_block.attn.sigmoid_bias"]
 
 
 def test_triton_kernel_matches_torch_path() -> None:

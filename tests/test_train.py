@@ -372,7 +372,7 @@ def test_loss_goes_down_on_one_fixed_batch(tmp_path, attention):
     assert log[-1]["loss"] < 0.85 * log[0]["loss"]
     if attention == "uvis":  # 64 patches + the time token: the bias starts at -log 65
         weights = load_file(out / "checkpoints" / "step_000030" / "model.safetensors")
-        bias = weights["mid_block.attn.sigmoid_bias_param"]
+        bias = weights["mid_block.attn.sigmoid_bias"]
         assert torch.isfinite(bias).all() and bias.shape == (2,)
         assert (bias + math.log(65)).abs().min() > 1e-3
 

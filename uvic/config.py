@@ -68,10 +68,9 @@ class ModelConfig:
     num_clip_token: int = 77
     conv: bool = True  # final 3x3 conv after unpatchify
     skip: bool = True  # long skips
-    # Per-block attention: preset "uvit" (all softmax), "uvic" (cog except the first
-    # in-block and the last out-block), "uvie" / "uvis" (the same with expressive / sigmoid
-    # attention), or a comma-separated list of "softmax"/"cog"/"expressive"/"sigmoid", one
-    # per block in order in_blocks, mid_block, out_blocks (depth + 1 entries).
+    # Per-block attention: preset "uvit" (all softmax), "uvic" / "uvie" / "uvis" (cog /
+    # expressive / sigmoid except in the first in-block and the last out-block), or a list
+    # of depth + 1 modes ("softmax,cog,...": in_blocks, mid_block, out_blocks).
     attention: str = "uvit"
     attention_backend: str = "auto"  # auto | triton | torch | sdpa (softmax blocks only)
     grad_checkpointing: bool = False
@@ -79,12 +78,8 @@ class ModelConfig:
     # "normal" = trunc-normal(0.02), the release's; "sincos" = 2D sine-cosine code, for
     # runs too short to learn where patches are (the CPU quickstart).
     pos_embed_init: str = "normal"
-    # Sigmoid attention, sigmoid(q.k / sqrt(d) + b) without row normalisation (seed 002):
-    # the bias b; unset (None) is -log N with N the sequence length (tokens), which keeps
-    # a row's weights summing to about 1 at initialisation. With sigmoid_bias_learnable,
-    # every sigmoid block learns one b per head, starting from that value.
-    sigmoid_bias: float | None = None
-    sigmoid_bias_learnable: bool = False
+    sigmoid_bias: float | None = None  # b of sigmoid(q.k / sqrt(d) + b); None: -log N tokens
+    sigmoid_bias_learnable: bool = False  # one b per head and sigmoid block, learned from it
 
 
 @dataclass
@@ -342,8 +337,7 @@ def _check_type(value: Any, tp: Any, key: str, source: str = "config") -> Any:
         if not isinstance(value, list | tuple) or len(value) != len(args):
             raise ConfigError(f"{source}: {key} must be a list of {len(args)} values")
         return tuple(_check_type(v, a, key, source) for v, a in zip(value, args))
-    if (tp is float or (origin in (types.UnionType, typing.Union) and float in typing.get_args(tp))
-            ) and isinstance(value, int) and not isinstance(value, bool):
+    if float in (tp, *typing.get_args(tp)) and type(value) is int:  # float or float | None
         return float(value)
     if origin is dict:
         if not isinstance(value, dict):
@@ -396,10 +390,6 @@ def parse_value(raw: str, tp: Any, key: str) -> Any:
             if len(parts) != len(args):
                 raise ValueError
             return tuple(parse_value(p, a, key) for p, a in zip(parts, args))
-        if tp is type(None):  # an optional field set back to its unset value
-            if raw.lower() in ("none", "null"):
-                return None
-            raise ValueError
         if origin in (types.UnionType, typing.Union):  # the first member type that parses
             for member in typing.get_args(tp):
                 with contextlib.suppress(ConfigError):

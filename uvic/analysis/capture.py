@@ -82,8 +82,8 @@ def attention_weights(attn: nn.Module, x: Tensor) -> Tensor:
     q, k = q.float(), k.float()
     eye = torch.eye(q.shape[-2], dtype=q.dtype, device=q.device).expand(*q.shape[:-1], -1)
     if mode == "sigmoid":  # the block's bias: learned (per head), fixed, or None (-log N)
-        bias = getattr(attn, "sigmoid_bias_param", None)
-        bias = getattr(attn, "sigmoid_bias", None) if bias is None else bias.detach().float()
+        bias = getattr(attn, "sigmoid_bias", None)
+        bias = bias.detach().float() if isinstance(bias, Tensor) else bias
         return REFERENCE_ATTENTION[mode](q, k, eye, attn.scale, bias)
     return REFERENCE_ATTENTION[mode](q, k, eye, attn.scale)
 

@@ -29,10 +29,9 @@ def check_model(model: ModelConfig) -> None:
     """The rules on `model.*` values (those `UViT` applies to its arguments)."""
     check_arch(model.img_size, model.patch_size, model.embed_dim, model.depth,
                model.num_heads, model.num_classes, model.clip_dim, model.num_clip_token,
-               model.pos_embed_init)
+               model.pos_embed_init, model.sigmoid_bias)
     backend = kernel_backend(model.attention_backend)
     check_backend_fits(backend, resolve_attention(model.attention, model.depth))
-    check_sigmoid_bias(model.sigmoid_bias)
 
 
 def check_sigmoid_bias(bias: float | None) -> None:
@@ -116,9 +115,12 @@ def check_backend_fits(backend: str | None, modes: Sequence[str]) -> None:
 def check_arch(
     img_size: int, patch_size: int, embed_dim: int, depth: int, num_heads: int,
     num_classes: int, clip_dim: int, num_clip_token: int, pos_embed_init: str,
+    sigmoid_bias: float | None = None,
 ) -> None:
     """Sizes that fit together: patches tile the image, heads split the width, an even
-    depth (in-blocks, mid-block, out-blocks), one kind of condition."""
+    depth (in-blocks, mid-block, out-blocks), one kind of condition; a finite sigmoid
+    attention bias, if one is set."""
+    check_sigmoid_bias(sigmoid_bias)
     if img_size % patch_size:
         raise ConfigError(f"model.img_size={img_size} is not divisible by "
                           f"model.patch_size={patch_size}")

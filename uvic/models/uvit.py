@@ -13,9 +13,7 @@ and U-ViC weights are interchangeable (only each block's `attn.mode` differs).
 
 Differences from the release, on purpose:
 * Attention goes through `uvic_kernels.attention` (fused Triton kernel or PyTorch),
-  with the per-block mode "softmax", "cog", "expressive" or "sigmoid" (seed 002:
-  sigmoid(S + b), no row normalisation; b = `sigmoid_bias`, default -log N, optionally
-  a learnable bias per head).
+  with the per-block mode "softmax", "cog", "expressive" or "sigmoid" (seed 002).
 * Under autocast, q/k/v stay in the autocast dtype (fp16/bf16); the release casts them
   to float32 before its softmax attention. The kernels accumulate in float32 anyway.
 * Gradient checkpointing uses `torch.utils.checkpoint` with use_reentrant=False.
@@ -32,7 +30,6 @@ from collections.abc import Sequence
 
 import einops
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
@@ -45,10 +42,10 @@ from uvic.models.checks import (
     ATTENTION_MODES,
     check_arch,
     check_backend_fits,
-    check_sigmoid_bias,
     kernel_backend,
     resolve_attention,
 )
+from uvic.models.embeddings import PatchEmbed, sincos_pos_embed_2d, timestep_embedding
 
 # Model sizes of the U-ViT paper (Table 1), as in the release configs:
 # small  = configs/cifar10_uvit.py, configs/mscoco_uvit.py        (13 blocks)
@@ -73,47 +70,16 @@ def uvit_size(name: str) -> dict[str, int]:
     return dict(UVIT_SIZES[key])
 
 
-def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
-    """Sinusoidal embedding (B,) -> (B, dim): [cos(t f_i), sin(t f_i)], f_i = P^(-i/half).
-
-    As in the release: cosines first, frequencies f_i = exp(-ln(max_period) i / half) for
-    i = 0..half-1, a zero column when dim is odd. Computed in float32 (as the release)
-    or in float64 when `t` is float64.
-    """
-    dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
-    half = dim // 2
-    i = torch.arange(half, dtype=dtype, device=t.device)
-    freqs = torch.exp(-math.log(max_period) * i / half)
-    args = t.to(dtype)[:, None] * freqs[None]
-    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-    if dim % 2:
-        emb = F.pad(emb, (0, 1))
-    return emb
-
-
-class PatchEmbed(nn.Module):
-    """(B, C, H, W) -> (B, L, D) with a conv of kernel = stride = patch size."""
-
-    def __init__(self, patch_size: int, in_chans: int, embed_dim: int) -> None:
-        super().__init__()
-        self.patch_size = patch_size
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)
-
-
 class Attention(nn.Module):
     """Multi-head self-attention whose weights are softmax, Cog, expressive or sigmoid (`mode`).
 
     (B, N, D) -> qkv (B, N, 3D) -> q, k, v (B, h, N, D/h) -> kernel -> (B, N, D) -> proj.
-    Sigmoid attention's bias is `sigmoid_bias` (None: -log N at run time), or, once
-    `learn_sigmoid_bias` has been called, the per-head parameter `sigmoid_bias_param` (h,).
+    Sigmoid mode's bias is `sigmoid_bias`: None (-log N), a number, or a parameter (h,).
     """
 
     def __init__(
         self, dim: int, num_heads: int, qkv_bias: bool = False, mode: str = "softmax",
-        backend: str | None = None, sigmoid_bias: float | None = None,
+        backend: str | None = None,
     ) -> None:
         super().__init__()
         if mode not in ATTENTION_MODES:
@@ -122,24 +88,15 @@ class Attention(nn.Module):
         self.scale = (dim // num_heads) ** -0.5
         self.mode = mode
         self.backend = backend  # None: the kernel picks (Triton on CUDA, else PyTorch)
-        self.sigmoid_bias = sigmoid_bias  # sigmoid mode's fixed bias; None: -log N
-        self.register_parameter("sigmoid_bias_param", None)  # see learn_sigmoid_bias
+        self.sigmoid_bias: float | nn.Parameter | None = None  # set by UViT
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
-
-    def learn_sigmoid_bias(self, init: float) -> None:
-        """Give sigmoid mode a learnable bias per head, starting at `init` (kept if present)."""
-        if self.sigmoid_bias_param is None:
-            self.sigmoid_bias_param = nn.Parameter(torch.full((self.num_heads,), float(init)))
 
     def forward(self, x: Tensor) -> Tensor:
         qkv = self.qkv(x)
         # Non-contiguous (B, h, N, D/h) views; the kernel accepts strided inputs.
         q, k, v = einops.rearrange(qkv, "B N (K h d) -> K B h N d", K=3, h=self.num_heads)
-        extra = {}
-        if self.mode == "sigmoid":
-            bias = self.sigmoid_bias_param
-            extra["bias"] = self.sigmoid_bias if bias is None else bias
+        extra = {"bias": self.sigmoid_bias} if self.mode == "sigmoid" else {}
         out = uvic_kernels.attention(q, k, v, mode=self.mode, scale=self.scale,
                                      backend=self.backend, **extra)
         out = einops.rearrange(out, "B h N d -> B N (h d)")
@@ -154,12 +111,11 @@ class Block(nn.Module):
 
     def __init__(
         self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, skip: bool = False,
-        mode: str = "softmax", backend: str | None = None, sigmoid_bias: float | None = None,
+        mode: str = "softmax", backend: str | None = None,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, num_heads, qkv_bias, mode=mode, backend=backend,
-                              sigmoid_bias=sigmoid_bias)
+        self.attn = Attention(dim, num_heads, qkv_bias, mode=mode, backend=backend)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))  # timm's: fc1 -> GELU -> fc2, as the release
         self.skip_linear = nn.Linear(2 * dim, dim) if skip else None  # last, as the release
@@ -215,8 +171,7 @@ class UViT(ModelMixin, ConfigMixin):
     ) -> None:
         super().__init__()
         check_arch(img_size, patch_size, embed_dim, depth, num_heads, num_classes, clip_dim,
-                   num_clip_token, pos_embed_init)
-        check_sigmoid_bias(sigmoid_bias)
+                   num_clip_token, pos_embed_init, sigmoid_bias)
         backend = kernel_backend(attention_backend)
         modes = resolve_attention(attention, depth)
         check_backend_fits(backend, modes)
@@ -240,7 +195,7 @@ class UViT(ModelMixin, ConfigMixin):
 
         def block(i: int, skip_in: bool) -> Block:
             return Block(embed_dim, num_heads, mlp_ratio, qkv_bias, skip=skip_in,
-                         mode=modes[i], backend=backend, sigmoid_bias=sigmoid_bias)
+                         mode=modes[i], backend=backend)
 
         half = depth // 2
         self.in_blocks = nn.ModuleList([block(i, False) for i in range(half)])
@@ -250,11 +205,8 @@ class UViT(ModelMixin, ConfigMixin):
         self.norm = nn.LayerNorm(embed_dim)
         self.decoder_pred = nn.Linear(embed_dim, patch_size**2 * in_chans)
         self.final_layer = nn.Conv2d(in_chans, in_chans, 3, padding=1) if conv else nn.Identity()
-        # sigmoid blocks' learnable bias per head, from the fixed one (default -log N)
-        self.sigmoid_bias_learnable = sigmoid_bias_learnable
-        self._sigmoid_bias_init = (-math.log(self.extras + num_patches) if sigmoid_bias is None
-                                   else sigmoid_bias)
-        self._learn_sigmoid_biases()
+        self.sigmoid_bias, self.sigmoid_bias_learnable = sigmoid_bias, sigmoid_bias_learnable
+        self._set_sigmoid_biases()
 
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if pos_embed_init == "sincos":  # same draws as "normal" elsewhere, patch rows replaced
@@ -287,19 +239,23 @@ class UViT(ModelMixin, ConfigMixin):
             blk.attn.mode = mode
             if backend is not None:
                 blk.attn.backend = kernel
-        self._learn_sigmoid_biases()
+        self._set_sigmoid_biases()
         # the diffusers config (save_pretrained) records the pattern the model now runs
         self.register_to_config(attention=spec if isinstance(spec, str) else modes)
         if backend is not None:
             self.register_to_config(attention_backend=backend)
 
-    def _learn_sigmoid_biases(self) -> None:
-        """With `sigmoid_bias_learnable`, a bias parameter per head in every sigmoid block
-        (state-dict key `...attn.sigmoid_bias_param`); other blocks have none."""
-        if self.sigmoid_bias_learnable:
-            for blk in self.blocks():
-                if blk.attn.mode == "sigmoid":
-                    blk.attn.learn_sigmoid_bias(self._sigmoid_bias_init)
+    def _set_sigmoid_biases(self) -> None:
+        """The bias of every sigmoid block: `sigmoid_bias` (None: -log N at run time), or with
+        `sigmoid_bias_learnable` a parameter per head (key `...attn.sigmoid_bias`) that
+        starts there (-log N: N the model's tokens) and is kept when the pattern changes."""
+        tokens = self.pos_embed.shape[1]
+        start = -math.log(tokens) if self.sigmoid_bias is None else self.sigmoid_bias
+        for attn in (blk.attn for blk in self.blocks() if blk.attn.mode == "sigmoid"):
+            if not self.sigmoid_bias_learnable:
+                attn.sigmoid_bias = self.sigmoid_bias
+            elif not isinstance(attn.sigmoid_bias, nn.Parameter):
+                attn.sigmoid_bias = nn.Parameter(torch.full((attn.num_heads,), float(start)))
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -389,25 +345,6 @@ class UViT(ModelMixin, ConfigMixin):
             raise ValueError("y given but the model is not class-conditional "
                              "(model.num_classes=-1)")
         return B
-
-
-def sincos_pos_embed_2d(grid: int, dim: int) -> Tensor:
-    """Fixed 2D sine-cosine position code of a (grid x grid) patch grid: (grid**2, dim).
-
-    Row-major patches, as `PatchEmbed` flattens them. The first dim/2 channels encode the
-    column, the last dim/2 the row, each as dim/4 sines then dim/4 cosines of the position
-    at frequencies 10000**(-k / (dim/4)), k = 0..dim/4-1 (the MAE/DiT code). Neighbouring
-    patches get similar codes from the first step, where a trunc-normal(0.02) init leaves
-    the position to be learned (`model.pos_embed_init`).
-    """
-    quarter = dim // 4
-    freqs = 10000.0 ** (-torch.arange(quarter, dtype=torch.float64) / quarter)  # (dim/4,)
-    pos = torch.arange(grid, dtype=torch.float64)
-    angles = pos[:, None] * freqs[None, :]  # (grid, dim/4)
-    code = torch.cat([angles.sin(), angles.cos()], dim=1)  # (grid, dim/2)
-    rows = code[:, None, :].expand(grid, grid, dim // 2)  # row index of each patch
-    cols = code[None, :, :].expand(grid, grid, dim // 2)  # column index of each patch
-    return torch.cat([cols, rows], dim=-1).reshape(grid * grid, dim).to(torch.float32)
 
 
 def _init_weights(m: nn.Module) -> None:
