@@ -1,4 +1,4 @@
-"""Fused softmax / Cog / expressive attention kernels for U-ViT and U-ViC.
+"""Fused softmax / Cog / expressive / sigmoid attention kernels for U-ViT and U-ViC.
 
 Import name ``uvic_kernels``.
 
@@ -24,6 +24,8 @@ _API = {
     "cog_attention_eq3": "uvic_kernels.reference",
     "cog_attention_reference": "uvic_kernels.reference",
     "expressive_attention_reference": "uvic_kernels.reference",
+    "sigmoid_attention_reference": "uvic_kernels.reference",
+    "sigmoid_bias_default": "uvic_kernels.reference",
     "softmax_attention_reference": "uvic_kernels.reference",
 }
 
@@ -34,6 +36,8 @@ __all__ = [
     "cog_attention_eq3",
     "cog_attention_reference",
     "expressive_attention_reference",
+    "sigmoid_attention_reference",
+    "sigmoid_bias_default",
     "softmax_attention_reference",
 ]
 

@@ -1,4 +1,4 @@
-"""Benchmark the fused Cog / softmax kernels against PyTorch attention.
+"""Benchmark the fused Cog / softmax / expressive / sigmoid kernels against PyTorch attention.
 
 Run ``python -m uvic_kernels.bench [--out runs/bench/kernels.json]`` on a GPU.  For
 each shape (B, H, N, D) and method it measures forward and forward+backward time
@@ -6,10 +6,12 @@ each shape (B, H, N, D) and method it measures forward and forward+backward time
 TFLOP/s (forward ``4*B*H*N^2*D``, backward 2.5x that) and the peak extra memory
 (``torch.cuda.max_memory_allocated`` above the inputs).  Methods:
 
-* ``cog (ours)``, ``softmax (ours)``, ``expressive (ours)``: :func:`uvic_kernels.attention`;
+* ``cog (ours)``, ``softmax (ours)``, ``expressive (ours)``, ``sigmoid (ours)``:
+  :func:`uvic_kernels.attention` (sigmoid with its default bias ``-log N``);
 * ``sdpa flash``, ``sdpa cudnn``: PyTorch SDPA with one backend forced (softmax);
 * ``cog eager``: the paper's Figure 3 form ``sign(S) * softmax(|S|) @ V`` (N x N);
-* ``cog eager compiled``: ``torch.compile`` of the eager form.
+* ``cog eager compiled``: ``torch.compile`` of the eager form;
+* ``sigmoid eager compiled``: ``torch.compile`` of ``sigmoid(S - log N) @ V`` (N x N).
 
 A cell that runs out of memory reports ``OOM``, an unsupported one ``n/a``, any other
 failure ``error`` (with the message in the JSON); the run goes on with the next cell.

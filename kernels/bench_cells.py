@@ -17,6 +17,7 @@ from uvic_kernels.fused_attention import attention
 from uvic_kernels.reference import (
     cog_attention_reference,
     expressive_attention_reference,
+    sigmoid_attention_reference,
     softmax_attention_reference,
 )
 
@@ -49,6 +50,12 @@ def cog_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return (torch.sign(s) * torch.softmax(s.abs(), dim=-1)) @ v
 
 
+def sigmoid_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Sigmoid attention ``sigmoid(S - log N) @ V`` (Gu et al. 2024), materialising N x N."""
+    s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    return torch.sigmoid(s - math.log(k.shape[-2])) @ v
+
+
 def _sdpa(backend_name: str) -> Callable[..., torch.Tensor]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -67,6 +74,7 @@ def methods(device: torch.device) -> dict[str, Callable[..., torch.Tensor]]:
         table = {
             "cog (ours, torch)": lambda q, k, v: attention(q, k, v, "cog", backend="torch"),
             "softmax (ours, torch)": lambda q, k, v: attention(q, k, v, "softmax", backend="torch"),
+            "sigmoid (ours, torch)": lambda q, k, v: attention(q, k, v, "sigmoid", backend="torch"),
             "cog eager": cog_eager,
         }
         if os.environ.get("TRITON_INTERPRET", "0") == "1":
@@ -78,10 +86,12 @@ def methods(device: torch.device) -> dict[str, Callable[..., torch.Tensor]]:
         "cog (ours)": lambda q, k, v: attention(q, k, v, "cog"),
         "softmax (ours)": lambda q, k, v: attention(q, k, v, "softmax"),
         "expressive (ours)": lambda q, k, v: attention(q, k, v, "expressive"),
+        "sigmoid (ours)": lambda q, k, v: attention(q, k, v, "sigmoid"),
         "sdpa flash": _sdpa("FLASH_ATTENTION"),
         "sdpa cudnn": _sdpa("CUDNN_ATTENTION"),
         "cog eager": cog_eager,
         "cog eager compiled": torch.compile(cog_eager, dynamic=False),
+        "sigmoid eager compiled": torch.compile(sigmoid_eager, dynamic=False),
     }
 
 
@@ -98,6 +108,8 @@ def _max_abs_err(
         ref = cog_attention_reference(q, k, v)
     elif name.startswith("expressive"):
         ref = expressive_attention_reference(q, k, v)
+    elif name.startswith("sigmoid"):
+        ref = sigmoid_attention_reference(q, k, v)  # bias -log N, as the methods use
     else:
         ref = softmax_attention_reference(q, k, v)
     return (out.float() - ref).abs().max().item()

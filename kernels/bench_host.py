@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="2,8,257,64", help="B,H,N,D")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    parser.add_argument("--mode", choices=("cog", "softmax", "expressive"), default="cog")
+    parser.add_argument("--mode", choices=("cog", "softmax", "expressive", "sigmoid"),
+                        default="cog")
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--check", action="store_true", help="only compare the launches")

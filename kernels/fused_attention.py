@@ -10,7 +10,8 @@ Backends:
   (chunked over query rows, fp32 internally), for CPUs and other devices;
 * ``"sdpa"``: PyTorch's ``scaled_dot_product_attention`` (FlashAttention / cuDNN /
   memory-efficient kernels), softmax only: a baseline to compare our softmax kernel
-  with on the same model.  Cog attention has no SDPA form and refuses it.
+  with on the same model.  Cog, expressive and sigmoid attention have no SDPA form and
+  refuse it.
 
 The kernel module is imported lazily, so ``import uvic_kernels`` neither needs
 Triton nor fixes the interpreter setting.
@@ -30,15 +31,16 @@ import math
 import os
 import sys
 from types import ModuleType
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-MODES = ("cog", "softmax", "expressive")
-# The modes each backend runs: SDPA is PyTorch's softmax attention, Cog and expressive
-# attention have no SDPA form. The one statement of that rule: the model's check of
+MODES = ("cog", "softmax", "expressive", "sigmoid")
+# The modes each backend runs: SDPA is PyTorch's softmax attention, Cog, expressive and
+# sigmoid attention have no SDPA form. The one statement of that rule: the model's check of
 # `model.attention_backend` (uvic.config.models) reads this table too.
 BACKEND_MODES = {"triton": MODES, "torch": MODES, "sdpa": ("softmax",)}
 BACKENDS = tuple(BACKEND_MODES)
@@ -100,6 +102,34 @@ def _implementation(backend: str, device: torch.device) -> ModuleType:
     return launch
 
 
+def _check_bias(q: torch.Tensor, mode: str, bias: float | torch.Tensor | None) -> None:
+    """Sigmoid attention's bias: None (``-log N``), a finite number, or a floating tensor
+    on q's device with one value (shape () or (1,)) or one per head (H,)."""
+    if bias is None:
+        return
+    if mode != "sigmoid":
+        raise ValueError(f"bias is sigmoid attention's; mode={mode!r} takes none")
+    if isinstance(bias, torch.Tensor):
+        heads = q.shape[1]
+        if bias.shape not in ((), (1,), (heads,)):
+            raise ValueError(f"bias must have shape (), (1,) or ({heads},) (one value per "
+                             f"head), got {tuple(bias.shape)}")
+        if not bias.is_floating_point():
+            raise ValueError(f"bias must be a floating tensor, got {bias.dtype}")
+        if bias.device != q.device:
+            raise ValueError(f"bias is on {bias.device}, q on {q.device}")
+    elif isinstance(bias, bool) or not isinstance(bias, int | float) or not math.isfinite(bias):
+        raise ValueError(f"bias must be a finite number, a tensor or None, got {bias!r}")
+
+
+def _bias_key(bias: float | torch.Tensor | None) -> tuple:
+    """What ``_check_bias`` reads of ``bias``: its value, or a tensor's shape, dtype and
+    device."""
+    if isinstance(bias, torch.Tensor):
+        return (torch.Tensor, bias.shape, bias.dtype, bias.device)
+    return (type(bias), bias)
+
+
 def _check_inputs(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -107,6 +137,7 @@ def _check_inputs(
     mode: str,
     scale: float | None,
     backend: str | None,
+    bias: float | torch.Tensor | None = None,
 ) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -143,6 +174,7 @@ def _check_inputs(
             "backend='sdpa' runs softmax attention only (PyTorch's "
             f"scaled_dot_product_attention); mode={mode!r} needs backend 'triton' or 'torch'"
         )
+    _check_bias(q, mode, bias)
 
 
 def _validate(
@@ -152,24 +184,26 @@ def _validate(
     mode: str,
     scale: float | None,
     backend: str | None,
+    bias: float | torch.Tensor | None = None,
 ) -> None:
     """``_check_inputs``, once per argument signature in eager mode.
 
     Everything the checks read is in the key (types, shapes, dtypes, devices, the mode,
-    the scale and its type, the backend), so a signature that passed once passes again.
-    Under ``torch.compile`` the checks are traced as they are (no global set to guard on).
+    the scale and its type, the backend, the bias's value or tensor shape), so a
+    signature that passed once passes again.  Under ``torch.compile`` the checks are
+    traced as they are (no global set to guard on).
     """
     if torch.compiler.is_compiling():
-        _check_inputs(q, k, v, mode, scale, backend)
+        _check_inputs(q, k, v, mode, scale, backend, bias)
         return
     try:
         key = (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
-               q.device, k.device, v.device, mode, type(scale), scale, backend)
+               q.device, k.device, v.device, mode, type(scale), scale, backend, _bias_key(bias))
         if key in _CHECKED:
             return
     except (AttributeError, TypeError):  # not tensors, or an unhashable argument
         key = None
-    _check_inputs(q, k, v, mode, scale, backend)
+    _check_inputs(q, k, v, mode, scale, backend, bias)
     if key is not None:
         if len(_CHECKED) >= MAX_CHECKED:
             _CHECKED.clear()
@@ -188,10 +222,11 @@ def _plain(*tensors: torch.Tensor) -> bool:
 
 
 def _run_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, scale: float, backend: str
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, scale: float, backend: str,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(O, row statistic)`` of the backend's implementation, contiguous."""
-    o, lse = _implementation(backend, q.device).forward(q, k, v, mode, scale)
+    o, lse = _implementation(backend, q.device).forward(q, k, v, mode, scale, bias)
     # The fake kernels below promise contiguous outputs (torch.compile checks strides).
     return o.contiguous(), lse.contiguous()
 
@@ -208,10 +243,13 @@ def _run_backward(
     backend: str,
     need_dq: bool,
     need_dkdv: bool,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """``(dQ, dK, dV)`` of the backend's implementation, contiguous, None where not needed."""
+    need_dbias: bool = False,
+) -> tuple[torch.Tensor | None, ...]:
+    """``(dQ, dK, dV, dBias)`` of the backend's implementation, contiguous, None where not
+    needed (dBias: sigmoid's per-head bias, (H,) fp32)."""
     grads = _implementation(backend, q.device).backward(
-        q, k, v, o, lse, do, mode, scale, need_dq=need_dq, need_dkdv=need_dkdv
+        q, k, v, o, lse, do, mode, scale, need_dq=need_dq, need_dkdv=need_dkdv,
+        need_dbias=need_dbias,
     )
     return tuple(None if g is None else g.contiguous() for g in grads)
 
@@ -223,13 +261,14 @@ def _run_backward(
 
 @torch.library.custom_op("uvic_kernels::attention_forward", mutates_args=())
 def _forward_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, scale: float, backend: str
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, scale: float, backend: str,
+    bias: Optional[torch.Tensor] = None,  # noqa: UP045 (the custom op's schema reads it)
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _run_forward(q, k, v, mode, scale, backend)
+    return _run_forward(q, k, v, mode, scale, backend, bias)
 
 
 @_forward_op.register_fake
-def _forward_fake(q, k, v, mode, scale, backend):
+def _forward_fake(q, k, v, mode, scale, backend, bias=None):
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     return o, torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
 
@@ -247,32 +286,40 @@ def _backward_op(
     backend: str,
     need_dq: bool,
     need_dkdv: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    grads = _run_backward(q, k, v, o, lse, do, mode, scale, backend, need_dq, need_dkdv)
+    need_dbias: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    grads = _run_backward(
+        q, k, v, o, lse, do, mode, scale, backend, need_dq, need_dkdv, need_dbias
+    )
     # custom ops return tensors only: an empty tensor stands for "not computed"
     return tuple(q.new_empty(0) if g is None else g for g in grads)
 
 
 @_backward_op.register_fake
-def _backward_fake(q, k, v, o, lse, do, mode, scale, backend, need_dq, need_dkdv):
+def _backward_fake(q, k, v, o, lse, do, mode, scale, backend, need_dq, need_dkdv,
+                   need_dbias=False):
     def like(x: torch.Tensor, needed: bool) -> torch.Tensor:
         return torch.empty(x.shape if needed else (0,), dtype=x.dtype, device=x.device)
 
-    return like(q, need_dq), like(k, need_dkdv), like(v, need_dkdv)
+    dbias = torch.empty((q.shape[1],) if need_dbias and mode == "sigmoid" else (0,),
+                        dtype=torch.float32 if need_dbias and mode == "sigmoid" else q.dtype,
+                        device=q.device)
+    return like(q, need_dq), like(k, need_dkdv), like(v, need_dkdv), dbias
 
 
 class FusedAttention(torch.autograd.Function):
     """Autograd wrapper: saves q, k, v, O and the row LSE; the backward recomputes P.
 
-    ``FusedAttention.apply(q, k, v, mode, scale, backend)`` with validated inputs;
-    use :func:`attention` instead.
+    ``FusedAttention.apply(q, k, v, mode, scale, backend, bias)`` with validated inputs
+    (``bias``: sigmoid's per-head bias as an (H,) fp32 tensor, or None); use
+    :func:`attention` instead.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, mode: str, scale: float, backend: str):
+    def forward(ctx, q, k, v, mode: str, scale: float, backend: str, bias=None):
         run = _run_forward if _plain(q, k, v) else _forward_op
-        o, lse = run(q, k, v, mode, scale, backend)
-        ctx.save_for_backward(q, k, v, o, lse)
+        o, lse = run(q, k, v, mode, scale, backend, bias)
+        ctx.save_for_backward(q, k, v, o, lse)  # sigmoid: lse holds the bias per row
         ctx.mode, ctx.scale, ctx.backend = mode, scale, backend
         return o
 
@@ -280,10 +327,11 @@ class FusedAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        need_q, need_k, need_v, _, _, _, need_bias = ctx.needs_input_grad
         run = _run_backward if _plain(q, k, v, o, lse, do) else _backward_op
-        dq, dk, dv = run(
-            q, k, v, o, lse, do, ctx.mode, ctx.scale, ctx.backend, need_q, need_k or need_v
+        dq, dk, dv, dbias = run(
+            q, k, v, o, lse, do, ctx.mode, ctx.scale, ctx.backend, need_q, need_k or need_v,
+            need_bias,
         )
         return (
             dq if need_q else None,
@@ -292,6 +340,7 @@ class FusedAttention(torch.autograd.Function):
             None,
             None,
             None,
+            dbias if need_bias else None,
         )
 
 
@@ -302,26 +351,37 @@ def attention(
     mode: str = "cog",
     scale: float | None = None,
     *,
+    bias: float | torch.Tensor | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
     """Fused non-causal attention over (B, H, N, D) tensors, differentiable.
 
     ``mode="cog"``: ``sign(S) * softmax(|S|) @ v``; ``mode="softmax"``: ``softmax(S) @ v``;
     ``mode="expressive"``: ``(E / rowsum(E)) @ v`` with ``E = S^2 / (1 + S^2)`` (a row of
-    all-zero scores gets weights 0), with ``S = scale * q k^T`` and ``scale`` defaulting
-    to ``D ** -0.5``.  k and v may have
+    all-zero scores gets weights 0); ``mode="sigmoid"``: ``sigmoid(S + bias) @ v``, no row
+    normalisation; with ``S = scale * q k^T`` and ``scale`` defaulting to ``D ** -0.5``.
+    ``bias`` (sigmoid only) defaults to ``-log(Nkv)``; a tensor of shape (H,) is one bias
+    per head, of shape () or (1,) one for all, and receives its gradient.  k and v may have
     a different sequence length than q.  Inputs are fp16, bf16 or fp32 (any strides,
     D <= 128); the output has q's dtype and is contiguous.  ``backend`` forces
     ``"triton"``, ``"torch"`` or (softmax only) ``"sdpa"``; by default Triton runs on
     CUDA (and on the CPU under ``TRITON_INTERPRET=1``), PyTorch elsewhere.
     """
-    _validate(q, k, v, mode, scale, backend)
+    _validate(q, k, v, mode, scale, backend, bias)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if backend == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, scale=float(scale))
     backend = backend or _backend_for(q)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return FusedAttention.apply(q, k, v, mode, float(scale), backend)
-    run = _run_forward if _plain(q, k, v) else _forward_op
-    return run(q, k, v, mode, float(scale), backend)[0]
+    if isinstance(bias, torch.Tensor):  # one fp32 value per head; autograd maps the gradient
+        bias = bias.to(torch.float32).reshape(-1).expand(q.shape[1])
+    elif bias is not None:
+        bias = torch.full((q.shape[1],), float(bias), dtype=torch.float32, device=q.device)
+    grad_bias = bias is not None and bias.requires_grad
+    if torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad or grad_bias
+    ):
+        return FusedAttention.apply(q, k, v, mode, float(scale), backend, bias)
+    tensors = (q, k, v) if bias is None else (q, k, v, bias)
+    run = _run_forward if _plain(*tensors) else _forward_op
+    return run(q, k, v, mode, float(scale), backend, bias)[0]

@@ -43,6 +43,7 @@ from triton.compiler import CompiledKernel
 
 from uvic_kernels import triton_attention as kernels
 from uvic_kernels.tiles import INTERPRET, MIN_BLOCK, PREPROCESS_BLOCK_M, num_programs
+from uvic_kernels.torch_attention import sigmoid_bias_rows
 from uvic_kernels.triton_attention import LOG2E, MODE_IDS
 
 # fmt: off
@@ -95,7 +96,7 @@ def _device_guard(t: torch.Tensor) -> contextlib.AbstractContextManager:
 
 
 def _mode_id(mode: str | bool) -> int:
-    """The MODE constexpr of ``mode`` ("softmax", "cog", "expressive"); a bool is read as
+    """The MODE constexpr of ``mode`` ("softmax", "cog", "expressive", "sigmoid"); a bool is read as
     the ``cog`` flag of the two-mode interface (True: cog, False: softmax)."""
     if isinstance(mode, bool):
         return MODE_IDS["cog" if mode else "softmax"]
@@ -111,10 +112,13 @@ def _kernel_scales(q: torch.Tensor, mode: int, scale: float):
     score an exact zero, weight ``sign(0) = 0``); ``qk_scale = scale * log2(e)`` and the
     gradients are multiplied by ``scale``.  expressive: ``e = s^2 / (1 + s^2)`` depends on
     ``s^2 = scale^2 x^2`` only, so ``qk_scale = scale^2`` and ``de/dx = 2 scale^2 x r^2``
-    puts ``2 scale^2`` on the gradients.
+    puts ``2 scale^2`` on the gradients.  sigmoid: nothing is folded into a max, so any
+    scale runs as it is (``qk_scale = scale * log2(e)``, gradients times ``scale``).
     """
     if mode == MODE_IDS["expressive"]:
         return q, scale * scale, 2.0 * scale * scale, 1.0
+    if mode == MODE_IDS["sigmoid"]:
+        return q, scale * LOG2E, scale, 1.0
     dq_sign = 1.0
     if scale < 0:
         q, scale, dq_sign = -q, -scale, -1.0
@@ -272,18 +276,24 @@ def _forward_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
 
 
 def forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str | bool, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str | bool, scale: float,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(O, row statistic)``: O (B, H, Nq, D) in the input dtype, and per query row
-    in fp32 the natural log-sum-exp of ``|S|`` (cog) or ``S`` (softmax), or the row sum
-    ``N`` of ``s^2 / (1 + s^2)`` (expressive).  The backward reads it to recompute the
-    weights.  Inputs are assumed validated (see ``uvic_kernels.attention``).
+    in fp32 the natural log-sum-exp of ``|S|`` (cog) or ``S`` (softmax), the row sum
+    ``N`` of ``s^2 / (1 + s^2)`` (expressive), or the row's bias (sigmoid: ``bias``, one
+    value per head, default ``-log Nkv``; ignored by the other modes).  The backward reads
+    it to recompute the weights.  Inputs are assumed validated (see
+    ``uvic_kernels.attention``).
     """
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    mode = _mode_id(mode)
+    if mode == MODE_IDS["sigmoid"]:  # an input of the kernels, which read it
+        lse = sigmoid_bias_rows(q, k.shape[2], bias)
+    else:
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return o, lse
-    mode = _mode_id(mode)
     q, qk_scale, _, _ = _kernel_scales(q, mode, scale)
     # o and lse are fresh allocations: their layout follows from q's shape
     key = ("fwd", mode, q.dtype, q.device, q.shape, k.shape, _layout(q, k, v))
@@ -295,8 +305,8 @@ def forward(
 
 def _backward_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                    do: torch.Tensor, dq: torch.Tensor | None, dk: torch.Tensor | None,
-                   dv: torch.Tensor | None, mode: int) -> tuple[_Launch, _Launch | None]:
-    """``(dQ launch or Delta launch, dK/dV launch or None)``."""
+                   dv: torch.Tensor | None, mode: int) -> tuple[_Launch | None, _Launch | None]:
+    """``(dQ launch, Delta launch or None (sigmoid has no Delta), dK/dV launch or None)``."""
     B, H, n_q, head_dim = q.shape
     n_kv = k.shape[2]
     block_d = _block_d(head_dim)
@@ -319,6 +329,8 @@ def _backward_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                  DOT_PRECISION=precision),
             grid_q,
         )
+    elif mode == MODE_IDS["sigmoid"]:
+        first = None
     else:
         first = _Launch(
             kernels._attn_bwd_preprocess,
@@ -350,36 +362,46 @@ def backward(
     scale: float,
     need_dq: bool = True,
     need_dkdv: bool = True,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """Return ``(dQ, dK, dV)`` (None where not needed), in the input dtype.
+    need_dbias: bool = False,
+) -> tuple[torch.Tensor | None, ...]:
+    """Return ``(dQ, dK, dV, dBias)`` (None where not needed), dQ, dK, dV in the input
+    dtype; ``dBias`` (sigmoid only) is the gradient of the per-head bias, (H,) fp32.
 
-    Launch order: dQ (which also writes Delta), then dK/dV; without dQ, a small
-    kernel computes Delta first.  No atomics: results are bit-identical run to run.
+    Launch order: dQ (which also writes Delta, or in sigmoid mode the row sums of dS,
+    whose sum per head is dBias), then dK/dV; without dQ, a small kernel computes Delta
+    first (sigmoid needs none; dBias needs the dQ kernel).  No atomics, and dBias is a
+    sum in a fixed order: results are bit-identical run to run.
     """
+    mode = _mode_id(mode)
+    sigmoid = mode == MODE_IDS["sigmoid"]
+    need_dbias = need_dbias and sigmoid
     # every element of dq / dk / dv is written by the kernels (nothing is accumulated,
     # no atomics), so autotuning needs no reset_to_zero / restore_value
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if need_dq else None
+    run_dq = need_dq or need_dbias  # the dQ kernel also sums dS for dBias
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if run_dq else None
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if need_dkdv else None
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if need_dkdv else None
+    dbias = torch.zeros(q.shape[1], dtype=torch.float32, device=q.device) if need_dbias else None
     if q.numel() == 0 or k.numel() == 0:
-        return tuple(None if g is None else g.zero_() for g in (dq, dk, dv))
-    if not (need_dq or need_dkdv):
-        return dq, dk, dv
-    mode = _mode_id(mode)
+        return (*(None if g is None else g.zero_() for g in (dq, dk, dv)), dbias)
+    if not (run_dq or need_dkdv):
+        return dq, dk, dv, dbias
     q, qk_scale, grad_scale, dq_sign = _kernel_scales(q, mode, scale)
     delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     # dq, dk, dv and delta are fresh allocations: their layout follows from the shapes
-    key = ("bwd", mode, need_dq, need_dkdv, q.dtype, do.dtype, q.device, q.shape, k.shape,
+    key = ("bwd", mode, run_dq, need_dkdv, q.dtype, do.dtype, q.device, q.shape, k.shape,
            _layout(q, k, v, o, do, lse))
     first, dkdv = _plan(key, lambda: _backward_plan(q, k, v, o, do, dq, dk, dv, mode))
     with _device_guard(q):
-        if need_dq:
+        if run_dq:
             first((q, k, v, o, do, dq, lse, delta), (grad_scale * dq_sign, qk_scale))
-        else:
+        elif first is not None:
             first((o, do, delta), ())
         if need_dkdv:
             dkdv((q, k, v, do, dk, dv, lse, delta), (grad_scale, qk_scale))
-    return dq, dk, dv
+    if need_dbias:
+        dbias = delta.sum(dim=(0, 2))  # delta holds the row sums of dS here
+    return (dq if need_dq else None), dk, dv, dbias
 
 
 # fmt: on

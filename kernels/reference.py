@@ -1,6 +1,7 @@
-"""Plain PyTorch reference formulas for softmax, Cog and expressive attention (test oracles).
+"""Plain PyTorch reference formulas for softmax, Cog, expressive and sigmoid attention
+(test oracles).
 
-All four functions take (..., N, D) tensors, build the full N x N score matrix
+All five functions take (..., N, D) tensors, build the full N x N score matrix
 and are differentiated by autograd; run them in float64 to check the kernels.
 
 Cog attention has two published forms (Lv et al., eq. 3 and Figure 3) that agree
@@ -25,6 +26,8 @@ all-zero query row or key.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -85,3 +88,31 @@ def expressive_attention_reference(
     e = s * s / (1 + s * s)
     n = e.sum(dim=-1, keepdim=True)
     return torch.where(n > 0, e / torch.where(n > 0, n, torch.ones_like(n)), 0.0) @ v
+
+
+def sigmoid_bias_default(n_kv: int) -> float:
+    """Sigmoid attention's default bias, ``-log(N)`` for ``N`` keys: at initialisation
+    (scores near 0) every weight is about ``1 / (1 + N)``, so a row sums to about 1."""
+    return -math.log(n_kv)
+
+
+def sigmoid_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    bias: float | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Sigmoid attention without normalisation: ``sigmoid(S + b) @ v``.
+
+    Seed 002 (Table 15; Ramapuram et al. 2024).  Every weight lies in (0, 1) and no row
+    is normalised.  ``bias`` defaults to ``-log(N)`` (N keys); a tensor is one bias per
+    head (shape (H,), broadcast over batch, queries and keys) or a single value (shape
+    () or (1,)), and gets its gradient from autograd.
+    """
+    s = _scores(q, k, scale)
+    if bias is None:
+        bias = sigmoid_bias_default(k.shape[-2])
+    if isinstance(bias, torch.Tensor):
+        bias = bias.to(s.dtype).reshape(-1, 1, 1)  # (H, 1, 1) or (1, 1, 1)
+    return torch.sigmoid(s + bias) @ v

@@ -2,7 +2,8 @@
 
 Same interface and the same maths as :mod:`uvic_kernels.triton_attention`: the
 forward returns ``O`` and an fp32 row statistic (the log-sum-exp of ``S`` or ``|S|``,
-or expressive attention's row sum ``N``), the backward recomputes the weights from it.
+expressive attention's row sum ``N``, or sigmoid attention's bias per row), the backward
+recomputes the weights from it.
 Work runs over chunks of query rows, so at most ``CHUNK_ELEMENTS`` score entries (per
 chunk, over all heads) are alive at once, and nothing of size N x N is kept for the
 backward.  Computation is in fp32 (autocast disabled); results are returned in the
@@ -10,6 +11,8 @@ input dtype.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -41,9 +44,13 @@ def _weights(
 
     Without ``stat`` (forward) the weights are normalised by their row sums and the
     statistic is computed: the log-sum-exp of ``S`` / ``|S|``, or expressive attention's
-    row sum ``N``; with ``stat`` (backward) the weights are recomputed from it.
+    row sum ``N``; with ``stat`` (backward) the weights are recomputed from it.  Sigmoid
+    attention always has ``stat`` (its rows' bias) and returns ``S + b`` in place of ``S``.
     """
     s = (qc @ k.transpose(-2, -1)).mul_(scale)
+    if mode == "sigmoid":
+        s.add_(stat.unsqueeze(-1))
+        return s, torch.sigmoid(s), stat
     if mode == "expressive":
         e = s * s / (1 + s * s)
         if stat is None:
@@ -73,6 +80,9 @@ def _score_grad(
         # sign(S) P (sign(S) dA - Delta), unsimplified: exactly 0 where S == 0, as
         # autograd is
         return da.mul_(a.abs()).sub_(a * delta)
+    if mode == "sigmoid":
+        # dA * A * (1 - A), with 1 - A = sigmoid(-(S + b)): no cancellation where A ~ 1
+        return da.mul_(a).mul_(torch.sigmoid(-s))
     if mode == "expressive":
         # A = E / N: dL/dE = (dA - Delta) / N, and dE/dS = 2 S / (1 + S^2)^2
         r = 1 / (1 + s * s)
@@ -80,19 +90,37 @@ def _score_grad(
     return da.sub_(delta).mul_(a)
 
 
+def sigmoid_bias_rows(q: torch.Tensor, n_kv: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """Sigmoid attention's row statistic: each query row's bias (its head's, natural units),
+    (B, H, Nq) fp32.  ``bias`` is one value per head, (H,), or None for ``-log(n_kv)``.
+    Both backends use it (the Triton kernels read it as an input)."""
+    b, h, n_q = q.shape[:3]
+    if bias is None:
+        return torch.full((b, h, n_q), -math.log(n_kv), dtype=torch.float32, device=q.device)
+    rows = torch.empty((b, h, n_q), dtype=torch.float32, device=q.device)
+    return rows.copy_(bias.detach().reshape(1, h, 1))  # a fresh tensor, never a view of bias
+
+
 def forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str | bool, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str | bool, scale: float,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(O, row statistic)`` as :func:`uvic_kernels.launch.forward` does."""
     mode = _mode_name(mode)
     with torch.autocast(q.device.type, enabled=False):
         qf, kf, vf = q.float(), k.float(), v.float()
         o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        stat = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        if mode == "sigmoid":
+            stat = sigmoid_bias_rows(q, k.shape[2], bias)
+        else:
+            stat = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         step = _chunk_rows(q, k.shape[2])
         for start in range(0, q.shape[2], step):
             rows = slice(start, start + step)
-            _, a, stat[..., rows] = _weights(qf[..., rows, :], kf, None, mode, scale)
+            if mode == "sigmoid":
+                _, a, _ = _weights(qf[..., rows, :], kf, stat[..., rows], mode, scale)
+            else:
+                _, a, stat[..., rows] = _weights(qf[..., rows, :], kf, None, mode, scale)
             o[..., rows, :] = a @ vf
     return o.to(q.dtype), stat
 
@@ -108,12 +136,18 @@ def backward(
     scale: float,
     need_dq: bool = True,
     need_dkdv: bool = True,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """Return ``(dQ, dK, dV)`` (None where not needed), in the input dtype."""
+    need_dbias: bool = False,
+) -> tuple[torch.Tensor | None, ...]:
+    """Return ``(dQ, dK, dV, dBias)`` (None where not needed) as
+    :func:`uvic_kernels.launch.backward` does: dBias (sigmoid only) per head, fp32."""
     mode = _mode_name(mode)
+    need_dbias = need_dbias and mode == "sigmoid"
     with torch.autocast(q.device.type, enabled=False):
         qf, kf, vf, dof = q.float(), k.float(), v.float(), do.float()
-        delta = (dof * o.float()).sum(-1)
+        if mode == "sigmoid":  # no Delta term: its place holds the row sums of dS
+            delta = torch.zeros(q.shape[:-1], dtype=torch.float32, device=q.device)
+        else:
+            delta = (dof * o.float()).sum(-1)
         dq = torch.empty_like(qf) if need_dq else None
         dk = torch.zeros_like(kf) if need_dkdv else None
         dv = torch.zeros_like(vf) if need_dkdv else None
@@ -124,9 +158,12 @@ def backward(
             s, a, _ = _weights(qc, kf, stat[..., rows], mode, scale)
             da = doc @ vf.transpose(-2, -1)  # dA = dO V^T
             ds = _score_grad(s, a, da, delta[..., rows].unsqueeze(-1), stat[..., rows], mode)
+            if need_dbias:
+                delta[..., rows] = ds.sum(-1)
             if need_dkdv:
                 dv += a.transpose(-2, -1) @ doc
                 dk += scale * (ds.transpose(-2, -1) @ qc)
             if need_dq:
                 dq[..., rows, :] = scale * (ds @ kf)
-    return tuple(None if g is None else g.to(q.dtype) for g in (dq, dk, dv))
+        dbias = delta.sum(dim=(0, 2)) if need_dbias else None
+    return (*(None if g is None else g.to(q.dtype) for g in (dq, dk, dv)), dbias)

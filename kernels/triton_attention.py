@@ -1,11 +1,13 @@
-"""Fused Cog / softmax attention in Triton (FlashAttention-2 structure).
+"""Fused Cog / softmax / expressive / sigmoid attention in Triton (FlashAttention-2 structure).
 
-For one head with scores ``S = scale * Q K^T`` the three modes are
+For one head with scores ``S = scale * Q K^T`` the four modes are
 
 * softmax:    ``A = softmax(S)``, ``O = A V``;
 * cog:        ``P = softmax(|S|)``, ``A = sign(S) * P``, ``O = A V``   (sign(0) = 0);
 * expressive: ``E = S^2 / (1 + S^2)``, ``A = E / rowsum(E)``, ``O = A V`` (a row whose
-  scores are all exactly 0 has rowsum 0 and gets ``A = 0``, so ``O = 0``).
+  scores are all exactly 0 has rowsum 0 and gets ``A = 0``, so ``O = 0``);
+* sigmoid:    ``A = sigmoid(S + b)``, ``O = A V``, no row normalisation (Gu et al. 2024; the
+  bias ``b`` is one value per head, by default ``-log N_kv``).
 
 Cog attention (Lv et al., eq. 3, "faster" form of Figure 3) only changes what the
 online softmax runs over: the running max and the running denominator are taken
@@ -14,7 +16,11 @@ over ``|s|`` instead of ``s``, and the value accumulator receives
 running max starts at 0, so the denominator is always >= 1.  Expressive attention
 ("Reorganizing attention-space geometry with expressive attention") needs no
 running max at all: each term is below 1, so the forward only sums ``E`` and ``E V``
-and stores the row sum ``N`` instead of a log-sum-exp.  All modes share the same
+and stores the row sum ``N`` instead of a log-sum-exp.  Sigmoid attention has no row
+statistic at all: every tile is independent.  Its bias arrives per query row in the
+buffer the other modes write their row statistic to (the host fills it with the head's
+bias, in natural units, before the forward; the forward and the backward both read it),
+so the kernels take no extra argument for it.  All modes share the same
 kernels; ``MODE`` is a ``tl.constexpr``, so each mode compiles to its own
 specialisation with no run-time branch.  The full derivation, backward included,
 is in ``docs/cog_attention.md``.
@@ -61,6 +67,13 @@ Expressive: ``A = E / N`` gives ``dL/dE = (dA - Delta) / N`` (the same Delta), a
 ``dE/dS = 2 S / (1 + S^2)^2``; with ``S = scale * x`` and ``r = 1 / (1 + S^2)`` the
 kernels form ``(dA - Delta) / N * x * r^2`` and multiply dQ and dK by ``2 scale^2``
 once.  A row with ``N = 0`` has all ``x = 0``: its weights and gradients are 0.
+
+Sigmoid: ``dS = dA * A * (1 - A)`` (no Delta; the dQ kernel stores the row sums of dS in
+the Delta buffer instead, and the host sums them per head into the bias gradient, in a
+fixed order).  With ``u = (S + b) * log2(e)``, ``t = exp2(-|u|) = exp(-|S + b|) <= 1`` and
+``r = 1 / (1 + t)``, the weight is ``r`` for ``u >= 0`` and ``t r`` below (nothing
+overflows) and ``A (1 - A) = t r^2`` exactly, without the cancellation of ``1 - A`` when
+``A`` rounds to 1.
 
 Kernels, as in Triton's fused-attention tutorial, one per pass:
 
@@ -115,10 +128,11 @@ LN2 = 0.6931471805599453  # ln(2): converts a base-2 log-sum-exp to natural unit
 # Compiled kernels may only read globals that are tl.constexpr (the interpreter reads
 # any global, so it does not catch this): device code uses these.
 # The kernels' MODE constexpr: each mode compiles to its own specialisation.
-MODE_IDS = {"softmax": 0, "cog": 1, "expressive": 2}
+MODE_IDS = {"softmax": 0, "cog": 1, "expressive": 2, "sigmoid": 3}
 SOFTMAX_C = tl.constexpr(MODE_IDS["softmax"])
 COG_C = tl.constexpr(MODE_IDS["cog"])
 EXPRESSIVE_C = tl.constexpr(MODE_IDS["expressive"])
+SIGMOID_C = tl.constexpr(MODE_IDS["sigmoid"])
 LOG2E_C = tl.constexpr(LOG2E)
 LN2_C = tl.constexpr(LN2)
 TAIL_C = tl.constexpr(TAIL)
@@ -171,6 +185,17 @@ def _inverse_normaliser(n):
 
 
 @triton.jit
+def _sigmoid_log2(u):
+    """``(sigmoid(z), sigmoid(z) * (1 - sigmoid(z)))`` for ``u = z * log2(e)``, stable for
+    any ``u``: ``t = exp2(-|u|)`` never overflows, and the slope ``t / (1 + t)^2`` keeps
+    its relative accuracy where the weight rounds to 1.  A NaN ``u`` gives NaN."""
+    t = tl.math.exp2(-tl.abs(u))
+    r = tl.fdiv(tl.full(u.shape, 1.0, tl.float32), 1.0 + t)
+    tr = t * r
+    return tl.where(u >= 0.0, r, tr), tr * r
+
+
+@triton.jit
 def _head_offset(off_hz, H, stride_z, stride_h, STRIDE_ALIGN: tl.constexpr):
     """Element offset of head ``off_hz`` (flattened B*H index), in int64.
 
@@ -212,7 +237,10 @@ def _attn_fwd_inner(
     MODE: tl.constexpr, MASK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Online softmax over keys [lo, hi) in steps of BLOCK_N; MASK_N masks keys >= N_KV."""
+    """Online softmax over keys [lo, hi) in steps of BLOCK_N; MASK_N masks keys >= N_KV.
+
+    Sigmoid mode reads its per-row bias (log2 units) from ``m_i`` and leaves ``l_i`` as is.
+    """
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     offs_n = tl.arange(0, BLOCK_N)
     kT_ptrs = K_head + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn
@@ -221,7 +249,16 @@ def _attn_fwd_inner(
         cols = start_n + offs_n
         kT = _load_tile(kT_ptrs + start_n * stride_kn, offs_d, HEAD_DIM, cols, N_KV, PAD_D, MASK_N)
         x = tl.dot(q, kT, input_precision=DOT_PRECISION)  # raw q.k; s = x * scale
-        if MODE == EXPRESSIVE_C:
+        if MODE == SIGMOID_C:
+            # m_i holds the rows' bias in log2 units (qk_scale = scale * log2(e)); masked
+            # keys read k = 0, whose weight sigmoid(b) is not 0: they are zeroed
+            p, _ = _sigmoid_log2(x * qk_scale + m_i[:, None])
+            if MASK_N:
+                p = tl.where(cols[None, :] < N_KV, p, 0.0)
+            v = _load_tile(v_ptrs + start_n * stride_vn, cols, N_KV, offs_d, HEAD_DIM, MASK_N,
+                           PAD_D)
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        elif MODE == EXPRESSIVE_C:
             # e = s^2 / (1 + s^2) in [0, 1) (qk_scale = scale^2): no running max and no
             # rescaling; masked keys read k = 0, so x = 0 and e = 0 there
             z2 = x * x * qk_scale
@@ -278,6 +315,12 @@ def _attn_fwd_block(
                    offs_m, N_Q, offs_d, HEAD_DIM, MASK_M, PAD_D)
     if MODE == SOFTMAX_C:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    elif MODE == SIGMOID_C:
+        # the rows' bias, written by the host where the other modes store their statistic
+        if MASK_M:
+            m_i = tl.load(Lse_head + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E_C
+        else:
+            m_i = tl.load(Lse_head + offs_m) * LOG2E_C
     else:
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # cog: max |s| >= 0; expressive: unused
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -306,18 +349,22 @@ def _attn_fwd_block(
         # a row whose scores are all exactly 0 has N = 0: its weights are defined as 0
         acc = acc * _inverse_normaliser(l_i)[:, None]
         lse = l_i  # expressive stores the row normaliser N, not a log-sum-exp
+    elif MODE == SIGMOID_C:
+        lse = l_i  # not stored: the bias stays where the host wrote it
     else:
         acc = acc / l_i[:, None]
         lse = (m_i + tl.math.log2(l_i)) * LN2_C
     o_ptrs = O_head + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     if MASK_M:
-        tl.store(Lse_head + offs_m, lse, mask=offs_m < N_Q)
+        if MODE != SIGMOID_C:
+            tl.store(Lse_head + offs_m, lse, mask=offs_m < N_Q)
         o_mask = offs_m[:, None] < N_Q
         if PAD_D:
             o_mask = o_mask & (offs_d[None, :] < HEAD_DIM)
         tl.store(o_ptrs, acc.to(O_head.dtype.element_ty), mask=o_mask)
     else:
-        tl.store(Lse_head + offs_m, lse)
+        if MODE != SIGMOID_C:
+            tl.store(Lse_head + offs_m, lse)
         if PAD_D:
             tl.store(o_ptrs, acc.to(O_head.dtype.element_ty), mask=offs_d[None, :] < HEAD_DIM)
         else:
@@ -426,13 +473,21 @@ def _attn_bwd_dkdv_inner(
         do = _load_tile(do_ptrs + start_m * stride_dom, rows, N_Q, offs_d, HEAD_DIM, MASK_M, PAD_D)
         if MASK_M:
             lse = tl.load(Lse_head + rows, mask=rows < N_Q, other=0.0)
-            delta = tl.load(Delta_head + rows, mask=rows < N_Q, other=0.0)
         else:
             lse = tl.load(Lse_head + rows)
+        if MODE == SIGMOID_C:
+            delta = tl.zeros([BLOCK_M], dtype=tl.float32)  # no Delta term in sigmoid's dS
+        elif MASK_M:
+            delta = tl.load(Delta_head + rows, mask=rows < N_Q, other=0.0)
+        else:
             delta = tl.load(Delta_head + rows)
         # transposed raw products (keys x queries); s = x * scale
         xT = tl.dot(k, qT, input_precision=DOT_PRECISION)
-        if MODE == EXPRESSIVE_C:
+        if MODE == SIGMOID_C:
+            # lse holds the rows' bias (natural units); masked rows read q = dO = 0, so
+            # their weight sigmoid(0) meets dO = 0 and dA = 0
+            aT, slopeT = _sigmoid_log2(xT * qk_scale + lse[None, :] * LOG2E_C)
+        elif MODE == EXPRESSIVE_C:
             inv_n = _inverse_normaliser(lse)
             z2 = xT * xT * qk_scale
             r = tl.fdiv(tl.full(z2.shape, 1.0, tl.float32), 1.0 + z2)  # 1 / (1 + s^2)
@@ -445,7 +500,9 @@ def _attn_bwd_dkdv_inner(
             aT = tl.math.exp2(xT * qk_scale - lse[None, :] * LOG2E_C)
         dv = tl.dot(aT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV += A^T dO
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # dA^T = V dO^T
-        if MODE == EXPRESSIVE_C:
+        if MODE == SIGMOID_C:
+            dsT = dpT * slopeT  # dA * A * (1 - A)
+        elif MODE == EXPRESSIVE_C:
             # dL/dx = (dA - Delta) / N * de/dx, de/dx = 2 scale^2 x / (1 + s^2)^2; the
             # constant 2 scale^2 is applied once to dK (sm_scale)
             dsT = (dpT - delta[None, :]) * (inv_n[None, :] * xT * r * r)
@@ -574,12 +631,13 @@ def _attn_bwd_dkdv(
 
 @triton.jit
 def _attn_bwd_dq_inner(
-    dq, q, do, lse, delta, K_head, V_head, lo, hi, N_KV,
+    dq, ds_sum, q, do, lse, delta, K_head, V_head, lo, hi, N_KV,
     stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
     MODE: tl.constexpr, MASK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Accumulate dQ of one query block over keys [lo, hi) in steps of BLOCK_N.
+    """Accumulate dQ of one query block over keys [lo, hi) in steps of BLOCK_N, and in
+    sigmoid mode the row sums of dS (``ds_sum``, the bias gradient).
 
     Masked keys (MASK_N) read k = v = 0: they add ds * 0 to dQ.  In Cog mode their
     weight is sign(0) * P = 0 already; in softmax mode it is exp(-LSE), which can
@@ -594,7 +652,10 @@ def _attn_bwd_dq_inner(
         kT = _load_tile(kT_ptrs + start_n * stride_kn, offs_d, HEAD_DIM, cols, N_KV, PAD_D, MASK_N)
         vT = _load_tile(vT_ptrs + start_n * stride_vn, offs_d, HEAD_DIM, cols, N_KV, PAD_D, MASK_N)
         x = tl.dot(q, kT, input_precision=DOT_PRECISION)  # raw q.k; s = x * scale
-        if MODE == EXPRESSIVE_C:
+        if MODE == SIGMOID_C:
+            # lse holds the rows' bias in log2 units; masked keys read v = 0, so dA = 0
+            _, slope = _sigmoid_log2(x * qk_scale + lse[:, None])
+        elif MODE == EXPRESSIVE_C:
             # lse holds 1 / N here (see _attn_bwd_dq_block); masked keys give x = 0
             z2 = x * x * qk_scale
             r = tl.fdiv(tl.full(z2.shape, 1.0, tl.float32), 1.0 + z2)  # 1 / (1 + s^2)
@@ -605,14 +666,17 @@ def _attn_bwd_dq_inner(
             if MASK_N:
                 a = tl.where(cols[None, :] < N_KV, a, 0.0)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)  # dA = dO V^T
-        if MODE == EXPRESSIVE_C:
+        if MODE == SIGMOID_C:
+            ds = dp * slope  # dA * A * (1 - A)
+            ds_sum += tl.sum(ds, 1)
+        elif MODE == EXPRESSIVE_C:
             ds = (dp - delta[:, None]) * (lse[:, None] * x * r * r)  # times 2 scale^2 later
         elif MODE == COG_C:
             ds = tl.abs(a) * dp - a * delta[:, None]  # = sign(S) * P * (sign(S) * dA - Delta)
         else:
             ds = a * (dp - delta[:, None])
         dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
-    return dq
+    return dq, ds_sum
 
 
 @triton.jit
@@ -625,7 +689,8 @@ def _attn_bwd_dq_block(
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_M: tl.constexpr,
 ):
-    """dQ and Delta of query rows [start_m, start_m + BLOCK_M); MASK_M masks rows >= N_Q."""
+    """dQ and Delta (sigmoid: the row sums of dS) of query rows [start_m, start_m + BLOCK_M);
+    MASK_M masks rows >= N_Q."""
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -633,16 +698,21 @@ def _attn_bwd_dq_block(
                    offs_m, N_Q, offs_d, HEAD_DIM, MASK_M, PAD_D)
     do = _load_tile(DO_head + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                     offs_m, N_Q, offs_d, HEAD_DIM, MASK_M, PAD_D)
-    o = _load_tile(O_head + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-                   offs_m, N_Q, offs_d, HEAD_DIM, MASK_M, PAD_D)
-    # Delta = rowsum(dO * O), here because this program holds dO anyway; stored for
-    # the dK/dV kernel, which runs next
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if MODE == SIGMOID_C:
+        delta = tl.zeros([BLOCK_M], dtype=tl.float32)  # no Delta term; O is not read
+    else:
+        o = _load_tile(O_head + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                       offs_m, N_Q, offs_d, HEAD_DIM, MASK_M, PAD_D)
+        # Delta = rowsum(dO * O), here because this program holds dO anyway; stored for
+        # the dK/dV kernel, which runs next
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        if MASK_M:
+            tl.store(Delta_head + offs_m, delta, mask=offs_m < N_Q)
+        else:
+            tl.store(Delta_head + offs_m, delta)
     if MASK_M:
-        tl.store(Delta_head + offs_m, delta, mask=offs_m < N_Q)
         lse = tl.load(Lse_head + offs_m, mask=offs_m < N_Q, other=0.0)
     else:
-        tl.store(Delta_head + offs_m, delta)
         lse = tl.load(Lse_head + offs_m)
     # the row statistic the inner loop needs: LSE in log2 units, or 1 / N (expressive)
     if MODE == EXPRESSIVE_C:
@@ -650,26 +720,33 @@ def _attn_bwd_dq_block(
     else:
         row_stat = lse * LOG2E_C
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    ds_sum = tl.zeros([BLOCK_M], dtype=tl.float32)  # sigmoid: row sums of dS
 
     # full key blocks, then the remainder in TAIL-wide steps (the last one masked)
     n_full = (N_KV // BLOCK_N) * BLOCK_N
     n_tail = (N_KV // TAIL_C) * TAIL_C
-    dq = _attn_bwd_dq_inner(
-        dq, q, do, row_stat, delta, K_head, V_head, 0, n_full, N_KV,
+    dq, ds_sum = _attn_bwd_dq_inner(
+        dq, ds_sum, q, do, row_stat, delta, K_head, V_head, 0, n_full, N_KV,
         stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
         MODE, False, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION,
     )
-    dq = _attn_bwd_dq_inner(
-        dq, q, do, row_stat, delta, K_head, V_head, n_full, n_tail, N_KV,
+    dq, ds_sum = _attn_bwd_dq_inner(
+        dq, ds_sum, q, do, row_stat, delta, K_head, V_head, n_full, n_tail, N_KV,
         stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
         MODE, False, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
     )
-    dq = _attn_bwd_dq_inner(
-        dq, q, do, row_stat, delta, K_head, V_head, n_tail, N_KV, N_KV,
+    dq, ds_sum = _attn_bwd_dq_inner(
+        dq, ds_sum, q, do, row_stat, delta, K_head, V_head, n_tail, N_KV, N_KV,
         stride_kn, stride_kd, stride_vn, stride_vd, qk_scale, offs_d,
         MODE, True, HEAD_DIM, BLOCK_D, TAIL_C, DOT_PRECISION,
     )
     dq = dq * sm_scale
+    if MODE == SIGMOID_C:
+        # the rows' share of the bias gradient, where the other modes keep Delta
+        if MASK_M:
+            tl.store(Delta_head + offs_m, ds_sum, mask=offs_m < N_Q)
+        else:
+            tl.store(Delta_head + offs_m, ds_sum)
 
     dq_ptrs = DQ_head + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
     if MASK_M:

@@ -148,6 +148,62 @@ def test_reference_table_follows_the_kernel_package():
     assert {"softmax", "cog"} <= set(REFERENCE_ATTENTION)
     has_expressive = hasattr(reference, "expressive_attention_reference")
     assert ("expressive" in REFERENCE_ATTENTION) == has_expressive
+    assert ("sigmoid" in REFERENCE_ATTENTION) == hasattr(reference, "sigmoid_attention_reference")
+
+
+def test_unnormalised_rows_key_weights_and_row_sum():
+    """Sigmoid rows: the first/time/text weights are the weights themselves (Gu et al.'s (2024)
+    sink measure), not shares; row_sum says what a row adds up to. Normalised rows: the
+    two agree and row_sum is 1."""
+    layout = TokenLayout(num_tokens=4, num_extras=1, time_index=0, text=(1, 3), grid=(1, 1))
+    a = torch.tensor([[0.5, 0.1, 0.1, 0.3], [0.02, 0.01, 0.01, 0.01]])
+    raw, shares = row_metrics(a, layout, normalised=False), row_metrics(a, layout)
+    assert raw["first_token_weight"].tolist() == pytest.approx([0.5, 0.02])
+    assert shares["first_token_weight"].tolist() == pytest.approx([0.5, 0.4])
+    assert raw["text_weight"].tolist() == pytest.approx([0.2, 0.02])
+    assert raw["row_sum"].tolist() == pytest.approx([1.0, 0.05])
+    assert raw["entropy"].tolist() == shares["entropy"].tolist()  # a row's shape either way
+    # a sigmoid head that gives the first token 0.02 of weight is no sink, whatever its share
+    assert M.sink_share(raw["first_token_weight"][1:]) == 0.0
+    assert M.sink_share(shares["first_token_weight"][1:]) == 1.0
+
+
+def test_sigmoid_blocks_weights_and_bias():
+    """attention_weights of a sigmoid block is sigmoid(S + b) with the block's bias: the
+    default -log N, a fixed one, or the learned one per head."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 16)
+    attn = Attention(16, num_heads=2, mode="sigmoid")
+    q, k, _ = attn.qkv(x).reshape(2, 9, 3, 2, 8).permute(2, 0, 3, 1, 4)
+    s = attn.scale * q @ k.transpose(-2, -1)
+    with torch.no_grad():
+        torch.testing.assert_close(attention_weights(attn, x), torch.sigmoid(s - math.log(9)))
+        attn.sigmoid_bias = 1.0
+        torch.testing.assert_close(attention_weights(attn, x), torch.sigmoid(s + 1.0))
+        attn.sigmoid_bias = torch.nn.Parameter(torch.tensor([-2.0, 3.0]))
+        b = torch.tensor([-2.0, 3.0]).reshape(2, 1, 1)
+        torch.testing.assert_close(attention_weights(attn, x), torch.sigmoid(s + b))
+
+
+def test_sigmoid_model_end_to_end(tmp_path):
+    """U-ViS in the analysis: no negative weights, rows summing to about 1 at init (bias
+    -log N), key weights the weights themselves; U-ViT's softmax rows sum to 1."""
+    cfg = tiny_cfg()
+    images, _ = load_inputs(cfg, 2)
+    models = {"U-ViT": tiny_model("uvit"), "U-ViS": tiny_model("uvis")}
+    result = analyze(models, cfg, images, num_levels=2)
+    check_result(result)
+    uvis, uvit = result["models"]["U-ViS"], result["models"]["U-ViT"]
+    assert uvis["attention_modes"] == ["softmax", "sigmoid", "softmax"]
+    sig = uvis["blocks"][1]
+    assert sig["mode"] == "sigmoid" and all(v == 0 for v in sig["mean"]["negative_mass"])
+    # scores near 0 at init: each weight ~ sigmoid(-log 17) = 1 / 18, a row ~ 17 / 18
+    assert all(0.8 < r < 1.1 for r in sig["mean"]["row_sum"])
+    assert all(0.03 < w < 0.08 for w in sig["mean"]["first_token_weight"])
+    assert all(r == pytest.approx(1.0) for blk in uvit["blocks"] for r in blk["mean"]["row_sum"])
+    assert uvis["blocks"][0]["mean"] == uvit["blocks"][0]["mean"]  # the same softmax block
+    paths = save_figures(result, tmp_path / "figures", map_levels=[0])
+    assert "heatmap_row_sum" in paths
 
 
 def test_token_layouts():

@@ -1,4 +1,4 @@
-"""Cog / expressive / softmax attention processors for diffusers models.
+"""Cog / expressive / sigmoid / softmax attention processors for diffusers models.
 
 The processors must equal diffusers' ``AttnProcessor2_0`` apart from the attention op.
 Two oracles: ``AttnProcessor2_0`` itself (for softmax through our kernel), and, for
@@ -26,6 +26,7 @@ from uvic.models.attention_processor import (
     CogAttnProcessor,
     ExpressiveAttnProcessor,
     KernelAttnProcessor,
+    SigmoidAttnProcessor,
     SoftmaxAttnProcessor,
     set_cog_attention,
     transformer_blocks,
@@ -33,6 +34,7 @@ from uvic.models.attention_processor import (
 from uvic_kernels import (
     cog_attention_reference,
     expressive_attention_reference,
+    sigmoid_attention_reference,
     softmax_attention_reference,
 )
 
@@ -45,11 +47,13 @@ TOL = 1e-5  # relative (Frobenius) error of float32 against float64
 REFERENCES = {
     "cog": cog_attention_reference,
     "expressive": expressive_attention_reference,
+    "sigmoid": sigmoid_attention_reference,  # bias -log(N keys), the processor's default
     "softmax": softmax_attention_reference,
 }
 PROCESSOR_CLASSES = {
     "cog": CogAttnProcessor,
     "expressive": ExpressiveAttnProcessor,
+    "sigmoid": SigmoidAttnProcessor,
     "softmax": SoftmaxAttnProcessor,
 }
 
@@ -69,15 +73,16 @@ class ReferenceProcessor(AttnProcessor2_0):
     """diffusers' AttnProcessor2_0 with scaled_dot_product_attention replaced by the
     reference formula of ``mode`` (run it in float64)."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, bias: float | None = None) -> None:
         super().__init__()
         self.formula = REFERENCES[mode]
+        self.extra = () if bias is None else (bias,)  # sigmoid's bias
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  temb=None):
         def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
             assert attn_mask is None and dropout_p == 0.0 and not is_causal
-            return self.formula(q, k, v, scale)
+            return self.formula(q, k, v, scale, *self.extra)
 
         with mock.patch.object(diffusers_ap.F, "scaled_dot_product_attention", sdpa):
             return super().__call__(attn, hidden_states, encoder_hidden_states,
@@ -156,9 +161,9 @@ def test_softmax_processor_equals_attn_processor_2_0_on_dit():
     assert_matches(run_dit(model, inputs), expected)
 
 
-@pytest.mark.parametrize("mode", ["cog", "expressive"])
+@pytest.mark.parametrize("mode", ["cog", "expressive", "sigmoid"])
 def test_dit_matches_float64_reference(mode):
-    """The whole DiT in Cog (expressive) attention against a float64 reference network:
+    """The whole DiT in Cog (expressive, sigmoid) attention against a float64 reference network:
     outputs, every parameter's gradient and the input gradient."""
     model = tiny_dit()
     inputs = dit_inputs()
@@ -256,7 +261,7 @@ def test_softmax_processor_equals_attn_processor_2_0(config):
     assert_matches(run_attention(attn, inputs), expected)
 
 
-@pytest.mark.parametrize("mode", ["cog", "expressive"])
+@pytest.mark.parametrize("mode", ["cog", "expressive", "sigmoid"])
 @pytest.mark.parametrize("config", CONFIGS)
 def test_attention_module_matches_float64_reference(config, mode):
     attn, inputs = attention_module(config)
@@ -265,6 +270,23 @@ def test_attention_module_matches_float64_reference(config, mode):
     ref = copy.deepcopy(attn).double()
     ref.set_processor(ReferenceProcessor(mode))
     assert_matches(got, run_attention(ref, inputs))
+
+
+@pytest.mark.parametrize("config", ["cross", "image"])
+def test_sigmoid_processor_bias(config):
+    """SigmoidAttnProcessor(bias=b): sigmoid(S + b) instead of the default -log N (N keys);
+    the two differ, and each matches its float64 reference."""
+    attn, inputs = attention_module(config)
+    attn.set_processor(SigmoidAttnProcessor(backend=BACKEND, bias=1.5))
+    assert repr(attn.processor) == f"SigmoidAttnProcessor(mode='sigmoid', backend={BACKEND!r})"
+    got = run_attention(attn, inputs)
+    ref = copy.deepcopy(attn).double()
+    ref.set_processor(ReferenceProcessor("sigmoid", bias=1.5))
+    assert_matches(got, run_attention(ref, inputs))
+    attn.set_processor(SigmoidAttnProcessor(backend=BACKEND))
+    assert rel_err(run_attention(attn, inputs)[0], got[0]) > 100 * TOL
+    one_line_error(lambda: SigmoidAttnProcessor(bias=float("nan")), "bias must be a finite")
+    one_line_error(lambda: KernelAttnProcessor("cog", bias=1.0), "sigmoid mode's only")
 
 
 def test_default_backend_runs_the_kernel():

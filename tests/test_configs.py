@@ -24,7 +24,8 @@ from uvic.files import save_config
 from uvic.models.uvit import build_model, resolve_attention
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-NAMES = ["cifar10_uvit", "cifar10_uvic", "mscoco_uvit", "mscoco_uvic", "quickstart"]
+NAMES = ["cifar10_uvit", "cifar10_uvic", "cifar10_uvis", "mscoco_uvit", "mscoco_uvic",
+         "quickstart"]
 
 SHARED = {  # both paper configs (U-ViT-S/2)
     "model.patch_size": 2, "model.embed_dim": 512, "model.depth": 12, "model.num_heads": 8,
@@ -98,6 +99,20 @@ def test_uvic_differs_from_uvit_only_in_attention(dataset: str) -> None:
         train=dataclasses.replace(uvic.train, output_dir=uvit.train.output_dir),
     )
     assert same == uvit and uvic.model.attention == "uvic"
+
+
+def test_uvis_differs_from_uvit_only_in_attention() -> None:
+    """U-ViS: sigmoid attention where U-ViC has Cog, everything else U-ViT's."""
+    uvit = load_config(CONFIGS / "cifar10_uvit.py")
+    uvis = load_config(CONFIGS / "cifar10_uvis.py")
+    same = dataclasses.replace(
+        uvis, name=uvit.name,
+        model=dataclasses.replace(uvis.model, attention="uvit"),
+        train=dataclasses.replace(uvis.train, output_dir=uvit.train.output_dir),
+    )
+    assert same == uvit and uvis.model.sigmoid_bias is None
+    modes = resolve_attention(uvis.model.attention, uvis.model.depth)
+    assert modes == ["softmax"] + ["sigmoid"] * 11 + ["softmax"]
 
 
 def test_quickstart_is_small_and_cpu_friendly() -> None:

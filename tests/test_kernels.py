@@ -1,4 +1,5 @@
-"""Fused Cog / softmax attention kernels against float64 autograd references.
+"""Fused Cog / softmax / expressive / sigmoid attention kernels against float64 autograd
+references.
 
 Without CUDA the Triton kernels run in Triton's CPU interpreter (tests/conftest.py
 sets TRITON_INTERPRET=1 before anything imports triton); with CUDA the same tests
@@ -25,6 +26,7 @@ from uvic_kernels import (
     cog_attention_reference,
     expressive_attention_reference,
     fused_attention,
+    sigmoid_attention_reference,
     softmax_attention_reference,
 )
 
@@ -35,8 +37,9 @@ REFERENCES = {
     "cog": cog_attention_reference,
     "softmax": softmax_attention_reference,
     "expressive": expressive_attention_reference,
+    "sigmoid": sigmoid_attention_reference,  # bias -log(Nkv) unless given
 }
-MODES = ["cog", "softmax", "expressive"]
+MODES = ["cog", "softmax", "expressive", "sigmoid"]
 # bf16 tl.dot is wrong in the interpreter: bf16 kernels are checked on a GPU only
 KERNEL_DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if CUDA else [])
 
@@ -53,26 +56,37 @@ def randn(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> tor
     return torch.randn(*shape, generator=gen).to(device=DEVICE, dtype=dtype)
 
 
-def run(q, k, v, do, mode, scale=None, backend="triton"):
-    """Output and (dq, dk, dv) of uvic_kernels.attention."""
+def run(q, k, v, do, mode, scale=None, backend="triton", bias=None):
+    """Output and (dq, dk, dv) of uvic_kernels.attention, and d bias after them for a
+    tensor ``bias`` (sigmoid)."""
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
-    out = attention(q, k, v, mode, scale, backend=backend)
-    return out, torch.autograd.grad(out, (q, k, v), do)
+    leaves = (q, k, v)
+    if isinstance(bias, torch.Tensor):
+        bias = bias.detach().requires_grad_()
+        leaves += (bias,)
+    kwargs = {} if bias is None else {"bias": bias}
+    out = attention(q, k, v, mode, scale, backend=backend, **kwargs)
+    return out, torch.autograd.grad(out, leaves, do)
 
 
-def run_reference(q, k, v, do, mode, scale=None):
+def run_reference(q, k, v, do, mode, scale=None, bias=None):
     """Float64 output and gradients of the reference formula (autograd)."""
     q, k, v = (x.detach().double().requires_grad_() for x in (q, k, v))
-    out = REFERENCES[mode](q, k, v, scale)
-    return out, torch.autograd.grad(out, (q, k, v), do.double())
+    leaves = (q, k, v)
+    if isinstance(bias, torch.Tensor):
+        bias = bias.detach().double().requires_grad_()
+        leaves += (bias,)
+    args = () if bias is None else (bias,)
+    out = REFERENCES[mode](q, k, v, scale, *args)
+    return out, torch.autograd.grad(out, leaves, do.double())
 
 
-def assert_close_to_reference(q, k, v, do, mode, tol, scale=None, backend="triton"):
-    out, grads = run(q, k, v, do, mode, scale, backend)
-    ref_out, ref_grads = run_reference(q, k, v, do, mode, scale)
+def assert_close_to_reference(q, k, v, do, mode, tol, scale=None, backend="triton", bias=None):
+    out, grads = run(q, k, v, do, mode, scale, backend, bias)
+    ref_out, ref_grads = run_reference(q, k, v, do, mode, scale, bias)
     assert out.dtype == q.dtype and out.shape == q.shape
     errors = [rel_err(out, ref_out)] + [rel_err(g, r) for g, r in zip(grads, ref_grads)]
-    assert max(errors) < tol, f"rel. errors (o, dq, dk, dv) = {errors}"
+    assert max(errors) < tol, f"rel. errors (o, dq, dk, dv[, dbias]) = {errors}"
     return errors
 
 
@@ -129,8 +143,9 @@ def test_torch_backend_equals_kernel(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_row_statistic(mode):
-    """The forward's row statistic: log-sum-exp of S (softmax) or |S| (cog), or the row
-    sum N of S^2 / (1 + S^2) (expressive), which the backward recomputes weights from."""
+    """The forward's row statistic: log-sum-exp of S (softmax) or |S| (cog), the row sum
+    N of S^2 / (1 + S^2) (expressive), or the bias (sigmoid, default -log Nkv), which the
+    backward recomputes weights from."""
     from uvic_kernels import launch
 
     q, k, v = (randn(1, 2, 77, 32, seed=i) for i in range(3))
@@ -138,6 +153,8 @@ def test_row_statistic(mode):
     s = 0.25 * q.double() @ k.double().transpose(-2, -1)
     if mode == "expressive":
         ref = (s * s / (1 + s * s)).sum(dim=-1)
+    elif mode == "sigmoid":
+        ref = torch.full((1, 2, 77), -math.log(77), dtype=torch.float64)
     else:
         ref = torch.logsumexp(s.abs() if mode == "cog" else s, dim=-1)
     assert stat.dtype == torch.float32 and stat.shape == (1, 2, 77)
@@ -157,6 +174,131 @@ def test_expressive_all_zero_row():
         assert_close_to_reference(q, k, v, do, "expressive", TOL[torch.float32], backend=backend)
     ref = expressive_attention_reference(q.double(), k.double(), v.double())
     assert (ref[0, 1] == 0).all()
+
+
+# ---------------------------------------------------------------------------------------
+# Sigmoid attention: the bias, saturated weights
+# ---------------------------------------------------------------------------------------
+
+# (B, H, Nq, Nkv, D): N off every block size, cross-attention lengths, D not a power of two
+SIGMOID_BIAS_SHAPES = [(2, 3, 45, 45, 40), (1, 2, 33, 70, 72), (1, 1, 1, 1, 16)]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("shape", SIGMOID_BIAS_SHAPES, ids=str)
+def test_sigmoid_learnable_bias(shape, backend):
+    """A per-head bias tensor (H,): output and the gradients of q, k, v and the bias against
+    float64; a single bias tensor (shape () and (1,)) gets the sum over heads."""
+    b, h, nq, nkv, d = shape
+    q, k, v = (randn(b, h, n, d, seed=i) for i, n in enumerate((nq, nkv, nkv)))
+    do = randn(b, h, nq, d, seed=3)
+    per_head = randn(h, seed=4) - 2.0
+    errors = assert_close_to_reference(q, k, v, do, "sigmoid", TOL[torch.float32],
+                                       backend=backend, bias=per_head)
+    assert len(errors) == 5  # o, dq, dk, dv, dbias
+    for single in (torch.tensor(-1.5, device=DEVICE), torch.tensor([0.7], device=DEVICE)):
+        assert_close_to_reference(q, k, v, do, "sigmoid", TOL[torch.float32], 0.3,
+                                  backend=backend, bias=single)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_sigmoid_bias_forms(backend):
+    """No bias is -log(Nkv); a number, a 0-d tensor and a per-head tensor of the same value
+    give the same bits; a per-head bias acts on its own head only."""
+    q = randn(2, 2, 21, 16, seed=0)
+    k, v = randn(2, 2, 37, 16, seed=1), randn(2, 2, 37, 16, seed=2)
+    default = attention(q, k, v, "sigmoid", backend=backend)
+    assert torch.equal(default, attention(q, k, v, "sigmoid", bias=-math.log(37), backend=backend))
+    for value in (torch.tensor(-math.log(37)), torch.full((2,), -math.log(37))):
+        assert torch.equal(default, attention(q, k, v, "sigmoid", bias=value.to(DEVICE),
+                                              backend=backend))
+    bias = torch.tensor([-math.log(37), 2.0], device=DEVICE)
+    out = attention(q, k, v, "sigmoid", bias=bias, backend=backend)
+    assert torch.equal(out[:, 0], default[:, 0]) and not torch.equal(out[:, 1], default[:, 1])
+    ref = sigmoid_attention_reference(q.double(), k.double(), v.double(), None, bias.double())
+    assert rel_err(out, ref) < 1e-6
+    # fp16 inputs with an fp32 bias (the model's parameter under autocast): the bias's dtype
+    out16 = attention(q.half(), k.half(), v.half(), "sigmoid", bias=bias, backend=backend)
+    assert out16.dtype == torch.float16 and rel_err(out16, ref) < TOL[torch.float16]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_sigmoid_bias_gradient_alone(backend):
+    """Only the bias needs a gradient (q, k, v frozen): the dQ kernel still runs, for the
+    row sums of dS, and nothing else is returned."""
+    q, k, v, do = (randn(1, 2, 70, 32, seed=i) for i in range(4))
+    bias = (randn(2, seed=5) - 3.0).requires_grad_()
+    out = attention(q, k, v, "sigmoid", bias=bias, backend=backend)
+    (dbias,) = torch.autograd.grad(out, (bias,), do)
+    ref = run_reference(q, k, v, do, "sigmoid", bias=bias)[1][3]
+    assert dbias.shape == (2,) and rel_err(dbias, ref) < 1e-5
+
+
+def _saturated_inputs(n: int = 70, d: int = 32) -> tuple[torch.Tensor, ...]:
+    """Scores of 15..60 with O(1) spread: every weight rounds to 1 in fp32, so A (1 - A)
+    formed as a product of fp32 weights is 0 while the true slope is exp(-|S + b|)."""
+    q, k, v, do = (randn(1, 2, n, d, seed=i) for i in range(4))
+    q[..., 0] = 6.0
+    k[..., 0] = (5.0 + randn(1, 2, n, seed=5).abs()) * math.sqrt(d)  # scale * q.k = 30 +- O(6)
+    return q, k, v, do
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["saturated-at-1", "saturated-at-0"])
+def test_sigmoid_saturated_scores(backend, sign):
+    """Adversarial logits: weights all ~1 (or all ~0 with the sign flipped).  The output
+    and every gradient stay accurate to what fp32 scores allow (a score of ~35 is known to
+    ~1e-5 absolute, which is the relative error of its slope exp(-|S + b|)), where fp32
+    autograd of sigmoid(S + b) @ v loses the tiny slopes entirely (dQ and dK wrong)."""
+    q, k, v, do = _saturated_inputs()
+    q = sign * q
+    bias = torch.tensor([-math.log(70), 3.0], device=DEVICE)
+    errors = assert_close_to_reference(q, k, v, do, "sigmoid", 1e-4, backend=backend, bias=bias)
+    assert all(math.isfinite(e) for e in errors)
+    if sign > 0:
+        q32, k32 = (x.detach().requires_grad_() for x in (q, k))
+        o32 = sigmoid_attention_reference(q32, k32, v, None, bias)
+        dq32 = torch.autograd.grad(o32, (q32,), do)[0]
+        ref_dq = run_reference(q, k, v, do, "sigmoid", bias=bias)[1][0]
+        assert rel_err(dq32, ref_dq) > 0.1  # the naive fp32 form fails here
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_sigmoid_extreme_logits_stay_finite(backend):
+    """Scores of +-1e4 and biases of +-1e3: weights exactly 0 or 1, never NaN or inf."""
+    q, k, v, do = _huge_score_inputs()
+    for bias in (torch.tensor([1e3, -1e3], device=DEVICE), None):
+        out, grads = run(q, k, v, do, "sigmoid", backend=backend, bias=bias)
+        assert all(torch.isfinite(x).all() for x in (out, *grads))
+        ref_out, _ = run_reference(q, k, v, do, "sigmoid", bias=bias)
+        assert rel_err(out, ref_out) < 1e-5
+
+
+def test_sigmoid_bitwise_deterministic_bias_gradient():
+    """The bias gradient is a sum in a fixed order: two runs give the same bits."""
+    q, k, v, do = (randn(2, 2, 257, 64, seed=i) for i in range(4))
+    bias = randn(2, seed=5) - 5.0
+    first, second = (run(q, k, v, do, "sigmoid", bias=bias) for _ in range(2))
+    for a, b in zip((first[0], *first[1]), (second[0], *second[1])):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_sigmoid_bias_under_torch_compile(backend):
+    """A learnable bias through the custom ops: torch.compile captures it in one graph and
+    gives eager's gradients, the bias's included."""
+    q, k, v, do = (randn(1, 2, 20, 16, seed=i) for i in range(4))
+    bias = (randn(2, seed=5) - 2.0).requires_grad_()
+
+    def loss(q, k, v, bias):
+        return (attention(q, k, v, "sigmoid", backend=backend, bias=bias) * do).sum()
+
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    grads = torch.autograd.grad(compiled(q, k, v, bias), (q, k, v, bias))
+    eager = torch.autograd.grad(loss(q, k, v, bias), (q, k, v, bias))
+    for g, e in zip(grads, eager):
+        assert torch.equal(g, e)
 
 
 # ---------------------------------------------------------------------------------------
@@ -237,7 +379,7 @@ def test_other_tiles(monkeypatch, tiles, n, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_bitwise_deterministic(mode):
+def test_bitwise_deterministic(mode):  # sigmoid's bias gradient: see the test below it
     """Two runs give identical bits (no atomics): exact resume of training depends on it."""
     q, k, v, do = (randn(2, 2, 257, 64, seed=i) for i in range(4))
     out_a, grads_a = run(q, k, v, do, mode)
@@ -552,7 +694,9 @@ def test_cached_launch_path(monkeypatch, mode, wrt, scale):
     first = _fwd_bwd(q, k, v, do, mode, scale, wrt)
     after_first = launch.cache_info()
     launches = after_first["misses"] - info["misses"]
-    assert launches == 3 and after_first["hits"] == info["hits"] and after_first["plans"] == 2
+    # sigmoid attention has no Delta: dK/dV alone launches no Delta kernel
+    assert launches == (2 if mode == "sigmoid" and wrt == "k" else 3)
+    assert after_first["hits"] == info["hits"] and after_first["plans"] == 2
     tuned = 3 if wrt == "qkv" else 2  # the Delta kernel (dK/dV only) is not autotuned
     assert counters["autotuner"].n == tuned
     counters["autotuner"].n = counters["jit"].n = 0
@@ -641,6 +785,10 @@ def test_meta_and_fake_tensors(backend):
         out = attention(x, x, x, "expressive", backend=backend)
         out.sum().backward()
         assert out.shape == x.shape and x.grad.shape == x.shape
+        b = torch.zeros(3, requires_grad=True)
+        out = attention(x, x, x, "sigmoid", backend=backend, bias=b)
+        out.sum().backward()
+        assert out.shape == x.shape and b.grad.shape == b.shape
 
 
 def test_input_checks_once_per_signature(monkeypatch):
@@ -664,7 +812,8 @@ def test_input_checks_once_per_signature(monkeypatch):
     assert checks.n == 5
 
 
-def test_gpu_launch_path_without_gpu():
+@pytest.mark.parametrize("mode", ["cog", "sigmoid"])  # sigmoid: no Delta kernel, bias rows
+def test_gpu_launch_path_without_gpu(mode):
     """The cached launch path of a GPU, checked on any machine: the kernels compile for
     sm_90 against a stand-in driver that records launches, and the cached launches must hand
     the launcher the same grid, function and arguments as Triton's own path.  (Runs in a
@@ -675,7 +824,7 @@ def test_gpu_launch_path_without_gpu():
     env = {**os.environ, "TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "uvic_kernels.bench_host", "--check", "--shape", "1,2,70,64",
-         "--dtype", "fp16", "--mode", "cog"],
+         "--dtype", "fp16", "--mode", mode],
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -735,6 +884,11 @@ def _bad_inputs():
     yield "scale", (x, x, x), {"scale": float("nan")}
     yield "backend", (x, x, x), {"backend": "cuda"}
     yield "at least one key", (x, x[:, :, :0], x[:, :, :0]), {}
+    yield "takes none", (x, x, x), {"mode": "cog", "bias": -1.0}
+    yield "bias must have shape", (x, x, x), {"mode": "sigmoid", "bias": torch.zeros(3)}
+    yield "floating", (x, x, x), {"mode": "sigmoid", "bias": torch.zeros(2, dtype=torch.long)}
+    yield "finite number", (x, x, x), {"mode": "sigmoid", "bias": float("inf")}
+    yield "finite number", (x, x, x), {"mode": "sigmoid", "bias": "-log N"}
 
 
 @pytest.mark.parametrize(("message", "args", "kwargs"), list(_bad_inputs()))
@@ -750,6 +904,7 @@ def test_public_api():
         "cog_attention_eq3",
         "cog_attention_reference",
         "softmax_attention_reference",
+        "sigmoid_attention_reference",
     }
 
 

@@ -121,10 +121,15 @@ def random_release_state_dict(arch: dict, seed: int = 0) -> dict[str, Tensor]:
     return sd
 
 
-def ref_attention(q: Tensor, k: Tensor, v: Tensor, mode: str) -> Tensor:
-    """Softmax or Cog attention (docs/cog_attention.md) on (B, H, N, d)."""
+def ref_attention(q: Tensor, k: Tensor, v: Tensor, mode: str, bias: Tensor | None = None
+                  ) -> Tensor:
+    """Softmax, Cog, expressive or sigmoid attention (docs/cog_attention.md) on (B, H, N, d);
+    sigmoid's bias: ``bias`` per head, else -log N."""
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if mode == "softmax":
+    if mode == "sigmoid":
+        b = -math.log(k.shape[-2]) if bias is None else bias.reshape(-1, 1, 1)
+        a = torch.sigmoid(s + b)
+    elif mode == "softmax":
         a = torch.softmax(s, dim=-1)
     elif mode == "expressive":
         e = s * s / (1 + s * s)
@@ -171,7 +176,8 @@ def ref_uvit(sd: dict[str, Tensor], arch: dict, modes: list[str], x, t, context=
             h = lin(torch.cat([h, skip], dim=-1), f"{name}.skip_linear")
         qkv = lin(ln(h, f"{name}.norm1"), f"{name}.attn.qkv")
         qkv = qkv.reshape(B, h.shape[1], 3, heads, D // heads).permute(2, 0, 3, 1, 4)
-        a = ref_attention(qkv[0], qkv[1], qkv[2], mode).transpose(1, 2).reshape(B, -1, D)
+        a = ref_attention(qkv[0], qkv[1], qkv[2], mode, sd.get(f"{name}.attn.sigmoid_bias"))
+        a = a.transpose(1, 2).reshape(B, -1, D)
         h = h + lin(a, f"{name}.attn.proj")
         m = lin(F.gelu(lin(ln(h, f"{name}.norm2"), f"{name}.mlp.fc1")), f"{name}.mlp.fc2")
         return h + m
@@ -244,6 +250,8 @@ def test_attention_presets_and_lists() -> None:
     assert resolve_attention("cog, softmax,cog", 2) == ["cog", "softmax", "cog"]
     assert resolve_attention(["cog", "cog", "cog"], 2) == ["cog"] * 3
     assert resolve_attention("uvie", 3) == ["softmax", "expressive", "expressive", "softmax"]
+    assert resolve_attention("uvis", 2) == ["softmax", "sigmoid", "softmax"]
+    assert resolve_attention("sigmoid,cog,softmax", 2) == ["sigmoid", "cog", "softmax"]
 
     model = build_model(load_config(CONFIGS / "cifar10_uvic.py").model)
     assert model.attention_modes == uvic
@@ -271,6 +279,7 @@ def test_bad_attention_spec(spec: str, needle: str) -> None:
     (dict(num_classes=10, clip_dim=8), "num_classes and model.clip_dim"),
     (dict(pos_embed_init="rope"), "model.pos_embed_init='rope'"),
     (dict(pos_embed_init="sincos", embed_dim=18, num_heads=2), "divisible by 4, got 18"),
+    (dict(sigmoid_bias=float("nan")), "model.sigmoid_bias=nan: must be a finite number"),
 ])
 def test_bad_architecture(overrides: dict, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
@@ -359,7 +368,7 @@ def test_forward_matches_reference(kind: str, tmp_path: Path) -> None:
     load_weights(model, tmp_path / "nnet_ema.pth")
     sd = {k: v.double() for k, v in model.state_dict().items()}  # the float32-rounded weights
     x, t, context, y = inputs(kind, dtype=torch.float64)
-    for spec in ("uvit", "uvic", "uvie", ",".join(["cog"] * (arch["depth"] + 1))):
+    for spec in ("uvit", "uvic", "uvie", "uvis", ",".join(["cog"] * (arch["depth"] + 1))):
         model.set_attention(spec)
         modes = resolve_attention(spec, arch["depth"])
         with torch.no_grad():
@@ -419,16 +428,61 @@ def test_uvit_and_uvic_weights_interchange() -> None:
     assert (a - b).abs().max() > 1e-4  # same weights, different attention
 
 
+def test_sigmoid_bias_settings(tmp_path: Path) -> None:
+    """U-ViS: the fixed bias (default -log N, N the model's tokens) and the learnable one,
+    a parameter (h,) per sigmoid block only, starting at that value, which trains, saves
+    and loads, and equals the functional reference; U-ViT weights load into it with
+    strict=False only for the new parameters."""
+    x, t, _, _ = inputs("uncond", dtype=torch.float64)
+    fixed = tiny("uncond", attention="uvis")
+    n_tokens = 1 + (8 // 2) ** 2
+    assert fixed.mid_block.attn.sigmoid_bias is None  # -log N at run time
+    assert tiny("uncond", attention="uvis", sigmoid_bias=2.0).mid_block.attn.sigmoid_bias == 2.0
+    assert not any("sigmoid_bias" in k for k in fixed.state_dict())
+    learnable = tiny("uncond", attention="uvis", sigmoid_bias_learnable=True)
+    params = {k: v for k, v in learnable.state_dict().items() if "sigmoid_bias" in k}
+    assert list(params) == ["mid_block.attn.sigmoid_bias"]  # blocks 0 and 2: softmax
+    assert torch.equal(params["mid_block.attn.sigmoid_bias"],
+                       torch.full((2,), -math.log(n_tokens)))
+    with torch.no_grad():  # same start: the same function as the fixed -log N
+        torch.testing.assert_close(learnable(x.float(), t).sample, fixed(x.float(), t).sample)
+    out = learnable(x.float(), t).sample
+    out.square().mean().backward()
+    assert learnable.mid_block.attn.sigmoid_bias.grad.abs().min() > 0
+    # a given bias; the functional reference with the learned values
+    other = tiny("uncond", attention="uvis", sigmoid_bias=-1.0, sigmoid_bias_learnable=True)
+    assert torch.equal(other.mid_block.attn.sigmoid_bias, torch.full((2,), -1.0))
+    with torch.no_grad():
+        other.mid_block.attn.sigmoid_bias.copy_(torch.tensor([0.5, -3.0]))
+        sd = {k: v.double() for k, v in other.state_dict().items()}
+        ref = ref_uvit(sd, TINY["uncond"], ["softmax", "sigmoid", "softmax"], x, t)
+        torch.testing.assert_close(other(x.float(), t).sample.double(), ref, rtol=0,
+                                   atol=2e-5)
+    # diffusers save / load keeps the setting and the learned values
+    other.save_pretrained(tmp_path / "uvis")
+    loaded = UViT.from_pretrained(tmp_path / "uvis")
+    assert loaded.config.sigmoid_bias == -1.0 and loaded.config.sigmoid_bias_learnable
+    assert torch.equal(loaded.mid_block.attn.sigmoid_bias,
+                       other.mid_block.attn.sigmoid_bias)
+    # switching a learnable model's blocks to sigmoid gives them a bias of their own
+    other.set_attention("sigmoid,sigmoid,softmax")
+    assert torch.equal(other.in_blocks[0].attn.sigmoid_bias, torch.full((2,), -1.0))
+    missing = tiny("uncond", attention="uvis", sigmoid_bias_learnable=True).load_state_dict(
+        tiny("uncond").state_dict(), strict=False).missing_keys
+    assert missing == ["mid_block.attn.sigmoid_bias"]
+
+
 def test_triton_kernel_matches_torch_path() -> None:
     """The fused kernel (Triton interpreter on CPU, set by conftest) gives the same output."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = tiny("uncond", attention="uvic").to(device)
     x, t, _, _ = (v.to(device) if v is not None else v for v in inputs("uncond", batch=1))
-    with torch.no_grad():
-        ref = model(x, t).sample
-        model.set_attention("uvic", backend="triton")
-        out = model(x, t).sample
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    for spec in ("uvic", "uvis"):
+        model = tiny("uncond", attention=spec).to(device)
+        with torch.no_grad():
+            ref = model(x, t).sample
+            model.set_attention(spec, backend="triton")
+            out = model(x, t).sample
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_grad_checkpointing_same_gradients() -> None:

@@ -377,6 +377,11 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
                          check=make_test_runs_ruff_and_pytest),
     "python scripts/train.py --config configs/cifar10_uvic.py --set train.batch_size=64 "
     "--set optim.lr=1e-4": Run(CIFAR10_MODEL + TRAIN, ("cifar10",), "a training run"),
+    # U-ViS (sigmoid attention, a learnable bias per head) on the built-in shapes
+    "python scripts/train.py --config configs/quickstart.py --set model.attention=uvis "
+    "--set model.sigmoid_bias_learnable=true --set train.max_steps=40 "
+    "--set train.output_dir=runs/quickstart_uvis":
+        Run(TRAIN + sets("data.num_images=8"), (), "a training run"),
     # torchvision verifies the files already there instead of downloading them
     "accelerate launch scripts/train.py --config configs/cifar10_uvic.py "
     "--set data.download=true": Run(CIFAR10_MODEL + TRAIN, ("cifar10",), "a training run"),

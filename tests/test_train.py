@@ -295,7 +295,7 @@ def test_run_folder_knows_where_a_file_belongs(tmp_path):
     assert run.checkpoints() == [] and run.latest_checkpoint() is None
 
 
-@pytest.mark.parametrize("attention", ["uvit", "uvic"])
+@pytest.mark.parametrize("attention", ["uvit", "uvic", "uvis"])
 def test_trains_on_cifar10_files(tmp_path, monkeypatch, attention):
     make_cifar10(tmp_path / "cifar", n_per_batch=4)  # 20 training images
     patch_cifar10_checksums(monkeypatch, tmp_path / "cifar")
@@ -325,7 +325,7 @@ def test_trains_on_cifar10_files(tmp_path, monkeypatch, attention):
 
     ema = build_model(cfg.model)
     load_weights(ema, out / "ema.safetensors")  # strict: the exported EMA fits the model
-    assert ema.attention_modes[1] == ("cog" if attention == "uvic" else "softmax")
+    assert ema.attention_modes[1] == {"uvic": "cog", "uvis": "sigmoid"}.get(attention, "softmax")
     ckpt = out / "checkpoints" / "step_000004"
     assert same_tensors(load_file(out / "ema.safetensors"), load_file(ckpt / "ema.safetensors"))
     for weights in (out / "ema.safetensors", ckpt / "ema.safetensors"):  # carry their model
@@ -359,15 +359,24 @@ def test_trains_on_mscoco_features(tmp_path, coco_features, attention, monkeypat
     load_weights(build_model(cfg.model), out / "ema.safetensors")
 
 
-def test_loss_goes_down_on_one_fixed_batch(tmp_path):
-    """Four images, one batch per step: the model must fit them (loss well below 1)."""
+@pytest.mark.parametrize("attention", ["uvit", "uvis"])
+def test_loss_goes_down_on_one_fixed_batch(tmp_path, attention):
+    """Four images, one batch per step: the model must fit them (loss well below 1). U-ViS
+    (sigmoid attention) with a learnable bias per head too: it trains, and the bias moves."""
     out = tmp_path / "run"
     cfg = shapes_config(out, "data.num_images=4", "data.random_flip=false", "train.max_steps=30",
                         "optim.lr=1e-2", "optim.warmup_steps=0", "optim.weight_decay=0",
-                        "train.log_every=5", "train.ckpt_every=0")
+                        "train.log_every=5", "train.ckpt_every=0", f"model.attention={attention}",
+                        f"model.sigmoid_bias_learnable={attention == 'uvis'}")
     train(cfg)
     log = read_log(out)
+    assert all(np.isfinite(r["loss"]) for r in log)
     assert log[-1]["loss"] < 0.85 * log[0]["loss"]
+    if attention == "uvis":  # 64 patches + the time token: the bias starts at -log 65
+        weights = load_file(out / "checkpoints" / "step_000030" / "model.safetensors")
+        bias = weights["mid_block.attn.sigmoid_bias"]
+        assert torch.isfinite(bias).all() and bias.shape == (2,)
+        assert (bias + math.log(65)).abs().min() > 1e-3
 
     # Same fixed noise levels and noise for the initial and the trained weights.
     set_seed(cfg.train.seed)

@@ -29,10 +29,16 @@ REFERENCE_ATTENTION: dict[str, Callable[..., Tensor]] = {
 }
 if getattr(reference, "expressive_attention_reference", None) is not None:
     REFERENCE_ATTENTION["expressive"] = reference.expressive_attention_reference
+if getattr(reference, "sigmoid_attention_reference", None) is not None:
+    REFERENCE_ATTENTION["sigmoid"] = reference.sigmoid_attention_reference
+# Modes whose rows are not normalised (sum |A| is not 1): their weights on the first,
+# time and text tokens are the weights themselves (what those tokens' values are
+# multiplied by, Gu et al.'s (2024) measure for sigmoid attention), not shares of the row.
+UNNORMALISED_MODES = frozenset({"sigmoid"})
 
 # Per-head metrics, each averaged over images and patch queries (see `metrics`).
 HEAD_METRICS = ("negative_mass", "negative_fraction", "entropy", "effective_tokens",
-                "first_token_weight", "time_weight", "text_weight")
+                "first_token_weight", "time_weight", "text_weight", "row_sum")
 
 
 @dataclass(frozen=True)
@@ -75,20 +81,30 @@ def attention_weights(attn: nn.Module, x: Tensor) -> Tensor:
     q, k, _ = einops.rearrange(attn.qkv(x), "B N (K h d) -> K B h N d", K=3, h=attn.num_heads)
     q, k = q.float(), k.float()
     eye = torch.eye(q.shape[-2], dtype=q.dtype, device=q.device).expand(*q.shape[:-1], -1)
+    if mode == "sigmoid":  # the block's bias: learned (per head), fixed, or None (-log N)
+        bias = getattr(attn, "sigmoid_bias", None)
+        bias = bias.detach().float() if isinstance(bias, Tensor) else bias
+        return REFERENCE_ATTENTION[mode](q, k, eye, attn.scale, bias)
     return REFERENCE_ATTENTION[mode](q, k, eye, attn.scale)
 
 
-def row_metrics(a: Tensor, layout: TokenLayout) -> dict[str, Tensor]:
-    """All HEAD_METRICS per row of A (B, h, Nq, N) -> name: (B, h, Nq)."""
+def row_metrics(a: Tensor, layout: TokenLayout, normalised: bool = True) -> dict[str, Tensor]:
+    """All HEAD_METRICS per row of A (B, h, Nq, N) -> name: (B, h, Nq).
+
+    `normalised=False` (a mode in UNNORMALISED_MODES): the key weights are |A| itself
+    (`metrics.key_weight`), not shares of the row; "row_sum" says how far rows are from 1.
+    """
     zeros = torch.zeros(a.shape[:-1], dtype=a.dtype, device=a.device)
+    on = metrics.key_share if normalised else metrics.key_weight
     return {
         "negative_mass": metrics.negative_mass(a),
         "negative_fraction": metrics.negative_fraction(a),
         "entropy": metrics.entropy(a),
         "effective_tokens": metrics.effective_tokens(a),
-        "first_token_weight": metrics.key_share(a, 0),
-        "time_weight": metrics.key_share(a, layout.time_index),
-        "text_weight": metrics.key_share(a, slice(*layout.text)) if layout.text else zeros,
+        "first_token_weight": on(a, 0),
+        "time_weight": on(a, layout.time_index),
+        "text_weight": on(a, slice(*layout.text)) if layout.text else zeros,
+        "row_sum": metrics.row_sum(a),
     }
 
 
@@ -132,7 +148,8 @@ class BlockRecorder:
         def hook(module: nn.Module, args: tuple) -> None:
             a = attention_weights(module, args[0])  # (B, h, N, N)
             patch_rows = a[:, :, self.layout.num_extras:]  # queries: patch tokens only
-            for name, values in row_metrics(patch_rows, self.layout).items():
+            normalised = module.mode not in UNNORMALISED_MODES
+            for name, values in row_metrics(patch_rows, self.layout, normalised).items():
                 summed = values.sum(dim=(0, 2)).double()  # (h,)
                 self.sums[i][name] = self.sums[i].get(name, 0) + summed
             if self.batch_start == 0:

@@ -28,6 +28,7 @@ HEATMAPS = {
     "first_token_weight": "weight on the first token",
     "time_weight": "weight on the time token",
     "text_weight": "weight on the text tokens",
+    "row_sum": "sum of |A| per row (1 if normalised)",
     "sink_share": "share of sink heads",
     "collapse": "mean pairwise cosine of patch tokens",
 }

@@ -2,10 +2,12 @@
 
 Every function takes attention weights ``A`` of shape (..., Nq, N): Nq query rows over
 N keys. Softmax rows are >= 0 and sum to 1; Cog rows may hold negative weights and
-their absolute values sum to 1. To treat any mode alike, the metrics look at |A|
+their absolute values sum to 1; sigmoid rows (no normalisation) are in (0, 1) each and
+sum to anything in (0, N). To treat any mode alike, the metrics look at |A|
 normalised per row (the share of the row's attention each key receives) and, apart
-from that, at the signs. A row whose weights are all 0 counts as "no attention":
-its shares are 0 and its entropy is 0.
+from that, at the signs; for rows that are not normalised, `key_weight` gives a key's
+weight itself and `row_sum` the row's total. A row whose weights are all 0 counts as
+"no attention": its shares are 0 and its entropy is 0.
 
 Row metrics return (..., Nq); the analysis averages them over images and queries
 to one value per head.
@@ -65,12 +67,30 @@ def key_share(a: Tensor, keys: slice | int) -> Tensor:
     return p[..., keys].sum(dim=-1)
 
 
+def key_weight(a: Tensor, keys: slice | int) -> Tensor:
+    """|A| on `keys` (an index or a slice, summed): -> (..., Nq). Equal to `key_share` for
+    rows whose |A| sums to 1; for sigmoid attention (no normalisation) the weight the
+    keys' values get, Gu et al.'s (2024) measure of a sink."""
+    mag = a.abs()
+    if isinstance(keys, int):
+        return mag[..., keys]
+    return mag[..., keys].sum(dim=-1)
+
+
+def row_sum(a: Tensor) -> Tensor:
+    """sum_j |A_ij|: (..., Nq, N) -> (..., Nq). 1 for softmax, Cog and expressive rows (0
+    for an all-zero expressive row); for sigmoid attention, how much the row adds up."""
+    return a.abs().sum(dim=-1)
+
+
 def sink_share(first_token_weight: Tensor, threshold: float = 0.3) -> float:
     """Share of heads whose mean weight on the first token exceeds `threshold`.
 
     `first_token_weight` is (h,) (or any shape: one entry per head). A head counts as an
     attention sink when, averaged over the queries, more than `threshold` of its
     attention goes to the first token, as in the attention-sink literature (0.3 there).
+    For sigmoid attention the weight is the first token's weight itself (`key_weight`),
+    as Gu et al. 2024 measures it: a sink there is a key every query takes a large part of.
     """
     return float((first_token_weight > threshold).to(torch.float64).mean())
 

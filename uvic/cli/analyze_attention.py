@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint", action="append", default=[], metavar="LABEL=PATH",
                    help="checkpoint to analyse (repeat); a bare PATH is labelled by its folder")
     p.add_argument("--attention", action="append", default=[], metavar="LABEL=SPEC",
-                   help="attention pattern of one checkpoint (uvit, uvic or a list)")
+                   help="attention pattern of one checkpoint (uvit, uvic, uvie, uvis or a list)")
     p.add_argument("--num-images", type=positive_int, default=8, help="images (default 8)")
     p.add_argument("--split", default="test", help="dataset split (default test)")
     p.add_argument("--levels", type=positive_int, default=5, help="noise levels (default 5)")

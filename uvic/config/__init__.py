@@ -67,10 +67,9 @@ class ModelConfig:
     num_clip_token: int = 77
     conv: bool = True  # final 3x3 conv after unpatchify
     skip: bool = True  # long skips
-    # Per-block attention: preset "uvit" (all softmax), "uvic" (cog except the first
-    # in-block and the last out-block), "uvie" (the same with expressive attention), or a
-    # comma-separated list of "softmax"/"cog"/"expressive", one per block in order
-    # in_blocks, mid_block, out_blocks (depth + 1 entries).
+    # Per-block attention: preset "uvit" (all softmax), "uvic" / "uvie" / "uvis" (cog /
+    # expressive / sigmoid except in the first in-block and the last out-block), or a list
+    # of depth + 1 modes ("softmax,cog,...": in_blocks, mid_block, out_blocks).
     attention: str = "uvit"
     attention_backend: str = "auto"  # auto | triton | torch | sdpa (softmax blocks only)
     grad_checkpointing: bool = False
@@ -78,6 +77,8 @@ class ModelConfig:
     # "normal" = trunc-normal(0.02), the release's; "sincos" = 2D sine-cosine code, for
     # runs too short to learn where patches are (the CPU quickstart).
     pos_embed_init: str = "normal"
+    sigmoid_bias: float | None = None  # b of sigmoid(q.k / sqrt(d) + b); None: -log N tokens
+    sigmoid_bias_learnable: bool = False  # one b per head and sigmoid block, learned from it
 
 
 @dataclass
@@ -330,7 +331,7 @@ def _check_type(value: Any, tp: Any, key: str, source: str = "config") -> Any:
         if not isinstance(value, list | tuple) or len(value) != len(args):
             raise ConfigError(f"{source}: {key} must be a list of {len(args)} values")
         return tuple(_check_type(v, a, key, source) for v, a in zip(value, args))
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+    if float in (tp, *typing.get_args(tp)) and type(value) is int:  # float or float | None
         return float(value)
     if origin is dict:
         if not isinstance(value, dict):

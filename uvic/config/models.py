@@ -9,12 +9,18 @@ only when a backend other than "auto" is checked.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from uvic.config import ConfigError, ModelConfig
 
-ATTENTION_MODES = ("softmax", "cog", "expressive")
-ATTENTION_PRESETS = ("uvit", "uvic", "uvie")
+ATTENTION_MODES = ("softmax", "cog", "expressive", "sigmoid")
+# presets: all softmax, or softmax in the first and the last block and one other mode
+# in all blocks between (U-ViC: Cog, U-ViE: expressive, U-ViS: sigmoid attention)
+ATTENTION_PRESETS = ("uvit", "uvic", "uvie", "uvis")
+INNER_MODE = {"uvic": "cog", "uvie": "expressive", "uvis": "sigmoid"}
+# one letter per mode in short accounts of a pattern (S, C, E, G: softmax ... siGmoid)
+MODE_LETTERS = {"softmax": "S", "cog": "C", "expressive": "E", "sigmoid": "G"}
 AUTO_BACKEND = "auto"  # `model.attention_backend` that lets the kernel pick per device
 POS_EMBED_INITS = ("normal", "sincos")
 
@@ -55,21 +61,30 @@ def check_model(model: ModelConfig) -> None:
     check_backend_fits(backend, resolve_attention(model.attention, model.depth))
 
 
+def check_sigmoid_bias(bias: float | None) -> None:
+    """Sigmoid attention's fixed bias: None (-log N, N the sequence length) or a finite
+    number."""
+    if bias is not None and (isinstance(bias, bool) or not isinstance(bias, int | float)
+                             or not math.isfinite(bias)):
+        raise ConfigError(f"model.sigmoid_bias={bias!r}: must be a finite number, or unset "
+                          "for -log N (N tokens)")
+
+
 def resolve_attention(spec: str | Sequence[str], depth: int) -> list[str]:
     """Per-block attention modes, in order in_blocks..., mid_block, out_blocks....
 
     `spec` is a preset ("uvit": all softmax; "uvic": cog except the first in-block and
-    the last out-block; "uvie": expressive attention, likewise keeping softmax first and
-    last) or an explicit comma-separated string / list of depth + 1 modes.
+    the last out-block; "uvie": expressive attention and "uvis": sigmoid attention,
+    likewise keeping softmax first and last) or an explicit comma-separated string / list
+    of depth + 1 modes.
     """
     num_blocks = depth + 1
     if isinstance(spec, str):
         name = spec.strip().lower()
         if name == "uvit":
             return ["softmax"] * num_blocks
-        if name in ("uvic", "uvie"):
-            inner = "cog" if name == "uvic" else "expressive"
-            return ["softmax"] + [inner] * (num_blocks - 2) + ["softmax"]
+        if name in INNER_MODE:
+            return ["softmax"] + [INNER_MODE[name]] * (num_blocks - 2) + ["softmax"]
         if "," not in name and name not in ATTENTION_MODES:
             raise ConfigError(
                 f"model.attention={spec!r}: expected a preset {ATTENTION_PRESETS} or a "
@@ -126,7 +141,9 @@ def check_backend_fits(backend: str | None, modes: Sequence[str]) -> None:
 
 def check_arch(m: ModelConfig) -> None:
     """Sizes that fit together: patches tile the image, heads split the width, an even
-    depth (in-blocks, mid-block, out-blocks), one kind of condition."""
+    depth (in-blocks, mid-block, out-blocks), one kind of condition; a finite sigmoid
+    attention bias, if one is set."""
+    check_sigmoid_bias(m.sigmoid_bias)
     if m.img_size % m.patch_size:
         raise ConfigError(f"model.img_size={m.img_size} is not divisible by "
                           f"model.patch_size={m.patch_size}")

@@ -1,12 +1,12 @@
-"""Cog, expressive and softmax attention for diffusers models, on uvic's fused kernel.
+"""Cog, expressive, sigmoid and softmax attention for diffusers models, on uvic's fused kernel.
 
 diffusers' ``Attention`` modules (DiT, PixArt, the UNets' transformer blocks, ...) hand
 their work to a *processor*: ``processor(attn, hidden_states, encoder_hidden_states,
 attention_mask, temb)``.  The processors here do what diffusers' default,
 ``AttnProcessor2_0``, does (spatial and group norms, the q/k/v projections, q/k norms,
 cross-attention, 4-D inputs, the output projection, residual and output rescaling) with
-one change: the attention op is ``uvic_kernels.attention`` in Cog, expressive or softmax
-mode instead of ``scaled_dot_product_attention``.  The kernel is differentiable, so a
+one change: the attention op is ``uvic_kernels.attention`` in Cog, expressive, sigmoid or
+softmax mode instead of ``scaled_dot_product_attention``.  The kernel is differentiable, so a
 model with these processors trains as it is; on a CPU it runs the kernel's PyTorch
 implementation.
 
@@ -22,6 +22,7 @@ and the last block as they are, as U-ViC keeps softmax there).  DiT has no
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -43,13 +44,20 @@ class KernelAttnProcessor:
     Equal to diffusers' ``AttnProcessor2_0`` apart from the attention op; like it, the
     scores are scaled by ``head_dim ** -0.5`` (``attn.scale`` is not read).  ``backend``
     is passed to the kernel: None picks Triton on CUDA and PyTorch on a CPU.  Attention
-    masks are refused: the fused kernel has none.
+    masks are refused: the fused kernel has none.  ``bias`` is sigmoid attention's (a
+    number; None: ``-log N``, N the number of keys of each call).
     """
 
-    def __init__(self, mode: str = "cog", backend: str | None = None) -> None:
+    def __init__(self, mode: str = "cog", backend: str | None = None,
+                 bias: float | None = None) -> None:
         name = type(self).__name__
         if mode not in MODES:
             raise ValueError(f"{name}: mode must be one of {MODES}, got {mode!r}")
+        if bias is not None and (mode != "sigmoid" or isinstance(bias, bool)
+                                 or not isinstance(bias, int | float) or not math.isfinite(bias)):
+            raise ValueError(f"{name}: bias must be a finite number and is sigmoid mode's only, "
+                             f"got bias={bias!r} with mode={mode!r}")
+        self.bias = bias
         if backend is not None and backend not in BACKENDS:
             raise ValueError(f"{name}: backend must be one of {BACKENDS} or None, got {backend!r}")
         if backend == "sdpa" and mode != "softmax":
@@ -61,9 +69,14 @@ class KernelAttnProcessor:
         return f"{type(self).__name__}(mode={self.mode!r}, backend={self.backend!r})"
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               scale: float | None = None) -> torch.Tensor:
-        """The attention op on (B, H, N, D) heads: the kernel in this mode and backend."""
-        return uvic_kernels.attention(q, k, v, mode=self.mode, scale=scale, backend=self.backend)
+               scale: float | None = None, bias: object = None) -> torch.Tensor:
+        """The attention op on (B, H, N, D) heads: the kernel in this mode and backend. In
+        sigmoid mode the bias is this processor's, else `bias` (the attention module's;
+        None for both: -log N)."""
+        bias = self.bias if self.bias is not None else bias
+        extra = {"bias": bias} if self.mode == "sigmoid" and bias is not None else {}
+        return uvic_kernels.attention(q, k, v, mode=self.mode, scale=scale, backend=self.backend,
+                                      **extra)
 
     def __call__(
         self,
@@ -144,8 +157,16 @@ class ExpressiveAttnProcessor(KernelAttnProcessor):
         super().__init__("expressive", backend)
 
 
+class SigmoidAttnProcessor(KernelAttnProcessor):
+    """Sigmoid attention without normalisation, ``sigmoid(S + bias)`` (Gu et al. 2024); ``bias``
+    defaults to ``-log N`` for N keys."""
+
+    def __init__(self, backend: str | None = None, bias: float | None = None) -> None:
+        super().__init__("sigmoid", backend, bias)
+
+
 class SoftmaxAttnProcessor(KernelAttnProcessor):
-    """Softmax attention through the same kernel (a baseline for the other two)."""
+    """Softmax attention through the same kernel (a baseline for the others)."""
 
     def __init__(self, backend: str | None = None) -> None:
         super().__init__("softmax", backend)
@@ -154,6 +175,7 @@ class SoftmaxAttnProcessor(KernelAttnProcessor):
 PROCESSORS: dict[str, type[KernelAttnProcessor]] = {
     "cog": CogAttnProcessor,
     "expressive": ExpressiveAttnProcessor,
+    "sigmoid": SigmoidAttnProcessor,
     "softmax": SoftmaxAttnProcessor,
 }
 

@@ -13,8 +13,9 @@ and U-ViC weights are interchangeable (only each block's `attn.mode` differs).
 
 Differences from the release, on purpose:
 * Attention goes through `uvic_kernels.attention` (fused Triton kernel or PyTorch),
-  with a per-block mode ("softmax", "cog", ...) held by the block's attention processor
-  (diffusers' interface: `attn_processors`, `set_attn_processor`; `uvit_attention`).
+  with a per-block mode ("softmax", "cog", "expressive" or "sigmoid") held by the block's
+  attention processor (diffusers' interface: `attn_processors`, `set_attn_processor`;
+  `uvit_attention`).
 * `forward` follows diffusers' models: it returns a `Transformer2DModelOutput` (`.sample`),
   or the tuple `(sample,)` with `return_dict=False` (what uvic's own callers use).
 * Under autocast, q/k/v stay in the autocast dtype (fp16/bf16); the release casts them
@@ -34,7 +35,6 @@ from typing import Any
 
 import einops
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
@@ -44,37 +44,8 @@ from torch import Tensor, nn
 
 from uvic.config import Config, ModelConfig
 from uvic.config.models import check_model, kernel_backend, resolve_attention
+from uvic.models.embeddings import PatchEmbed, sincos_pos_embed_2d, timestep_embedding
 from uvic.models.uvit_attention import Attention, ProcessorsMixin
-
-
-def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
-    """Sinusoidal embedding (B,) -> (B, dim): [cos(t f_i), sin(t f_i)], f_i = P^(-i/half).
-
-    As in the release: cosines first, frequencies f_i = exp(-ln(max_period) i / half) for
-    i = 0..half-1, a zero column when dim is odd. Computed in float32 (as the release)
-    or in float64 when `t` is float64.
-    """
-    dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
-    half = dim // 2
-    i = torch.arange(half, dtype=dtype, device=t.device)
-    freqs = torch.exp(-math.log(max_period) * i / half)
-    args = t.to(dtype)[:, None] * freqs[None]
-    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-    if dim % 2:
-        emb = F.pad(emb, (0, 1))
-    return emb
-
-
-class PatchEmbed(nn.Module):
-    """(B, C, H, W) -> (B, L, D) with a conv of kernel = stride = patch size."""
-
-    def __init__(self, patch_size: int, in_chans: int, embed_dim: int) -> None:
-        super().__init__()
-        self.patch_size = patch_size
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)
 
 
 class Block(nn.Module):
@@ -116,7 +87,7 @@ class UViT(ModelMixin, ConfigMixin, ProcessorsMixin):
 
     Token layout: unconditional [time, patches]; class-conditional [label, time, patches];
     text-conditional [time, 77 context tokens, patches]. `attention` is a preset
-    ("uvit", "uvic") or a list of depth + 1 modes (see `resolve_attention`).
+    ("uvit", "uvic", "uvie", "uvis") or a list of depth + 1 modes (see `resolve_attention`).
 
     A diffusers model (`ModelMixin`, `ConfigMixin`): the constructor's arguments, which are
     `uvic.config.ModelConfig`'s fields, are its config, so `save_pretrained(folder)` writes
@@ -169,6 +140,8 @@ class UViT(ModelMixin, ConfigMixin, ProcessorsMixin):
         self.decoder_pred = nn.Linear(dim, m.patch_size**2 * m.in_chans)
         self.final_layer = (nn.Conv2d(m.in_chans, m.in_chans, 3, padding=1) if m.conv
                             else nn.Identity())
+        self.sigmoid_bias, self.sigmoid_bias_learnable = m.sigmoid_bias, m.sigmoid_bias_learnable
+        self._set_sigmoid_biases()
 
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if m.pos_embed_init == "sincos":  # same draws as "normal" elsewhere, patch rows replaced
@@ -186,6 +159,18 @@ class UViT(ModelMixin, ConfigMixin, ProcessorsMixin):
     def blocks(self) -> list[Block]:
         """All blocks in order: in_blocks..., mid_block, out_blocks...."""
         return [*self.in_blocks, self.mid_block, *self.out_blocks]
+
+    def _set_sigmoid_biases(self) -> None:
+        """The bias of every sigmoid block: `sigmoid_bias` (None: -log N at run time), or with
+        `sigmoid_bias_learnable` a parameter per head (key `...attn.sigmoid_bias`) that
+        starts there (-log N: N the model's tokens) and is kept when the pattern changes."""
+        tokens = self.pos_embed.shape[1]
+        start = -math.log(tokens) if self.sigmoid_bias is None else self.sigmoid_bias
+        for attn in (blk.attn for blk in self.blocks() if blk.attn.mode == "sigmoid"):
+            if not self.sigmoid_bias_learnable:
+                attn.sigmoid_bias = self.sigmoid_bias
+            elif not isinstance(attn.sigmoid_bias, nn.Parameter):
+                attn.sigmoid_bias = nn.Parameter(torch.full((attn.num_heads,), float(start)))
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -277,25 +262,6 @@ class UViT(ModelMixin, ConfigMixin, ProcessorsMixin):
             raise ValueError("y given but the model is not class-conditional "
                              "(model.num_classes=-1)")
         return B
-
-
-def sincos_pos_embed_2d(grid: int, dim: int) -> Tensor:
-    """Fixed 2D sine-cosine position code of a (grid x grid) patch grid: (grid**2, dim).
-
-    Row-major patches, as `PatchEmbed` flattens them. The first dim/2 channels encode the
-    column, the last dim/2 the row, each as dim/4 sines then dim/4 cosines of the position
-    at frequencies 10000**(-k / (dim/4)), k = 0..dim/4-1 (the MAE/DiT code). Neighbouring
-    patches get similar codes from the first step, where a trunc-normal(0.02) init leaves
-    the position to be learned (`model.pos_embed_init`).
-    """
-    quarter = dim // 4
-    freqs = 10000.0 ** (-torch.arange(quarter, dtype=torch.float64) / quarter)  # (dim/4,)
-    pos = torch.arange(grid, dtype=torch.float64)
-    angles = pos[:, None] * freqs[None, :]  # (grid, dim/4)
-    code = torch.cat([angles.sin(), angles.cos()], dim=1)  # (grid, dim/2)
-    rows = code[:, None, :].expand(grid, grid, dim // 2)  # row index of each patch
-    cols = code[None, :, :].expand(grid, grid, dim // 2)  # column index of each patch
-    return torch.cat([cols, rows], dim=-1).reshape(grid * grid, dim).to(torch.float32)
 
 
 def _init_weights(m: nn.Module) -> None:

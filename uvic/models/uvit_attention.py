@@ -45,6 +45,8 @@ class Attention(nn.Module):
     """Multi-head self-attention whose op is its processor's (`mode`, `backend`).
 
     (B, N, D) -> qkv (B, N, 3D) -> q, k, v (B, h, N, D/h) -> kernel -> (B, N, D) -> proj.
+    Sigmoid mode's bias is the processor's if it has one, else `sigmoid_bias` (set by
+    `UViT`): None (-log N), a number, or a learnable parameter per head (h,).
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.processor: KernelAttnProcessor = kernel_processor(mode, backend)
+        self.sigmoid_bias: float | nn.Parameter | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         return self.processor(self, x)
@@ -68,7 +71,7 @@ class Attention(nn.Module):
         # Non-contiguous (B, h, N, D/h) views; the kernel accepts strided inputs.
         q, k, v = einops.rearrange(self.qkv(x), "B N (K h d) -> K B h N d", K=3,
                                    h=self.num_heads)
-        out = processor.attend(q, k, v, scale=self.scale)
+        out = processor.attend(q, k, v, scale=self.scale, bias=self.sigmoid_bias)
         return self.proj(einops.rearrange(out, "B h N d -> B N (h d)"))
 
     # diffusers' module interface (AttentionModuleMixin's names)
@@ -193,6 +196,7 @@ class ProcessorsMixin:
         the pattern the model now runs, and the backend when `backend` is a name."""
         for module, processor in zip(self._attention_modules().values(), processors):
             module.processor = processor
+        self._set_sigmoid_biases()  # the model's bias in each block now sigmoid
         self.register_to_config(attention=spec)
         if backend is not None:
             self.register_to_config(attention_backend=backend)

@@ -39,7 +39,7 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 
 from uvic.config import Config, ConfigError, DiffusionConfig, ModelConfig, from_dict, load_config
-from uvic.config.models import resolve_attention
+from uvic.config.models import MODE_LETTERS, resolve_attention
 from uvic.run.folder import RunFolder
 from uvic.run.weights import CheckpointError
 
@@ -164,9 +164,9 @@ def _stored(path: str | Path, section: str, key: str) -> tuple[object, str] | No
 
 def describe_model(model: ModelConfig) -> str:
     """A short account of an architecture: attention (per block: S softmax, C cog,
-    E expressive), depth, width, image and patch size."""
+    E expressive, G sigmoid), depth, width, image and patch size."""
     modes = _field_value(model, "attention")
-    pattern = f" ({''.join(m[0].upper() for m in modes)})" if isinstance(modes, list) else ""
+    pattern = f" ({''.join(MODE_LETTERS[m] for m in modes)})" if isinstance(modes, list) else ""
     return (f"attention {model.attention}{pattern}, depth {model.depth}, embed_dim "
             f"{model.embed_dim}, {model.img_size}x{model.img_size}x{model.in_chans} in "
             f"patches of {model.patch_size}")
