@@ -38,12 +38,8 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-MODES = ("cog", "softmax", "expressive", "sigmoid")
-# The modes each backend runs: SDPA is PyTorch's softmax attention, Cog, expressive and
-# sigmoid attention have no SDPA form. The one statement of that rule: the model's check of
-# `model.attention_backend` (uvic.config.models) reads this table too.
-BACKEND_MODES = {"triton": MODES, "torch": MODES, "sdpa": ("softmax",)}
-BACKENDS = tuple(BACKEND_MODES)
+from uvic_kernels.modes import BACKEND_MODES, BACKENDS, MODES
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
 _KERNEL_MODULE = "uvic_kernels.triton_attention"

@@ -2,9 +2,9 @@
 
 `UViT` checks its arguments with them, and `uvic.config.validation` checks a config's model
 section before any work starts, so both refuse the same values with the same message
-(a ConfigError, which is a ValueError). No torch here: the kernels' table of which
-backend runs which attention mode (`uvic_kernels.fused_attention.BACKEND_MODES`) is read
-only when a backend other than "auto" is checked.
+(a ConfigError, which is a ValueError). The attention modes, and which backend runs
+which, are the kernels' own list (`uvic_kernels.modes`, which imports no torch): a new
+mode is added there, and its preset and letter here.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import math
 from collections.abc import Sequence
 
 from uvic.config import ConfigError, ModelConfig
+from uvic_kernels.modes import BACKEND_MODES
+from uvic_kernels.modes import MODES as ATTENTION_MODES  # the kernels' list, in their order
 
-ATTENTION_MODES = ("softmax", "cog", "expressive", "sigmoid")
 # presets: all softmax, or softmax in the first and the last block and one other mode
 # in all blocks between (U-ViC: Cog, U-ViE: expressive, U-ViS: sigmoid attention)
 ATTENTION_PRESETS = ("uvit", "uvic", "uvie", "uvis")
@@ -113,8 +114,6 @@ def kernel_backend(name: str, label: str = "model.attention_backend=") -> str | 
     message."""
     if name == AUTO_BACKEND:
         return None
-    from uvic_kernels.fused_attention import BACKEND_MODES  # here: the kernels import torch
-
     if name not in BACKEND_MODES:
         raise ConfigError(f"{label}{name!r}: choose one of "
                           f"{sorted([AUTO_BACKEND, *BACKEND_MODES])}")
@@ -126,8 +125,6 @@ def check_backend_fits(backend: str | None, modes: Sequence[str]) -> None:
     kernels' `BACKEND_MODES`) is refused, naming the blocks. None: the kernel picks."""
     if backend is None:
         return
-    from uvic_kernels.fused_attention import BACKEND_MODES  # here: the kernels import torch
-
     runs = BACKEND_MODES[backend]
     bad = [i for i, mode in enumerate(modes) if mode not in runs]
     if bad:
