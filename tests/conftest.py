@@ -13,15 +13,29 @@ eval/ are not packages); test files import it with `from conftest import load_sc
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def torch_process_settings() -> Iterator[None]:
+    """Every test gets torch's thread count and deterministic mode back as they were: a
+    command run in-process (the quickstart's, uvic-compare's, a capacity cell) fixes them
+    for the whole process, and later tests compare in-process results with those of
+    subprocesses, which a changed thread count would change in the last bits."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)
 
 
 def load_script(path: str) -> ModuleType:

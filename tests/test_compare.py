@@ -26,31 +26,23 @@ ARGS = ["--variants", "uvit,uvic", "--seeds", "2", "--steps", "3", "--heldout", 
         "--threads", "1", "--best", *[w for o in TINY for w in ("--set", o)]]
 
 
-@pytest.fixture
-def torch_settings():
-    """The command fixes torch's thread count and deterministic kernels: restored after."""
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(deterministic)
-
-
 def run(tmp_path: Path, *extra: str, readme: str | None = None) -> int:
     words = argv(readme)[2:] if readme else []
     return compare.main([*words, *ARGS, "--out", str(tmp_path / "cmp"), *extra])
 
 
 def test_readme_plan_states_the_compute(tmp_path: Path, capsys) -> None:
-    """The README's dry run, as written: 3 presets x 3 seeds, 3 evaluation steps."""
+    """The README's dry run, as written: every attention preset (4) x 3 seeds, 3
+    evaluation steps."""
     assert compare.main([*argv(README_PLAN)[2:], "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "3 variants (uvit, uvic, uvie) x 3 seeds (1234, 1235, 1236) = 9 runs" in out
-    assert "9 runs x 2,700 steps x 32 images = 24,300 steps" in out
-    assert "9 runs x 3 steps (1500, 2100, 2700) = 27" in out
+    assert "4 variants (uvit, uvic, uvie, uvis) x 3 seeds (1234, 1235, 1236) = 12 runs" in out
+    assert "12 runs x 2,700 steps x 32 images = 32,400 steps" in out
+    assert "12 runs x 3 steps (1500, 2100, 2700) = 36" in out
     assert "128 x 100 network calls = 12,800 image forwards per evaluation" in out
 
 
-def test_compare_end_to_end(tmp_path: Path, torch_settings, capsys) -> None:
+def test_compare_end_to_end(tmp_path: Path, capsys) -> None:
     assert run(tmp_path, readme=README_RUN) == 0
     out = tmp_path / "cmp"
     report = json.loads((out / "compare.json").read_text())

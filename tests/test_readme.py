@@ -380,7 +380,7 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
     # U-ViS (sigmoid attention, a learnable bias per head) on the built-in shapes
     "python scripts/train.py --config configs/quickstart.py --set model.attention=uvis "
     "--set model.sigmoid_bias_learnable=true --set train.max_steps=40 "
-    "--set train.output_dir=runs/quickstart_uvis":
+    "--set sample.autoguidance_scale=0 --set train.output_dir=runs/quickstart_uvis":
         Run(TRAIN + sets("data.num_images=8"), (), "a training run"),
     # torchvision verifies the files already there instead of downloading them
     "accelerate launch scripts/train.py --config configs/cifar10_uvic.py "
