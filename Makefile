@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine with Python >= 3.11 and make:
 #   make quickstart   install, then train/sample/evaluate tiny U-ViT vs U-ViC (CPU, about 5.5 min)
-#   make test         install, then run ruff and the test suite (about 10 min on 2 cores)
+#   make test         install, then run ruff and the test suite (about 14 min on 2 cores)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
