@@ -91,6 +91,13 @@ class ClassFolders:
         return np.bincount(self.labels, minlength=len(self.classes))
 
 
+def class_folder_names(folder: Path) -> list[str]:
+    """The class folders of an ImageNet split folder, sorted: label i is the i-th (the one
+    rule for the labels of the images and for a class named by its folder)."""
+    with os.scandir(folder) as entries:
+        return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+
+
 def read_class_folders(folder: str | Path, per_class: int | None = None) -> ClassFolders:
     """List ``<folder>/<wnid>/*`` images (``.jpg``, ``.jpeg``, ``.png``, ``.gif``, any case).
 
@@ -102,8 +109,7 @@ def read_class_folders(folder: str | Path, per_class: int | None = None) -> Clas
     if not folder.is_dir():
         raise DatasetError(f"ImageNet folder not found: {folder} (expected the ILSVRC-2012 "
                            "images in class folders, e.g. <root>/train/n01440764/*.JPEG)")
-    with os.scandir(folder) as entries:
-        classes = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+    classes = class_folder_names(folder)
     if not classes:
         raise DatasetError(f"ImageNet folder {folder} holds no class folders (expected one "
                            "folder of images per class, named by its wnid, e.g. n01440764/)")

@@ -17,9 +17,8 @@ path's `context_fn`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
-import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +29,9 @@ import torch
 
 from uvic.config import Config
 from uvic.config.sampling import FREQUENCY_LABEL_DATA, conditioning, fid_label_draw, real_classes
-from uvic.data.imagenet import read_class_folders
+from uvic.data.imagenet import class_folder_names, read_class_folders
 
 LabelFn = Callable[[Sequence[int]], torch.Tensor]
-WNID = re.compile(r"n\d{8}")  # a WordNet id: ImageNet's class folder names
 LABEL_STREAM = 2  # FID's per-sample generators: [seed, i, 2] (captions use stream 1)
 
 
@@ -60,14 +58,17 @@ def class_names(cfg: Config) -> list[str] | None:
     if not cfg.data.name.startswith("imagenet"):
         return None
     folder = Path(cfg.data.root) / "train"
-    if folder.is_dir():
-        with os.scandir(folder) as entries:
-            names = sorted(e.name for e in entries if e.is_dir() and WNID.fullmatch(e.name))
-    else:
-        from timm.data import ImageNetInfo
-
-        names = list(ImageNetInfo().label_names())
+    names = (class_folder_names(folder) if folder.is_dir()
+             else list(_imagenet_info().label_names()))
     return names if len(names) == real_classes(cfg) else None
+
+
+@functools.cache
+def _imagenet_info() -> Any:
+    """timm's ILSVRC-2012 class table (WordNet ids and names), read once."""
+    from timm.data import ImageNetInfo
+
+    return ImageNetInfo()
 
 
 def resolve_class_labels(cfg: Config, labels: Sequence[int | str]) -> list[int]:
@@ -94,11 +95,9 @@ def class_caption(label: int, names: Sequence[str] | None) -> str:
     """A grid row's caption: "class 0", or with ImageNet's names "class 0 n01440764 tench"."""
     if names is None:
         return f"class {label}"
-    from timm.data import ImageNetInfo
-
     wnid = names[label]
     with contextlib.suppress(KeyError, ValueError):
-        return f"class {label} {wnid} {ImageNetInfo().label_name_to_description(wnid)}".split(
+        return f"class {label} {wnid} {_imagenet_info().label_name_to_description(wnid)}".split(
             ",")[0]
     return f"class {label} {wnid}"
 
