@@ -257,6 +257,7 @@ def test_pixel_models_end_to_end(pixel_result, tmp_path):
     check_result(loaded)
     paths = save_figures(loaded, tmp_path / "figures", map_levels=[1])
     assert "overview" in paths and "heatmap_negative_mass" in paths
+    assert "massive_activations" in paths and "heatmap_massive_ratio" in paths
     assert "heatmap_text_weight" not in paths  # no text tokens here
     assert sorted(p for p in paths if p.startswith("maps_")) == [
         "maps_U-ViC_again_t749", "maps_U-ViC_t749", "maps_U-ViT_t749"]
@@ -341,12 +342,21 @@ def test_cli_on_tiny_checkpoints(tmp_path, capsys):
     rc = main(["--config", str(ROOT / "configs/quickstart.py"), *sets, "--num-images", "2",
                "--levels", "1", "--checkpoint", f"U-ViT={tmp_path / 'uvit.safetensors'}",
                str(run / "ema.safetensors"), "--query", "1,2", "--out", str(out)])
-    assert rc == 0, capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
     result = json.loads((out / "attention.json").read_text())
     check_result(result)
     assert result["models"]["run_uvic"]["attention_modes"] == ["softmax", "cog", "softmax"]
     assert result["models"]["U-ViT"]["attention_modes"] == ["softmax"] * 3
-    assert (out / "overview.png").is_file()
+    assert (out / "overview.png").is_file() and (out / "massive_activations.png").is_file()
+    # the massive activations beside the sink share: one table row per model and block
+    rows = {(row[0], row[1]): row for row in map(str.split, printed.out.splitlines())
+            if row and row[0] in result["models"]}
+    assert len(rows) == 6 and rows["run_uvic", "mid_block"][2] == "cog"
+    mid = result["models"]["run_uvic"]["blocks"][1]
+    assert float(rows["run_uvic", "mid_block"][4]) == pytest.approx(mid["massive_ratio"][0],
+                                                                   abs=0.006)
+    assert "massive activations" in printed.out
     rc = main(["--config", str(ROOT / "configs/quickstart.py"), *sets, "--checkpoint",
                f"x={tmp_path / 'missing.safetensors'}", "--out", str(out)])
     assert rc == 2 and "missing.safetensors" in capsys.readouterr().err

@@ -6,7 +6,8 @@ q and k: a forward pre-hook on the block's `attn` module receives its input x
 (B, N, D), the module's own `qkv` Linear gives q and k, and the plain PyTorch
 reference formula of the block's mode gives the weights. The reference functions map
 (q, k, v) to A v, so calling them with v = identity returns A itself. A forward hook
-on each block records its output tokens (for the collapse measure). Nothing in the
+on each block records its output tokens (for the collapse measure and the massive
+activations of `massive`, in the same forward pass). Nothing in the
 model or the kernels is modified; the hooks are removed on exit.
 """
 
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from uvic.analysis import metrics
+from uvic.analysis.massive import massive_activation, summarize
 from uvic_kernels import reference
 
 # Attention mode -> reference function (q, k, v, scale) -> A v, all (B, h, N, *).
@@ -112,7 +114,8 @@ class BlockRecorder:
     """Hooks on every block of a model that accumulate metrics over batches.
 
     Per block: sums of the per-head metrics over (images, patch queries), the summed
-    mean pairwise cosine of the output patch tokens, and, for image 0 (in the batch the
+    mean pairwise cosine of the output patch tokens, each image's massive-activation
+    ratio and largest token (`massive`), and, for image 0 (in the batch the
     caller marks with `batch_start = 0`), the attention rows of the chosen query patches
     (mean over heads, patch keys only).
     Use as a context manager; call `reset()` between noise levels and `means()` after.
@@ -131,6 +134,7 @@ class BlockRecorder:
         self.sums: list[dict[str, Tensor]] = [{} for _ in range(blocks)]
         self.cosine = [0.0] * blocks
         self.count = [0] * blocks  # images seen per block
+        self.massive: list[list[tuple[Tensor, Tensor]]] = [[] for _ in range(blocks)]
         self.maps: list[Tensor | None] = [None] * blocks  # (queries, L) of image 0
 
     def __enter__(self) -> BlockRecorder:
@@ -162,11 +166,13 @@ class BlockRecorder:
         def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
             patches = output[:, self.layout.num_extras:].float()  # (B, L, D)
             self.cosine[i] += float(metrics.mean_pairwise_cosine(patches).sum())
+            self.massive[i].append(tuple(t.cpu() for t in massive_activation(output)))
             self.count[i] += output.shape[0]
         return hook
 
     def means(self) -> list[dict]:
-        """Per block: {"heads": {metric: (h,) list}, "collapse": float, "map": (Q, L)}."""
+        """Per block: {"heads": {metric: (h,) list}, "collapse": float, "map": (Q, L),
+        "massive": `massive.summarize`'s dict}."""
         queries_per_image = self.layout.num_tokens - self.layout.num_extras
         out = []
         for i, sums in enumerate(self.sums):
@@ -177,5 +183,8 @@ class BlockRecorder:
                 "heads": {name: (sums[name] / denom).tolist() for name in HEAD_METRICS},
                 "collapse": self.cosine[i] / self.count[i],
                 "map": self.maps[i],
+                "massive": summarize(torch.cat([r for r, _ in self.massive[i]]),
+                                     torch.cat([k for _, k in self.massive[i]]),
+                                     self.layout.to_dict()),
             })
         return out

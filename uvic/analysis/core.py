@@ -6,8 +6,8 @@ on exactly the same inputs with `BlockRecorder` hooks, and returns a JSON-ready 
 (schema below, checked by `check_result`). `load_models` and `load_inputs` build the
 models and inputs from a config and checkpoint files, for the command line.
 
-Result schema (version 1); L levels, h heads, Q query patches, P = rows * cols patches:
-    schema_version: 1
+Result schema (version 2); L levels, h heads, Q query patches, P = rows * cols patches:
+    schema_version: 2
     config_name: str, num_images: int, seed: int, sink_threshold: float
     noise_levels: [{"timestep": int, "net_time": float, "alpha_bar": float}] * L
     layout: {"num_tokens", "num_extras", "time_index", "text": [start, stop] | null,
@@ -19,9 +19,14 @@ Result schema (version 1); L levels, h heads, Q query patches, P = rows * cols p
         "sink_share": [L] (over the heads of all blocks), "blocks": [{
         "index": int, "name": "in_blocks.0" | "mid_block" | "out_blocks.0", "mode": str,
         "heads": {metric: [L][h]}, "mean": {metric: [L]} (over heads),
-        "sink_share": [L], "collapse": [L], "maps": [L][Q][P]}]}}
+        "sink_share": [L], "collapse": [L], "maps": [L][Q][P],
+        "massive_ratio": [L], "massive_ratio_std": [L],
+        "massive_tokens": [L][{"index": int, "kind": str, "images": int}]}]}}
 Head metrics average over the images and the patch-token queries (the rows that make
 the predicted noise); "maps" are rows of image 0, averaged over heads, on patch keys.
+"massive_*" (`uvic.analysis.massive`): the largest token's hidden-state norm over the
+mean of the others after the block, mean and spread over the images, and which tokens
+are the largest (kind: label, time, text or patch), in how many images.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from uvic.diffusion.schedule import Diffusion
 from uvic.run.architecture import ModelChoice, resolve_model
 from uvic.sampling.load import load_model
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def spread_timesteps(num_levels: int, num_train_timesteps: int) -> list[int]:
@@ -142,6 +147,8 @@ def _analyze_model(model: nn.Module, levels: list, layout: TokenLayout,
                            for v in heads["first_token_weight"]],
             "collapse": [lv["collapse"] for lv in levels_i],
             "maps": [lv["map"].tolist() for lv in levels_i],
+            **{f"massive_{key}": [lv["massive"][key] for lv in levels_i]
+               for key in ("ratio", "ratio_std", "tokens")},
         })
     all_heads = [[w for blk in blocks for w in blk["heads"]["first_token_weight"][level]]
                  for level in range(len(levels))]
@@ -222,7 +229,8 @@ def _check_result(result: dict) -> None:
                     raise ValueError(f"{where}.heads.{metric} is not [{levels}][{heads}]")
                 if len(blk["mean"][metric]) != levels:
                     raise ValueError(f"{where}.mean.{metric} has not {levels} levels")
-            for key in ("sink_share", "collapse"):
+            for key in ("sink_share", "collapse", "massive_ratio", "massive_ratio_std",
+                        "massive_tokens"):
                 if len(blk[key]) != levels:
                     raise ValueError(f"{where}.{key} has not {levels} levels")
             shape = (levels, queries, rows * cols)

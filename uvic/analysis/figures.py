@@ -6,6 +6,8 @@
   query's attention over the patches (mean over heads), drawn over image 0: blue for
   positive weights, red for negative ones; the query patch is outlined.
 * ``overview.png``: a few key metrics (columns) for every model (rows), one figure.
+* ``massive_activations.png``: per block, one line per model: the share of sink heads
+  (left) and the massive-activation ratio, mean and spread over images and levels (right).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.figure import Figure  # drawn without pyplot: no global backend, no GUI
 from matplotlib.patches import Rectangle
 
+from uvic.analysis.massive import pooled
+
 # Metrics drawn as heatmaps: name -> title. "sink_share" and "collapse" are per block.
 HEATMAPS = {
     "negative_mass": "share of |A| on negative weights",
@@ -31,14 +35,16 @@ HEATMAPS = {
     "row_sum": "sum of |A| per row (1 if normalised)",
     "sink_share": "share of sink heads",
     "collapse": "mean pairwise cosine of patch tokens",
+    "massive_ratio": "largest token's hidden-state norm / mean of the others",
 }
+PER_BLOCK = ("sink_share", "collapse", "massive_ratio")  # keys of a block, not of its "mean"
 OVERVIEW = ("negative_mass", "entropy", "time_weight", "collapse")
 
 
 def _grid(result: dict, label: str, metric: str) -> np.ndarray:
     """(blocks, levels) array of `metric` for model `label`."""
     blocks = result["models"][label]["blocks"]
-    if metric in ("sink_share", "collapse"):
+    if metric in PER_BLOCK:
         return np.array([blk[metric] for blk in blocks], dtype=float)
     return np.array([blk["mean"][metric] for blk in blocks], dtype=float)
 
@@ -147,6 +153,35 @@ def overview_figure(result: dict, path: Path) -> Path:
     return path
 
 
+def massive_figure(result: dict, path: Path) -> Path:
+    """Per block (x), one line per model: the sink share (left) and the massive-activation
+    ratio with a band of +- one standard deviation over images and levels (right)."""
+    fig = Figure(figsize=(9, 3.4), layout="constrained")
+    sink_ax, ratio_ax = fig.subplots(1, 2)
+    names = []
+    for label, entry in result["models"].items():
+        blocks = entry["blocks"]
+        names = [blk["name"] for blk in blocks]
+        x = np.arange(len(blocks))
+        sink_ax.plot(x, [np.mean(blk["sink_share"]) for blk in blocks], marker="o", label=label)
+        stats = np.array([pooled(blk) for blk in blocks])  # (blocks, 2): mean, std
+        line, = ratio_ax.plot(x, stats[:, 0], marker="o", label=label)
+        ratio_ax.fill_between(x, stats[:, 0] - stats[:, 1], stats[:, 0] + stats[:, 1],
+                              color=line.get_color(), alpha=0.2)
+    for ax, title in ((sink_ax, f"share of sink heads (> {result['sink_threshold']:g})"),
+                      (ratio_ax, HEATMAPS["massive_ratio"])):
+        ax.set_xticks(range(len(names)), names, rotation=60, fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    sink_ax.set_ylim(-0.03, 1.03)
+    ratio_ax.axhline(1.0, color="k", lw=0.8, ls=":")  # no token stands out
+    ratio_ax.legend(fontsize=7)
+    fig.suptitle("mean over noise levels; band: +- one std over images and levels",
+                 fontsize=8)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
@@ -170,4 +205,5 @@ def save_figures(result: dict, out_dir: str | Path,
             name = f"maps_{_safe(label)}_t{record['timestep']}"
             paths[name] = maps_figure(result, label, level, out / f"{name}.png")
     paths["overview"] = overview_figure(result, out / "overview.png")
+    paths["massive_activations"] = massive_figure(result, out / "massive_activations.png")
     return paths

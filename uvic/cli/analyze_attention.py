@@ -11,14 +11,16 @@ On `--num-images` images of the config's data (MS-COCO: latents and captions fro
 feature folder) noised to `--levels` levels spread over the schedule, it measures for
 every model, block, head and level: the negative share of the attention, the entropy
 and effective number of attended tokens, the weight on the time (and text) tokens, the
-share of sink heads, and the mean pairwise cosine of the patch tokens; and it draws
-the attention maps of a few query patches. Writes `attention.json` and PNG figures to
-`--out`. Each checkpoint is built as the architecture it was trained with (the model
-config stored in its metadata, else its run folder's config.json; `--config`'s for a
-released nnet_ema.pth), as `uvic-sample` does: a `--set model.*` value that differs from
-it is refused with one line unless `--model-from-config`. `--attention LABEL=SPEC` then
-runs one checkpoint under another attention pattern. (`python scripts/analyze_attention.py`
-runs the same program.)
+share of sink heads, the mean pairwise cosine of the patch tokens, and the massive
+activations (the largest token's hidden-state norm over the mean of the others, and
+which token it is); and it draws the attention maps of a few query patches. Writes
+`attention.json` and PNG figures to `--out` and prints the massive activations beside
+the sink share, per block. Each checkpoint is built as the architecture it was trained
+with (the model config stored in its metadata, else its run folder's config.json;
+`--config`'s for a released nnet_ema.pth), as `uvic-sample` does: a `--set model.*`
+value that differs from it is refused with one line unless `--model-from-config`.
+`--attention LABEL=SPEC` then runs one checkpoint under another attention pattern.
+(`python scripts/analyze_attention.py` runs the same program.)
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     # torch and the models: once the arguments and the config are checked
     from uvic.analysis import analyze, load_inputs, load_models, save_figures
     from uvic.analysis.core import checkpoints_config
+    from uvic.analysis.massive import massive_table
     from uvic.files import write_json
     from uvic.run.architecture import ModelChoice
     from uvic.run.weights import CheckpointError
@@ -119,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     print(f"json: {write_json(out / 'attention.json', result, indent=1)}")
+    print(massive_table(result))
     for name, path in save_figures(result, out).items():
         print(f"{name}: {path}")
     return 0
