@@ -88,6 +88,8 @@ START_UP_ERRORS = [
     ("uvic-quickstart", ("--threads", "0"), "error: --threads 0"),
     ("uvic-table3", ("--set", "train.nope=1"), "error: unknown config key 'train.nope'"),
     ("uvic-release-table", ("--only", "nope"), "error: --only ['nope']: matches no row"),
+    ("uvic-extract-mscoco", ("--coco", "missing", "--out", "o"),
+     "error: --coco missing: no such folder"),
 ]
 
 

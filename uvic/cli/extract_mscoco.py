@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from uvic.cli import extract_options, positive_int
 from uvic.config import DataConfig
@@ -56,6 +57,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     args = parse_args(argv)
+    if not Path(args.coco).is_dir():  # before the imports below, which take seconds
+        print(f"error: --coco {args.coco}: no such folder (it holds train2014/, val2014/ and "
+              "annotations/)", file=sys.stderr)
+        return 2
     from uvic.data.datasets import DatasetError
     from uvic.data.mscoco_extraction import CorruptImageError, check_inputs, extract_features
     from uvic.models.autoencoder import VAELoadError, load_vae
