@@ -51,6 +51,7 @@ from uvic.config import Config, to_dict
 from uvic.config.sampling import check_guidance, effective_cfg_scale, fid_label_draw
 from uvic.config.validation import validate
 from uvic.data.datasets import MSCOCOFeatures, build_dataset
+from uvic.evaluation.metrics import MetricsPlan
 from uvic.evaluation.protocols import SAMPLES_META, protocol_of
 from uvic.evaluation.reference import (
     ReferenceStats,
@@ -218,6 +219,7 @@ def evaluate(
     job = _job(cfg, ckpt_path, n, out_json, samples_dir, stats_dir, choice, say)
     check_guidance(job.cfg, guidance_option)
     extractor = _check_protocol(job, feat_extractor, allow_download, state)
+    metrics = MetricsPlan.check(job.cfg, job.stats_dir, feat_extractor, allow_download, state)
     ckpt_sha = file_sha256(job.ckpt)
     generated, t_sampling = _generate(job, ckpt_sha, seed, precision, progress, choice, say,
                                       state)
@@ -253,6 +255,7 @@ def evaluate(
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": to_dict(job.cfg),
     }
+    metrics.add_to(result, job, feats, ref, seed, feature_batch_size, workers, progress)
     write_json(job.out_json, result)
     return result
 
