@@ -219,7 +219,6 @@ def evaluate(
     job = _job(cfg, ckpt_path, n, out_json, samples_dir, stats_dir, choice, say)
     check_guidance(job.cfg, guidance_option)
     extractor = _check_protocol(job, feat_extractor, allow_download, state)
-    metrics = MetricsPlan.check(job.cfg, job.stats_dir, feat_extractor, allow_download, state)
     ckpt_sha = file_sha256(job.ckpt)
     generated, t_sampling = _generate(job, ckpt_sha, seed, precision, progress, choice, say,
                                       state)
@@ -231,8 +230,7 @@ def evaluate(
     workers = num_workers if num_workers is not None else min(8, os.cpu_count() or 1)
     ref, feats = _features(job, feat_extractor, extractor, allow_download, feature_batch_size,
                            workers, progress, state.device)
-    mu, sigma = feature_statistics(feats)
-    fid = frechet_distance(mu, sigma, ref.mu, ref.sigma)
+    fid = frechet_distance(*feature_statistics(feats), ref.mu, ref.sigma)
     kid = kernel_distance(ref.feats, feats, seed=seed) if ref.feats is not None else None
     times = {"total": time.perf_counter() - t_start, "sampling": t_sampling,
              "features": time.perf_counter() - t0}
@@ -255,7 +253,7 @@ def evaluate(
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": to_dict(job.cfg),
     }
-    metrics.add_to(result, job, feats, ref, seed, feature_batch_size, workers, progress)
+    job.metrics.add_to(result, job, feats, ref, seed, feature_batch_size, workers, progress)
     write_json(job.out_json, result)
     return result
 
@@ -272,6 +270,7 @@ class _Job:
     out_json: Path
     samples_dir: Path
     stats_dir: Path
+    metrics: MetricsPlan | None = None  # eval.metrics beside FID, set by _check_protocol
 
 
 def _job(cfg: Config, ckpt_path: str | Path, n: int | None, out_json: str | Path | None,
@@ -309,6 +308,7 @@ def _check_protocol(job: _Job, feat_extractor: Callable | None, allow_download: 
     if feat_extractor is None and not allow_download:
         check_inception(cfg, mode)
     stats_plan(cfg, mode, feat_extractor, job.stats_dir, allow_download)
+    job.metrics = MetricsPlan.check(cfg, job.stats_dir, feat_extractor, allow_download, state)
     # Load the Inception network now, not after sampling: a corrupt weights file must
     # stop the evaluation before hours of sampling (InceptionWeightsCorrupt).
     extractor = feat_extractor
