@@ -315,3 +315,23 @@ def test_cli_reports_the_metrics_and_refuses_missing_weights(tmp_path: Path, cap
     assert f"precision {result['precision']:.4f}  recall {result['recall']:.4f} (k=1, " \
            "dinov2 vit_small_patch14_dinov2 (64 wide, 2 deep) features, 4 reference " \
            "images)" in line
+
+
+def test_inception_precision_recall_needs_reference_features(tmp_path: Path, capsys) -> None:
+    """A statistics file of mu and sigma alone cannot give precision/recall on Inception
+    features: one line naming it, before any sampling (and before Inception is loaded)."""
+    (tmp_path / "inception.pt").write_bytes(b"never loaded")
+    stats = tmp_path / "ref_stats.npz"
+    np.savez(stats, mu=np.zeros(2048), sigma=np.eye(2048))
+    cfg = apply_overrides(shapes_config(tmp_path), [
+        f"eval.inception_path={tmp_path / 'inception.pt'}", f"eval.ref_stats={stats}",
+        "eval.metrics=fid,precision_recall"])
+    save_config(cfg, tmp_path / "config.json")
+    code = load_script("eval/fid.py").main([
+        "--config", str(tmp_path / "config.json"), "--ckpt", str(tmp_path / "ema.safetensors"),
+        "--n", "4", "--samples-dir", str(tmp_path / "s"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.splitlines() == [err]
+    assert err.startswith(f"error: precision/recall needs the reference's features, and "
+                          f"{stats} holds only mu and sigma")
+    assert not (tmp_path / "s").exists()

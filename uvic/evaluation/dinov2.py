@@ -48,6 +48,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # the preprocessing and feature, as recorded in protocols and cache fingerprints
 PROTOCOL = "pil_bicubic_224_imagenet_norm_cls"
 FAMILY = {384: "small", 768: "base", 1024: "large", 1536: "giant"}  # DINOv2 widths
+DEPTH = {384: 12, 768: 12, 1024: 24, 1536: 40}  # ... and their depths
 _HUB = re.compile(r"^(hf-hub:)?[\w.-]+/[\w.-]+$")
 
 
@@ -182,7 +183,7 @@ class DINOv2Encoder(torch.nn.Module):
                                        f"({first})") from err
         self.model.eval().requires_grad_(False)
         self.dim = kwargs["embed_dim"]
-        standard = FAMILY.get(self.dim) and kwargs["depth"] in (12, 24, 40)
+        standard = DEPTH.get(self.dim) == kwargs["depth"]
         self.name = arch if standard else f"{arch} ({self.dim} wide, {kwargs['depth']} deep)"
         self.identity = {"name": f"dinov2 {self.name}", "weights": file_digest(path),
                          "file": str(path)}

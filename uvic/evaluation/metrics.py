@@ -82,7 +82,8 @@ class MetricsPlan:
         if state is not None:
             plan.device = state.device
         if plan.needs_dinov2:
-            plan.weights = dinov2.resolve_weights(ev.dinov2_path, allow_download)
+            if load or not allow_download:  # one process downloads: the main one
+                plan.weights = dinov2.resolve_weights(ev.dinov2_path, allow_download)
             plan.images = reference_images(cfg, stats_dir)
             if plan.images is None:
                 raise ReferenceStatsMissing(
