@@ -114,7 +114,7 @@ class MetricsPlan:
         records: dict[str, Any] = {}
         files = [samples_dir / f"{i:06d}.png" for i in range(result["n"])]
         if self.needs_dinov2:
-            assert self.encoder is not None, "MetricsPlan.check(load=True) builds the encoder"
+            assert self.encoder is not None, "the main process builds the encoder in check"
             real = self._dinov2_reference(device, batch_size, workers, progress)
             fake = dinov2.files_features(files, self.encoder, device=device,
                                          batch_size=batch_size, num_workers=workers,
