@@ -457,6 +457,11 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
     "--out runs/fid/cifar10_uvic_projection.json":
         Run(("--n", "4", "--steps", "2"), ("cifar10", "cifar10 runs"),
             check=writes("runs/fid/cifar10_uvic_projection.json")),
+    "accelerate launch eval/fid.py --config configs/cifar10_uvic.py --ckpt "
+    "runs/cifar10_uvic/ema.safetensors --metrics fid,fd_dinov2,precision_recall "
+    "--dinov2-path dinov2_vitl14_pretrain.pth --out runs/fid/cifar10_uvic_dinov2.json":
+        NotHere(INCEPTION + " and the DINOv2 ViT-L/14 weights (a download; "
+                "tests/test_fd_dinov2.py runs it on a tiny DINOv2)", CIFAR10_MODEL),
     "python -m uvic_kernels.bench_host": Run(("--check",)),
     "python scripts/reproduce_table3.py --dry-run":
         Run(check=plan_states_the_readme_compute),

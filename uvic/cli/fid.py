@@ -23,6 +23,9 @@ file, where, and the URL; --download lets clean-fid fetch them. The Inception we
 live in the user cache (~/.cache/uvic/inception-2015-12-05.pt, or $XDG_CACHE_HOME/uvic;
 legacy_pytorch: torch.hub's checkpoint folder) unless eval.inception_path names a file.
 
+`--metrics fid,fd_dinov2,precision_recall` adds FD-DINOv2 (DINOv2 ViT-L/14 features,
+weights from --dinov2-path) and precision/recall beside FID (`uvic.evaluation.metrics`).
+
 Without any download: `--features projection` (eval.features=projection) scores with a
 fixed random projection instead of Inception, the reference statistics built with it
 from the dataset's local files (data.root's CIFAR-10 copy, Shapes, or eval.ref_images).
@@ -46,7 +49,7 @@ import sys
 from uvic.cli.config_options import add_config_options, startup_config
 from uvic.cli.sampler_options import add_sampler_options, guidance_option, sampler_overrides
 from uvic.config import ConfigError
-from uvic.config.evaluation import FID_FEATURES, FID_MODES
+from uvic.config.evaluation import FID_FEATURES, FID_MODES, METRICS
 from uvic.evaluation.protocols import NOT_FID
 
 
@@ -62,6 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--features", choices=FID_FEATURES,
                    help="inception: FID; projection: download-free stand-in features to "
                    f"check the pipeline, {NOT_FID} (default: eval.features)")
+    p.add_argument("--metrics", help=f"comma-separated, of {', '.join(METRICS)}: FID and "
+                   "the metrics beside it (default: eval.metrics, fid)")
+    p.add_argument("--dinov2-path", help="DINOv2 ViT-L/14 weights for fd_dinov2: a local "
+                   "file or a hub name (eval.dinov2_path)")
     add_sampler_options(p)
     p.add_argument("--inception-path", help="local Inception weights (eval.inception_path)")
     p.add_argument("--stats-dir", help="cache of built reference statistics "
@@ -79,7 +86,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
     """Command-line options as config overrides (recorded in the result's config): the
     sampler flags as `uvic-sample` reads them, then the evaluator's own."""
     pairs = [("eval.mode", args.mode), ("eval.features", args.features),
-             ("eval.inception_path", args.inception_path)]
+             ("eval.inception_path", args.inception_path), ("eval.metrics", args.metrics),
+             ("eval.dinov2_path", args.dinov2_path)]
     return sampler_overrides(args) + [f"{key}={value}" for key, value in pairs
                                       if value is not None]
 
@@ -93,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # the library (torch) is imported from here on
     from uvic.evaluation.fid import evaluate
+    from uvic.evaluation.metrics import summary_line
     from uvic.evaluation.protocols import protocol_from_result
     from uvic.run.architecture import ModelChoice
     from uvic.run.weights import CheckpointError
@@ -118,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{result['model']} {result['dataset']}: {what} {result['fid']:.3f}  KID {kid}  "
               f"(N={result['n']}, {result['mode']}, {result['sampler']['scheduler']} "
               f"{result['sampler']['steps']} steps, guidance {result['guidance']})")
+        if line := summary_line(result):
+            print(line)
         print(f"protocol: {result['protocol']['label']}")
         print(f"result: {result['result_json']}")
     return 0

@@ -170,6 +170,15 @@ class EvalConfig:
     # projection) to check the pipeline; its numbers are NOT comparable with Inception FID.
     features: str = "inception"
     captions: str = ""  # mscoco: val captions features used to draw prompts
+    # beside FID: fd_dinov2 (Frechet distance of DINOv2 ViT-L/14 CLS features) and
+    # precision_recall (Kynkaanniemi et al. 2019); see uvic.evaluation.metrics
+    metrics: tuple[str, ...] = ("fid",)
+    # DINOv2 weights: a local file (timm's or the original torch.hub checkpoint) or a
+    # Hugging Face hub name in the local cache; "": torch.hub's dinov2_vitl14_pretrain.pth
+    dinov2_path: str = ""
+    pr_k: int = 3  # k of the k-NN radii (precision/recall)
+    pr_features: str = "inception"  # inception (eval.features' extractor) | dinov2
+    pr_n_ref: int = 0  # reference images for precision/recall; 0: as many as samples
 
 
 @dataclass

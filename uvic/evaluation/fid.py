@@ -51,6 +51,7 @@ from uvic.config import Config, to_dict
 from uvic.config.sampling import check_guidance, effective_cfg_scale, fid_label_draw
 from uvic.config.validation import validate
 from uvic.data.datasets import MSCOCOFeatures, build_dataset
+from uvic.evaluation.metrics import MetricsPlan
 from uvic.evaluation.protocols import SAMPLES_META, protocol_of
 from uvic.evaluation.reference import (
     ReferenceStats,
@@ -229,8 +230,7 @@ def evaluate(
     workers = num_workers if num_workers is not None else min(8, os.cpu_count() or 1)
     ref, feats = _features(job, feat_extractor, extractor, allow_download, feature_batch_size,
                            workers, progress, state.device)
-    mu, sigma = feature_statistics(feats)
-    fid = frechet_distance(mu, sigma, ref.mu, ref.sigma)
+    fid = frechet_distance(*feature_statistics(feats), ref.mu, ref.sigma)
     kid = kernel_distance(ref.feats, feats, seed=seed) if ref.feats is not None else None
     times = {"total": time.perf_counter() - t_start, "sampling": t_sampling,
              "features": time.perf_counter() - t0}
@@ -253,6 +253,7 @@ def evaluate(
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": to_dict(job.cfg),
     }
+    job.metrics.add_to(result, job, feats, ref, seed, feature_batch_size, workers, progress)
     write_json(job.out_json, result)
     return result
 
@@ -269,6 +270,7 @@ class _Job:
     out_json: Path
     samples_dir: Path
     stats_dir: Path
+    metrics: MetricsPlan | None = None  # eval.metrics beside FID, set by _check_protocol
 
 
 def _job(cfg: Config, ckpt_path: str | Path, n: int | None, out_json: str | Path | None,
@@ -306,6 +308,7 @@ def _check_protocol(job: _Job, feat_extractor: Callable | None, allow_download: 
     if feat_extractor is None and not allow_download:
         check_inception(cfg, mode)
     stats_plan(cfg, mode, feat_extractor, job.stats_dir, allow_download)
+    job.metrics = MetricsPlan.check(cfg, job.stats_dir, feat_extractor, allow_download, state)
     # Load the Inception network now, not after sampling: a corrupt weights file must
     # stop the evaluation before hours of sampling (InceptionWeightsCorrupt).
     extractor = feat_extractor
