@@ -96,6 +96,21 @@ def check_objective(diffusion: DiffusionConfig) -> None:
     ])
 
 
+def sampler_calls(name: str, steps: int) -> int:
+    """Network calls per sample of the named sampler `name` for `steps` steps, where the
+    name alone says: 2 steps - 1 for `flow_heun` (Heun, the last step Euler), else steps."""
+    return 2 * steps - 1 if name == "flow_heun" else steps
+
+
+def objective_label(diffusion: DiffusionConfig) -> str:
+    """What a protocol adds to its sampler's name for the objective: "" for noise
+    prediction (every result before flow matching), else e.g. " (velocity, linear
+    interpolant)"."""
+    if diffusion.objective == "eps":
+        return ""
+    return f" ({diffusion.objective}, {diffusion.interpolant} interpolant)"
+
+
 def check_sampler_objective(diffusion: DiffusionConfig, name: str) -> None:
     """`sample.scheduler` fits the objective: flow samplers (FLOW_NAMED, FLOW_DIFFUSERS on
     the linear interpolant) for velocity models, the others for noise prediction."""

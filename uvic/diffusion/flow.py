@@ -46,6 +46,7 @@ from uvic.config.diffusion import (
     FLOW_NAMED,
     check_sampler_objective,
     diffusers_class,
+    sampler_calls,
 )
 
 VFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x, net time (B,)) -> v
@@ -113,16 +114,11 @@ def time_grid(name: str, steps: int) -> torch.Tensor:
     return torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
 
 
-def flow_calls(name: str, steps: int) -> int:
-    """Network calls of a named flow sampler for `steps` steps."""
-    return 2 * steps - 1 if name == "flow_heun" else steps
-
-
 def flow_model_calls(scheduler: str | SchedulerMixin, steps: int,
                      scheduler_kwargs: dict[str, Any] | None = None) -> int:
     """Network calls of `flow_sample` for one batch."""
     if isinstance(scheduler, str) and scheduler in FLOW_NAMED:
-        return flow_calls(scheduler, steps)
+        return sampler_calls(scheduler, steps)
     sched = flow_scheduler(scheduler, scheduler_kwargs) if isinstance(scheduler, str) else scheduler
     sched.set_timesteps(steps)
     return len(sched.timesteps)
@@ -174,6 +170,10 @@ def flow_scheduler(name: str, scheduler_kwargs: dict[str, Any] | None = None) ->
 def run_flow_scheduler(v_fn: VFn, sched: SchedulerMixin, x: torch.Tensor, steps: int,
                        progress: bool = False) -> torch.Tensor:
     """Step a diffusers flow-match scheduler (sigma = t, timestep = N t) on `v_fn`."""
+    inner = getattr(sched, "_scheduler", sched)  # a pipeline's callback wrapper holds it
+    if type(inner).__name__ not in FLOW_DIFFUSERS:
+        raise ValueError(f"a velocity model samples with one of {list(FLOW_SCHEDULERS)}, "
+                         f"not the {type(inner).__name__} given")
     sched.set_timesteps(steps, device=x.device)
     x = x.float()
     n = sched.config.num_train_timesteps
