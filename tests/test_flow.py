@@ -293,8 +293,13 @@ def test_bad_combinations_are_one_line_errors(overrides: list[str], message: str
 
 
 def test_samplers_refuse_the_other_objective() -> None:
-    """run_sampler (uvic-sample, the pipeline's sampler=) says which samplers fit."""
+    """run_sampler and model_calls (uvic-sample, the pipeline's sampler=) say which
+    samplers fit."""
     noise = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="samples velocity models"):
+        model_calls(Diffusion(DiffusionConfig()), "flow_heun", 5)
+    with pytest.raises(ValueError, match="samples noise-prediction models"):
+        model_calls(flow(), "dpm_solver++", 5)
     with pytest.raises(ValueError, match="samples velocity models"):
         run_sampler(v_fn("linear"), Diffusion(DiffusionConfig()), noise, scheduler="flow_euler")
     with pytest.raises(ValueError, match="samples noise-prediction models"):

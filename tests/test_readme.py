@@ -1080,6 +1080,12 @@ CLAIMS: dict[str, list[tuple[str, Callable[[], tuple]]]] = {
         (r"\(`--threads`, default (\d+),", lambda: (quickstart_defaults().threads,)),
         (r"writes to `([^`]+)/`:", lambda: (quickstart_defaults().out,)),
     ],
+    "docs/recipes.md": [
+        (r"`flow_heun` with (\d+) steps \((\d+) network calls per image, against the release's "
+         r"(\d+)-step Euler-Maruyama",
+         lambda: (config("cifar10_uvic_flow").sample.steps,
+                  2 * config("cifar10_uvic_flow").sample.steps - 1, config(C10).sample.steps)),
+    ],
     "docs/sampling.md": [
         (r"\(([\d.]+) for the COCO FID protocol\)", lambda: (config(COCO).sample.cfg_scale,)),
     ],

@@ -114,9 +114,12 @@ def time_grid(name: str, steps: int) -> torch.Tensor:
     return torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
 
 
-def flow_model_calls(scheduler: str | SchedulerMixin, steps: int,
+def flow_model_calls(cfg: DiffusionConfig, scheduler: str | SchedulerMixin, steps: int,
                      scheduler_kwargs: dict[str, Any] | None = None) -> int:
-    """Network calls of `flow_sample` for one batch."""
+    """Network calls of `flow_sample` for one batch (a name that does not fit the objective
+    is refused, as `flow_sample` refuses it)."""
+    if isinstance(scheduler, str):
+        check_sampler_objective(cfg, scheduler)
     if isinstance(scheduler, str) and scheduler in FLOW_NAMED:
         return sampler_calls(scheduler, steps)
     sched = flow_scheduler(scheduler, scheduler_kwargs) if isinstance(scheduler, str) else scheduler

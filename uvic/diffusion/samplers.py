@@ -119,8 +119,8 @@ def model_calls(
     """How many times `run_sampler` calls `eps_fn` for one batch (its solver steps):
     `steps` for the release's "fast" protocols (their steps are model calls), else the
     length of the scheduler's timestep list (e.g. 2 steps - 1 for diffusers' Heun)."""
-    if diffusion.cfg.objective == "velocity":
-        return flow_model_calls(scheduler, steps, scheduler_kwargs)
+    if diffusion.cfg.objective == "velocity" or scheduler in FLOW_SCHEDULERS:
+        return flow_model_calls(diffusion.cfg, scheduler, steps, scheduler_kwargs)
     if isinstance(scheduler, str) and scheduler in RELEASE_FAST:
         return steps
     sched = scheduler_for(diffusion, scheduler, order, steps, scheduler_kwargs)
