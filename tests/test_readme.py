@@ -367,6 +367,12 @@ def make_test_runs_ruff_and_pytest() -> None:
     assert lines[0].endswith("ruff check .") and "-m pytest" in lines[1]
 
 
+def trained_by_flow_matching(ws: Path, proc: subprocess.CompletedProcess) -> None:
+    """The run's saved config is the velocity objective's, sampled by a flow sampler."""
+    cfg = load_config(ws / "runs/cifar10_uvic_flow/config.json")
+    assert (cfg.diffusion.objective, cfg.sample.scheduler) == ("velocity", "flow_heun")
+
+
 ACCELERATE_GPUS = "several GPUs (Accelerate's --multi_gpu launch of {n} processes)"
 INCEPTION = ("Inception weights and reference statistics (a download: `eval.inception_path`, "
              "clean-fid's cache)")
@@ -385,6 +391,9 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
     # torchvision verifies the files already there instead of downloading them
     "accelerate launch scripts/train.py --config configs/cifar10_uvic.py "
     "--set data.download=true": Run(CIFAR10_MODEL + TRAIN, ("cifar10",), "a training run"),
+    # flow matching (README, docs/recipes.md): the grid samples with flow_heun
+    "accelerate launch scripts/train.py --config configs/cifar10_uvic_flow.py":
+        Run(CIFAR10_MODEL + TRAIN, ("cifar10",), "a training run", trained_by_flow_matching),
     "accelerate launch --multi_gpu --num_processes 4 --mixed_precision fp16 "
     "scripts/train.py --config configs/cifar10_uvit.py":
         NotHere(ACCELERATE_GPUS.format(n=4), CIFAR10_MODEL + TRAIN),
@@ -1075,6 +1084,12 @@ CLAIMS: dict[str, list[tuple[str, Callable[[], tuple]]]] = {
         (r"\((\d+)x(\d+), no download\)", lambda: (config(QS).model.img_size,) * 2),
         (r"\(`--threads`, default (\d+),", lambda: (quickstart_defaults().threads,)),
         (r"writes to `([^`]+)/`:", lambda: (quickstart_defaults().out,)),
+    ],
+    "docs/recipes.md": [
+        (r"`flow_heun` with (\d+) steps \((\d+) network calls per image, against the release's "
+         r"(\d+)-step Euler-Maruyama",
+         lambda: (config("cifar10_uvic_flow").sample.steps,
+                  2 * config("cifar10_uvic_flow").sample.steps - 1, config(C10).sample.steps)),
     ],
     "docs/sampling.md": [
         (r"\(([\d.]+) for the COCO FID protocol\)", lambda: (config(COCO).sample.cfg_scale,)),

@@ -1036,7 +1036,8 @@ def test_nan_weights_are_refused_where_they_are_loaded(tmp_path, capsys, six_ste
 @pytest.mark.parametrize("override, needle", [
     ("sample.scheduler=DPMSolverMultistep",
      "sample.scheduler='DPMSolverMultistep' is neither one of ['dpm_solver++', 'dpm_solver', "
-     "'dpm_solver++_fast_time_uniform', 'dpm_solver_fast_logsnr', 'euler_maruyama']"),
+     "'dpm_solver++_fast_time_uniform', 'dpm_solver_fast_logsnr', 'euler_maruyama', "
+     "'flow_euler', 'flow_heun', 'flow_euler_maruyama']"),
     ("sample.steps=0", "sample.steps=0 must be >= 1"),
     ("sample.order=7", "sample.order=7 must be 1, 2 or 3"),
     ("optim.betas=(0.9,1.5)", "optim.betas=(0.9, 1.5) must be in [0, 1)"),

@@ -57,7 +57,8 @@ MESSAGES = [
     ("sample.order=4", "sample.order=4 must be 1, 2 or 3 (DPM-Solver orders)"),
     ("sample.scheduler=Nope", "sample.scheduler='Nope' is neither one of ['dpm_solver++', "
      "'dpm_solver', 'dpm_solver++_fast_time_uniform', 'dpm_solver_fast_logsnr', "
-     "'euler_maruyama'] nor a diffusers scheduler class name"),
+     "'euler_maruyama', 'flow_euler', 'flow_heun', 'flow_euler_maruyama'] nor a diffusers "
+     "scheduler class name"),
     ("sample.scheduler=dpm_solver_fast", "sample.scheduler='dpm_solver_fast' is retired: it was "
      "not the release's MS-COCO protocol (issue 25); use 'dpm_solver++_fast_time_uniform' (the "
      "release's dpm_solver_pp.py: MS-COCO, ImageNet H/2 and H/4) or 'dpm_solver_fast_logsnr' "

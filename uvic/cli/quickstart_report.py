@@ -19,7 +19,10 @@ def read_log(run_dir: Path) -> list[dict]:
 
 
 def objective_name(diffusion: DiffusionConfig) -> str:
-    """What the training loss is: the noise MSE, Min-SNR weighted when the config says so."""
+    """What the training loss is: the noise MSE, Min-SNR weighted when the config says so,
+    or the velocity MSE of flow matching."""
+    if diffusion.objective == "velocity":
+        return f"velocity MSE ({diffusion.interpolant} interpolant)"
     gamma = diffusion.min_snr_gamma
     return f"Min-SNR-{gamma:g} weighted noise MSE" if gamma > 0 else "noise MSE"
 

@@ -15,7 +15,8 @@ def add_sampler_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="sampling steps (default: sample.steps)")
     parser.add_argument("--scheduler", help="dpm_solver++, dpm_solver, "
                         "dpm_solver++_fast_time_uniform, dpm_solver_fast_logsnr, "
-                        "euler_maruyama or a diffusers class name (uvic.diffusion.samplers)")
+                        "euler_maruyama, a diffusers class name (uvic.diffusion.samplers); "
+                        "velocity models: flow_euler, flow_heun, flow_euler_maruyama")
     parser.add_argument("--order", type=int, help="DPM-Solver order (default: sample.order)")
     parser.add_argument("--cfg-scale", type=float, help="guidance s in eps = c + s (c - u) "
                         "(diffusers' guidance_scale = s + 1)")

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from uvic.cli.config_options import add_set_option, startup_config
 from uvic.config import Config, ConfigError, apply_overrides
+from uvic.config.diffusion import sampler_calls
 from uvic.config.sampling import PRECISIONS
 from uvic.evaluation.protocols import load_results, protocol_of
 from uvic.presets import preset_path
@@ -151,7 +152,8 @@ def plan(jobs: list[Job]) -> str:
             hours = remaining * step_time / 3600
             train_time = f"~{hours:.1f} h at the measured {step_time:.3f} s/step"
         protocol = protocol_of(job.cfg)
-        calls = protocol.steps * (2 if protocol.guidance else 1)
+        calls = sampler_calls(job.cfg.sample.scheduler, protocol.steps) * (
+            2 if protocol.guidance else 1)
         n = job.cfg.eval.n_samples
         lines += [f"- {job.label}: train {remaining:,} of {t.max_steps:,} steps "
                   f"x {t.batch_size} images; {train_time}",

@@ -8,6 +8,7 @@ CLI can list the names without loading the samplers.
 from __future__ import annotations
 
 import importlib
+import math
 from typing import TYPE_CHECKING
 
 from uvic.config import ConfigError, DiffusionConfig, require
@@ -23,7 +24,16 @@ FAST_LOGSNR = "dpm_solver_fast_logsnr"
 RELEASE_FAST = (FAST_LOGSNR, FAST_TIME_UNIFORM)
 # The names `sample.scheduler` understands besides diffusers class names
 # (`uvic.diffusion.samplers` says what each runs).
-NAMED = ("dpm_solver++", "dpm_solver", FAST_TIME_UNIFORM, FAST_LOGSNR, "euler_maruyama")
+# Flow-matching samplers (`uvic.diffusion.flow`), for diffusion.objective="velocity" only.
+FLOW_NAMED = ("flow_euler", "flow_heun", "flow_euler_maruyama")
+NAMED = ("dpm_solver++", "dpm_solver", FAST_TIME_UNIFORM, FAST_LOGSNR, "euler_maruyama",
+         *FLOW_NAMED)
+OBJECTIVES = ("eps", "velocity")
+INTERPOLANTS = ("linear", "trigonometric")
+TIMESTEP_SAMPLING = ("uniform", "logit_normal")
+# diffusers' flow-matching scheduler that steps a velocity model on the linear interpolant
+# (its sigma is t; `uvic.diffusion.flow.run_flow_scheduler`)
+FLOW_DIFFUSERS = ("FlowMatchEulerDiscreteScheduler",)
 # Names no longer run, and why; results recorded under them keep their own protocol label
 # (`uvic.evaluation.protocols.OLD_SAMPLERS`).
 RETIRED = {
@@ -51,6 +61,72 @@ def check_diffusion(diffusion: DiffusionConfig) -> None:
         (diffusion.min_snr_gamma >= 0.0,
          f"diffusion.min_snr_gamma={diffusion.min_snr_gamma} must be >= 0 (0: off)"),
     ])
+    check_objective(diffusion)
+
+
+def check_objective(diffusion: DiffusionConfig) -> None:
+    """The rules on the objective, the interpolant and how training draws its times."""
+    velocity = diffusion.objective == "velocity"
+    require([
+        (diffusion.objective in OBJECTIVES,
+         f"diffusion.objective={diffusion.objective!r} must be one of {OBJECTIVES}"),
+        (diffusion.interpolant in INTERPOLANTS,
+         f"diffusion.interpolant={diffusion.interpolant!r} must be one of {INTERPOLANTS}"),
+        (diffusion.timestep_sampling in TIMESTEP_SAMPLING,
+         f"diffusion.timestep_sampling={diffusion.timestep_sampling!r} must be one of "
+         f"{TIMESTEP_SAMPLING}"),
+        (math.isfinite(diffusion.logit_normal_mean),
+         f"diffusion.logit_normal_mean={diffusion.logit_normal_mean} must be finite"),
+        (0.0 < diffusion.logit_normal_std < math.inf,
+         f"diffusion.logit_normal_std={diffusion.logit_normal_std} must be > 0 and finite"),
+        (velocity or diffusion.interpolant == "linear",
+         f"diffusion.interpolant={diffusion.interpolant!r} is for "
+         "diffusion.objective='velocity' (eps uses diffusion.schedule)"),
+        (not velocity or diffusion.schedule == "vp_continuous",
+         f"diffusion.schedule={diffusion.schedule!r} with diffusion.objective='velocity': the "
+         "interpolant replaces the schedule, leave diffusion.schedule='vp_continuous'"),
+        (not velocity or diffusion.min_snr_gamma == 0.0,
+         f"diffusion.min_snr_gamma={diffusion.min_snr_gamma} weights the noise MSE; it has "
+         "no meaning with diffusion.objective='velocity' (set it to 0)"),
+        (velocity or diffusion.timestep_sampling == "uniform"
+         or diffusion.schedule == "vp_continuous",
+         f"diffusion.timestep_sampling={diffusion.timestep_sampling!r} needs continuous "
+         f"time: diffusion.schedule={diffusion.schedule!r} draws discrete steps "
+         "(use 'vp_continuous' or diffusion.objective='velocity')"),
+    ])
+
+
+def sampler_calls(name: str, steps: int) -> int:
+    """Network calls per sample of the named sampler `name` for `steps` steps, where the
+    name alone says: 2 steps - 1 for `flow_heun` (Heun, the last step Euler), else steps."""
+    return 2 * steps - 1 if name == "flow_heun" else steps
+
+
+def objective_label(diffusion: DiffusionConfig) -> str:
+    """What a protocol adds to its sampler's name for the objective: "" for noise
+    prediction (every result before flow matching), else e.g. " (velocity, linear
+    interpolant)"."""
+    if diffusion.objective == "eps":
+        return ""
+    return f" ({diffusion.objective}, {diffusion.interpolant} interpolant)"
+
+
+def check_sampler_objective(diffusion: DiffusionConfig, name: str) -> None:
+    """`sample.scheduler` fits the objective: flow samplers (FLOW_NAMED, FLOW_DIFFUSERS on
+    the linear interpolant) for velocity models, the others for noise prediction."""
+    flow = name in FLOW_NAMED or name in FLOW_DIFFUSERS
+    if diffusion.objective == "velocity":
+        if not flow:
+            raise ConfigError(f"sample.scheduler={name!r} samples noise-prediction models; "
+                              "diffusion.objective='velocity' takes one of "
+                              f"{list(FLOW_NAMED + FLOW_DIFFUSERS)}")
+        if name in FLOW_DIFFUSERS and diffusion.interpolant != "linear":
+            raise ConfigError(f"sample.scheduler={name!r} assumes the linear interpolant; "
+                              f"diffusion.interpolant={diffusion.interpolant!r} takes one "
+                              f"of {list(FLOW_NAMED)}")
+    elif flow:
+        raise ConfigError(f"sample.scheduler={name!r} samples velocity models: it needs "
+                          "diffusion.objective='velocity' (this config predicts noise)")
 
 
 def check_scheduler(name: str, order: int) -> None:

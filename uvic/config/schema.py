@@ -81,6 +81,16 @@ class DiffusionConfig:
     # > 0: Min-SNR-gamma loss weighting, each sample's noise MSE times min(SNR, gamma) / SNR
     # (less weight on the low-noise levels); 0: the plain noise MSE of the release.
     min_snr_gamma: float = 0.0
+    # "eps": noise prediction on `schedule` (the release's); "velocity": flow matching, the
+    # network predicts v = dx_t/dt along `interpolant`, and sees 999 t (uvic.diffusion.flow)
+    objective: str = "eps"
+    # velocity only: "linear" x_t = (1 - t) x0 + t e; "trigonometric" cos/sin(pi t / 2)
+    interpolant: str = "linear"
+    # training times: "uniform" t ~ U(0, 1); "logit_normal" t = sigmoid(N(mean, std^2))
+    # (continuous time: velocity, or eps on vp_continuous)
+    timestep_sampling: str = "uniform"
+    logit_normal_mean: float = 0.0
+    logit_normal_std: float = 1.0
 
 
 @dataclass

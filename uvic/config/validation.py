@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from uvic.config import Config
 from uvic.config.data import check_data
-from uvic.config.diffusion import check_diffusion
+from uvic.config.diffusion import check_diffusion, check_sampler_objective
 from uvic.config.evaluation import check_eval
 from uvic.config.models import check_model
 from uvic.config.sampling import check_sample
@@ -28,5 +28,6 @@ def validate(cfg: Config) -> Config:
     check_optim(cfg.optim)
     check_eval(cfg.eval)
     check_sample(cfg.sample)
+    check_sampler_objective(cfg.diffusion, cfg.sample.scheduler)
     check_model(cfg.model)
     return cfg

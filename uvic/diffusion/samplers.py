@@ -1,10 +1,10 @@
 """Samplers by name: our fast DPM-Solver++, the U-ViT release's two FID protocols, or any
-diffusers scheduler, all run by one loop on a noise-prediction function.
+diffusers scheduler, all run by one loop on a noise-prediction function; velocity models
+(diffusion.objective="velocity") go to the flow samplers of `uvic.diffusion.flow`.
 
 * `dpm_solver++` (ours): multistep DPM-Solver++ of order `sample.order` on a logSNR-uniform
-  grid, ending with a denoising step to t = 0. `DPMSolverMultistepScheduler(
-  algorithm_type="dpmsolver++", solver_order=order, final_sigmas_type="zero",
-  use_lu_lambdas=True)`.
+  grid, ending with a denoising step to t = 0: `DPMSolverMultistepScheduler(algorithm_type=
+  "dpmsolver++", solver_order=order, final_sigmas_type="zero", use_lu_lambdas=True)`.
 * `dpm_solver`: the same with noise-space updates (`algorithm_type="dpmsolver"`,
   `final_sigmas_type="sigma_min"`, which diffusers requires there).
 * `dpm_solver++_fast_time_uniform`: the release's MS-COCO protocol (and ImageNet H/2, H/4),
@@ -19,25 +19,20 @@ diffusers scheduler, all run by one loop on a noise-prediction function.
   points at 1/3 and 2/3 (order 2: 1/2) of each interval in logSNR.
   Both are written here (`release_fast`), with no final denoising step and the network fed
   999 t (vp_continuous) or N t (scaled_linear); `sample.order` does not apply. diffusers'
-  `DPMSolverSinglestepScheduler` has the time-uniform protocol's structure on integer
-  timesteps (1.5e-4 from it on Gaussian data, README Fidelity). `dpm_solver_fast` (uvic's
-  MS-COCO sampler before issue 25, neither of these) is refused, naming both.
+  `DPMSolverSinglestepScheduler` has the time-uniform protocol's structure on integer steps
+  (1.5e-4 from it on Gaussian data, README Fidelity). `dpm_solver_fast` (uvic's MS-COCO
+  sampler before issue 25, neither of these) is refused, naming both.
 * `euler_maruyama`: the release's CIFAR-10 protocol, Euler-Maruyama on the reverse VP SDE
-  from t = 1 to t = 1/steps, keeping the noiseless mean at the last step. diffusers'
-  `ScoreSdeVpScheduler(beta_min, beta_max, sampling_eps=1/steps)` (found wherever the
-  installed diffusers keeps it); the network sees 999 t.
+  from t = 1 to t = 1/steps, keeping the noiseless mean at the last step: diffusers'
+  `ScoreSdeVpScheduler(beta_min, beta_max, sampling_eps=1/steps)` (wherever diffusers keeps
+  it), whose dt = -1/steps is the release's spacing (1 - eps) / (steps - 1) for eps =
+  1/steps (its 1e-3 at 1000 steps); the network sees 999 t.
 * any other name: a diffusers scheduler class (also one of `diffusers.schedulers.deprecated`),
   built with the schedule's table and `clip_sample=False` where it has that argument.
 
-`sample.scheduler_kwargs` is passed on to the constructor last, so it can change any of
-the arguments above (e.g. `{"use_lu_lambdas": false}` for diffusers' time-uniform grid).
-
-Euler-Maruyama detail: diffusers' step uses dt = -1/steps, the release's grid spacing is
-(1 - eps) / (steps - 1) with eps = 1e-3. With `sampling_eps = 1/steps` the two grids are the
-same for every step count, and at the release's 1000 steps eps is its 1e-3.
-
-Stochastic samplers draw their per-step noise from the per-sample generators
-(`uvic.sampling.generate.sample_generators`): sample i is the same image in any batch.
+`sample.scheduler_kwargs` go to the constructor last (e.g. `{"use_lu_lambdas": false}`:
+diffusers' time-uniform grid). Stochastic samplers draw their step noise from the per-sample
+generators (`uvic.sampling.noise`): sample i is the same image in any batch.
 """
 
 from __future__ import annotations
@@ -54,6 +49,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from tqdm.auto import tqdm
 
 from uvic.config.diffusion import FAST_LOGSNR, FAST_TIME_UNIFORM, RELEASE_FAST, diffusers_class
+from uvic.diffusion.flow import FLOW_SCHEDULERS, flow_model_calls, flow_sample
 from uvic.diffusion.schedule import Diffusion
 
 EpsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -123,6 +119,8 @@ def model_calls(
     """How many times `run_sampler` calls `eps_fn` for one batch (its solver steps):
     `steps` for the release's "fast" protocols (their steps are model calls), else the
     length of the scheduler's timestep list (e.g. 2 steps - 1 for diffusers' Heun)."""
+    if diffusion.cfg.objective == "velocity" or scheduler in FLOW_SCHEDULERS:
+        return flow_model_calls(diffusion.cfg, scheduler, steps, scheduler_kwargs)
     if isinstance(scheduler, str) and scheduler in RELEASE_FAST:
         return steps
     sched = scheduler_for(diffusion, scheduler, order, steps, scheduler_kwargs)
@@ -171,6 +169,9 @@ def run_sampler(
     """
     if steps < 1:
         raise ValueError(f"sample.steps must be >= 1, got {steps}")
+    if diffusion.cfg.objective == "velocity" or scheduler in FLOW_SCHEDULERS:  # eps_fn gives v
+        return flow_sample(eps_fn, diffusion.cfg, noise, scheduler, steps, scheduler_kwargs,
+                           generator, progress)
     if isinstance(scheduler, str) and scheduler in RELEASE_FAST:
         if scheduler_kwargs:
             raise ValueError(f"sample.scheduler_kwargs={scheduler_kwargs!r}: {scheduler} "
@@ -217,9 +218,7 @@ def run_sampler(
 #   an update of order k spans k consecutive intervals and evaluates the network at the
 #   grid points it spans (its r1, r2 are those points' fractions of the span in lambda).
 #   Here `dpm_solver++_fast_time_uniform`.
-#
-# Neither takes a final denoising step; both feed the network 999 t (vp_continuous, the
-# release's ScoreModel) or N t (scaled_linear, `t_continuous * N`).
+# (Neither takes a final denoising step; the network sees 999 t or N t: module docstring.)
 
 # The end time t_0 of each protocol: the release's `eps` argument (None: 1 / N).
 FAST_END = {FAST_LOGSNR: 1e-4, FAST_TIME_UNIFORM: None}

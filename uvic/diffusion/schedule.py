@@ -13,7 +13,10 @@ Two schedules, as in the U-ViT release (docs/conventions.md):
   and noises with diffusers' ``add_noise``; the network sees the step n = k + 1.
 
 Both use noise prediction with a mean squared error, optionally Min-SNR-gamma weighted
-per sample (`min_snr_gamma`, off in the paper configs).
+per sample (`min_snr_gamma`, off in the paper configs). `diffusion.objective="velocity"`
+replaces both by flow matching (`uvic.diffusion.flow`: an interpolant, velocity MSE), through
+the same `training_inputs` and `diffusion_loss`; `timestep_sampling="logit_normal"` draws the
+continuous times t of either objective as sigmoid(N(mean, std^2)).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from torch import Tensor, nn
 
 from uvic.config import DiffusionConfig
 from uvic.config.diffusion import check_diffusion
+from uvic.diffusion.flow import sample_times, velocity_inputs
 
 # The DiffusionConfig fields only one schedule reads (the other schedule ignores them).
 SCHEDULE_FIELDS = {"vp_continuous": ("beta_min", "beta_max"),
@@ -122,13 +126,16 @@ class Diffusion:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Draw a noise level and noise for each sample.
 
-        Returns ``(x_t, net_t, noise)``: the noised input, the network's time input
-        (shape (B,), float32) and the noise the network must predict.
+        Returns ``(x_t, net_t, target)``: the noised input, the network's time input
+        (shape (B,), float32) and what the network must predict: the noise, or under
+        objective "velocity" the interpolant's velocity (`uvic.diffusion.flow`).
         """
+        if self.cfg.objective == "velocity":
+            return velocity_inputs(self.cfg, x0, generator)
         b = x0.shape[0]
         noise = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
         if self.cfg.schedule == "vp_continuous":
-            t = torch.rand(b, generator=generator, device=x0.device, dtype=torch.float32)
+            t = sample_times(self.cfg, b, generator, x0.device)  # U(0, 1) or logit-normal
             alpha_bar = self.vp_alpha_bar(t).view(-1, *([1] * (x0.dim() - 1)))
             x_t = alpha_bar.sqrt() * x0 + (1.0 - alpha_bar).sqrt() * noise
             return x_t, 999.0 * t, noise
@@ -150,7 +157,8 @@ def diffusion_loss(
     p_uncond: float = 0.0,
     null_class: int | None = None,
 ) -> Tensor:
-    """Noise-prediction MSE of `model` on `batch` ({"x", optional "context", "y"}).
+    """Noise-prediction (or, objective "velocity", velocity) MSE of `model` on `batch`
+    ({"x", optional "context", "y"}).
 
     Classifier-free training: with p_uncond > 0, each sample's condition is dropped with
     probability p_uncond (drawn from `generator` first): a "context" is replaced by
@@ -178,11 +186,11 @@ def diffusion_loss(
                 raise ValueError("p_uncond > 0 with class labels needs the null class")
             y = torch.where(drop, torch.full_like(y, null_class), y)
         kwargs["y"] = y
-    x_t, net_t, noise = diffusion.training_inputs(x0, generator)
+    x_t, net_t, target = diffusion.training_inputs(x0, generator)
     pred = model(x_t, net_t, return_dict=False, **kwargs)[0]  # diffusers' cheap form
     gamma = diffusion.cfg.min_snr_gamma
     if gamma <= 0:
-        return F.mse_loss(pred.float(), noise.float())
-    per_sample = (pred.float() - noise.float()).square().flatten(1).mean(1)
+        return F.mse_loss(pred.float(), target.float())
+    per_sample = (pred.float() - target.float()).square().flatten(1).mean(1)
     snr = diffusion.snr(net_t)
     return (per_sample * snr.clamp(max=gamma) / snr).mean()

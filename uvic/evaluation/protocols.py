@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from uvic.config import Config, load_config
+from uvic.config.diffusion import objective_label
 from uvic.config.sampling import effective_cfg_scale, fid_label_draw
 from uvic.evaluation.paired import format_interval, t_interval
 from uvic.evaluation.reference_split import ReferenceSplit, digest_order
@@ -75,7 +76,8 @@ class Protocol:
 
 
 def sampler_name(cfg: Config) -> str:
-    """sample.scheduler, with the order for DPM-Solver multistep and any scheduler kwargs."""
+    """sample.scheduler, with the order for DPM-Solver multistep, any scheduler kwargs and a
+    velocity model's objective and interpolant."""
     s = cfg.sample
     name = s.scheduler
     if name in ("dpm_solver++", "dpm_solver"):
@@ -83,7 +85,7 @@ def sampler_name(cfg: Config) -> str:
     if s.scheduler_kwargs:
         items = ", ".join(f"{k}={v}" for k, v in sorted(s.scheduler_kwargs.items()))
         name += f" ({items})"
-    return name
+    return name + objective_label(cfg.diffusion)
 
 
 def reference_name(cfg: Config) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
-from uvic.config.diffusion import RELEASE_FAST
+from uvic.config.diffusion import FLOW_NAMED, RELEASE_FAST, check_sampler_objective
 from uvic.diffusion.samplers import scheduler_for
 
 ENTRY_MODULE = "pipeline_uvit"  # the module file a saved pipeline holds (without .py)
@@ -92,7 +92,9 @@ def with_callback(pipe: Any, scheduler: str | SchedulerMixin, order: int, steps:
     builds it) whose steps call `callback` (`StepCallback`)."""
     if callback is None:
         return scheduler
-    if isinstance(scheduler, str) and scheduler not in RELEASE_FAST:
+    if isinstance(scheduler, str):  # flow samplers for velocity models only, and vice versa
+        check_sampler_objective(pipe.diffusion.cfg, scheduler)
+    if isinstance(scheduler, str) and scheduler not in (*RELEASE_FAST, *FLOW_NAMED):
         scheduler = scheduler_for(pipe.diffusion, scheduler, order, steps)
     return StepCallback(scheduler, pipe, callback,
                         check_callback(callback, tensor_inputs, scheduler))

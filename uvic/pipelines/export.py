@@ -20,7 +20,9 @@ The scheduler saved is the config's `sample.scheduler` built as uvic builds it
 (`uvic.diffusion.samplers.make_scheduler`). uvic's protocols that diffusers cannot load
 from a folder (the release's fast DPM-Solvers, written in uvic; `euler_maruyama`, a retired
 diffusers class) are saved as `dpm_solver++` of the same order, and stay one argument away:
-`pipe(..., sampler="dpm_solver++_fast_time_uniform")`.
+`pipe(..., sampler="dpm_solver++_fast_time_uniform")`. A velocity model's flow samplers
+(`uvic.diffusion.flow`) are saved as diffusers' `FlowMatchEulerDiscreteScheduler`, and the
+pipeline's `diffusion` config records the objective and interpolant.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from uvic.config import Config, load_config
-from uvic.config.diffusion import RELEASE_FAST
+from uvic.config.diffusion import FLOW_NAMED, RELEASE_FAST
 from uvic.config.sampling import effective_cfg_scale
 from uvic.config.validation import validate
 from uvic.diffusion.samplers import make_scheduler
@@ -45,8 +47,9 @@ from uvic.run.folder import RunFolder
 from uvic.sampling.assets import is_latent
 from uvic.sampling.load import load_model
 
-# sample.scheduler values that are saved as dpm_solver++ (see the module docstring)
-NOT_SAVED = (*RELEASE_FAST, "euler_maruyama")
+# sample.scheduler values saved as dpm_solver++ (a velocity model's: as diffusers'
+# FlowMatchEulerDiscreteScheduler; see the module docstring)
+NOT_SAVED = (*RELEASE_FAST, "euler_maruyama", *FLOW_NAMED)
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt")
 
 
@@ -93,12 +96,15 @@ def build_pipeline(cfg: Config, model: UViT, vae=None, null_class: int | None = 
     config's `data.vae` is loaded for latent models."""
     diffusion = Diffusion(cfg.diffusion)
     s = cfg.sample
-    name = "dpm_solver++" if s.scheduler in NOT_SAVED else s.scheduler
+    saved = ("FlowMatchEulerDiscreteScheduler" if cfg.diffusion.objective == "velocity"
+             else "dpm_solver++")
+    name = saved if s.scheduler in NOT_SAVED else s.scheduler
     kwargs = {} if s.scheduler in NOT_SAVED else s.scheduler_kwargs
     scheduler = make_scheduler(diffusion, name, s.order, s.steps, kwargs)
     note = f"scheduler: {type(scheduler).__name__} (sample.scheduler={s.scheduler!r})"
     if s.scheduler in NOT_SAVED:
-        note += (f", saved as dpm_solver++ order {s.order}: sample with "
+        how = f"dpm_solver++ order {s.order}" if saved == "dpm_solver++" else saved
+        note += (f", saved as {how}: sample with "
                  f"pipe(..., sampler={s.scheduler!r}) for the config's protocol")
     if is_latent(cfg) and vae is None:
         vae = load_vae(cfg.data.vae)

@@ -207,11 +207,11 @@ class UViTPipeline(DiffusionPipeline):
             guidance_scale: diffusers' g of `eps = u + g (c - u)`; or give `cfg_scale`, the
                 release's s of `eps = c + s (c - u)` (g = s + 1). Default: the pipeline's
                 `cfg_scale` (the exported run's sample.cfg_scale); 1 / 0 = no guidance.
-            sampler: one of uvic's protocols (`dpm_solver++`, `dpm_solver`,
-                `dpm_solver++_fast_time_uniform`, `euler_maruyama`: the release's MS-COCO
-                and CIFAR-10 samplers) or a diffusers scheduler class name, built for this
-                schedule as `uvic-sample --scheduler` builds it (with `order`); default:
-                `self.scheduler`.
+            sampler: one of uvic's protocols (`dpm_solver++`, `euler_maruyama`, ...; for
+                velocity models `flow_euler`, `flow_heun`, `flow_euler_maruyama`) or a
+                diffusers scheduler class name, built for this schedule as `uvic-sample
+                --scheduler` builds it (with `order`); default: `self.scheduler` (a
+                velocity model's: diffusers' FlowMatchEulerDiscreteScheduler).
             generator: one torch generator, or one per image; uvic's per-sample
                 `SampleGenerator`s (`sample_generators(seed, range(n))`) draw the noise of
                 `uvic-sample --seed seed`.

@@ -140,6 +140,8 @@ def sample_images(
     are the (classifier-free guided) predictions of `model` and of the weaker `guide`:
     the direction in which the better model improves on the weaker one, extrapolated.
     `on_step()` is called after each of the solver's network evaluations (progress).
+    A velocity model (diffusion.objective "velocity") predicts v, not eps: the guidance
+    is linear in the output and applies to v alike (`uvic.diffusion.flow` samples it).
     """
     if autoguidance_scale != 0.0 and guide is None:
         raise ValueError(f"autoguidance_scale={autoguidance_scale} needs a guide model")
