@@ -394,3 +394,29 @@ def test_cli_numeric_arguments_fail_in_one_line(tmp_path, capsys, bad):
     assert rc == 2 and err[-1].count("error") == 1 and not (tmp_path / "out").exists()
     assert bad[0] in err[-1] or "num_levels" in err[-1]
     assert not any("Traceback" in line for line in err)
+
+
+@pytest.mark.parametrize("interpolant", ["linear", "trigonometric"])
+def test_velocity_models_are_noised_by_their_interpolant(interpolant):
+    """A velocity run is analysed at x_t = alpha(t) x0 + sigma(t) e, t = (k + 1) / T, with
+    network time 999 t: the same noise draws as the VP levels, read back from them."""
+    from uvic.analysis.core import noised_inputs
+
+    eps_cfg = load_config("configs/quickstart.py")
+    flow_cfg = load_config("configs/quickstart.py", ["diffusion.objective=velocity",
+                                                    "diffusion.min_snr_gamma=0",
+                                                    f"diffusion.interpolant={interpolant}"])
+    images = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    steps = [99, 499, 899]
+    for (x_vp, _, rec_vp), (x_fm, net_t, rec_fm), k in zip(
+            noised_inputs(eps_cfg, images, steps, seed=5),
+            noised_inputs(flow_cfg, images, steps, seed=5), steps):
+        ab = torch.tensor(rec_vp["alpha_bar"], dtype=torch.float64)
+        noise = (x_vp.double() - ab.sqrt() * images.double()) / (1 - ab).sqrt()
+        t = (k + 1) / 1000
+        a, s = ((1 - t, t) if interpolant == "linear"
+                else (math.cos(math.pi * t / 2), math.sin(math.pi * t / 2)))
+        torch.testing.assert_close(x_fm.double(), a * images.double() + s * noise,
+                                   atol=1e-5, rtol=0)
+        assert torch.allclose(net_t, torch.full((2,), 999.0 * t))
+        assert rec_fm["alpha_bar"] == pytest.approx(a * a / (a * a + s * s))
