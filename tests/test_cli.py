@@ -88,6 +88,8 @@ START_UP_ERRORS = [
     ("uvic-quickstart", ("--threads", "0"), "error: --threads 0"),
     ("uvic-table3", ("--set", "train.nope=1"), "error: unknown config key 'train.nope'"),
     ("uvic-release-table", ("--only", "nope"), "error: --only ['nope']: matches no row"),
+    ("uvic-posthoc-ema", ("run", "--sigma-rel", "0.5", "--out", "o"),
+     "error: --sigma-rel 0.5: sigma_rel 0.5 is not in"),
 ]
 
 

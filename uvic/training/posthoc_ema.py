@@ -126,15 +126,15 @@ def snapshot_count(step: int, interval: int) -> int:
 
 
 def kept_steps(step: int, every: int, keep: int) -> Callable[[int], bool]:
-    """Which snapshot steps stay on disk once `step` is saved (keep 0: all). Bounded, the
-    interval doubles (every, 2 every, 4 every, ...) until at most `keep` multiples of it
-    (and `step` itself) are left: the kept snapshots stay spread over the whole run, as
-    the reconstruction of long EMAs needs, and thin out as it grows. A pure function of
-    `step`: a resumed run keeps the same files as an uninterrupted one."""
-    if keep <= 0:
-        return lambda s: True
+    """Which snapshot steps stay on disk once `step` is saved: `step` itself and the
+    multiples of an interval. keep 0: every multiple of `every` (a snapshot of a session's
+    last step that is none goes at the next save). Bounded, the interval doubles (every,
+    2 every, 4 every, ...) until at most `keep` snapshots are left: the kept ones stay
+    spread over the whole run, as the reconstruction of long EMAs needs, and thin out as
+    it grows. A pure function of `step`: a resumed run keeps the same files as an
+    uninterrupted one."""
     interval = every
-    while snapshot_count(step, interval) > keep and interval <= step:
+    while keep > 0 and snapshot_count(step, interval) > keep and interval <= step:
         interval *= 2
     return lambda s: s == step or s % interval == 0
 
@@ -155,17 +155,22 @@ def snapshot_bytes(model: nn.Module) -> int:
 
 
 def describe_plan(cfg: Config, nbytes: int) -> str:
-    """One line on the profiles and the disk their snapshots take (said at the start)."""
+    """One line on the profiles and the disk their snapshots take (said at the start), for
+    snapshots of `nbytes` each (`snapshot_bytes`)."""
     t = cfg.train
     profiles = ", ".join(f"{s:g} (gamma {sigma_to_gamma(s):.2f})" for s in t.posthoc_ema_stds)
     per_save = len(t.posthoc_ema_stds) * nbytes
-    written = snapshot_count(t.max_steps, t.posthoc_ema_every)
-    kept = min(written, t.posthoc_ema_keep) if t.posthoc_ema_keep else written
-    bound = (f"at most {t.posthoc_ema_keep} per profile" if t.posthoc_ema_keep
-             else "all kept")
+    saves = snapshot_count(t.max_steps, t.posthoc_ema_every)
+    if t.posthoc_ema_keep:
+        saves = min(saves, t.posthoc_ema_keep)
+    bound = f"at most {t.posthoc_ema_keep} per profile" if t.posthoc_ema_keep else "all kept"
     return (f"post-hoc EMA: sigma_rel {profiles}; snapshots every {t.posthoc_ema_every} "
-            f"steps, {per_save / 1e6:.1f} MB each ({bound}): {kept} x {per_save / 1e9:.2f} "
-            f"GB = {kept * per_save / 1e9:.2f} GB by step {t.max_steps}")
+            f"steps, {_size(per_save)} each time ({bound}): {_size(saves * per_save)} on "
+            f"disk by step {t.max_steps}")
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
 
 
 # --------------------------------------------------------------------------- training
@@ -256,16 +261,22 @@ def posthoc_ema_for(cfg: Config, model: nn.Module, run: RunFolder, resume_from: 
                     acc: Accelerator, say: Callable[[str], None]) -> PosthocEMA | None:
     """The post-hoc EMA of a training run of `cfg` (None when train.posthoc_ema_stds is
     empty), on the run's device, its snapshots written by the main process into
-    `run.posthoc_ema`. The profiles average the whole run: a resume that changes
-    train.posthoc_ema_stds is refused (one line)."""
+    `run.posthoc_ema`. The profiles average the whole run and their snapshots follow one
+    interval: a resume that changes train.posthoc_ema_stds or (with profiles)
+    train.posthoc_ema_every is refused (one line); train.posthoc_ema_keep may change."""
     t = cfg.train
     if resume_from is not None:
-        saved = read_run_config(resume_config_path(resume_from))[0].train.posthoc_ema_stds
-        if tuple(saved) != tuple(t.posthoc_ema_stds):
+        saved = read_run_config(resume_config_path(resume_from))[0].train
+        if tuple(saved.posthoc_ema_stds) != tuple(t.posthoc_ema_stds):
             raise ConfigError(
                 f"train.posthoc_ema_stds={list(t.posthoc_ema_stds)} but {resume_from} was "
-                f"written with {list(saved)}: the profiles average the whole run, they cannot "
-                "start or change at a resume")
+                f"written with {list(saved.posthoc_ema_stds)}: the profiles average the whole "
+                "run, they cannot start or change at a resume")
+        if t.posthoc_ema_stds and saved.posthoc_ema_every != t.posthoc_ema_every:
+            raise ConfigError(
+                f"train.posthoc_ema_every={t.posthoc_ema_every} but {resume_from} was written "
+                f"with {saved.posthoc_ema_every}: a resume keeps the snapshot interval (a new "
+                "one would delete snapshots already saved)")
     if not t.posthoc_ema_stds:
         return None
     tracker = PosthocEMA(model, t.posthoc_ema_stds, acc.device)
