@@ -217,6 +217,9 @@ def test_bad_requests_are_one_line(tmp_path, capsys):
     (RunFolder(tmp_path / "run").posthoc_ema / "junk.safetensors").write_bytes(b"x" * 16)
     with pytest.raises(PosthocError, match=re.escape("junk.safetensors: not a post-hoc EMA")):
         read_snapshots(tmp_path / "run")
+    synthetic_run(tmp_path / "nan", np.full((20, 2), np.nan), (0.05,), every=10)
+    with pytest.raises(PosthocError, match="'w' holds NaN or inf"):
+        reconstruct(tmp_path / "nan", 0.05, tmp_path / "out")
 
 
 # --------------------------------------------------------------------------- training side

@@ -285,5 +285,7 @@ def posthoc_ema_for(cfg: Config, model: nn.Module, run: RunFolder, resume_from: 
         tracker.every, tracker.keep, tracker.max_steps = (
             t.posthoc_ema_every, t.posthoc_ema_keep, t.max_steps)
         tracker.metadata = model_metadata(cfg.model, cfg.diffusion)
+        if resume_from is None:  # a start from step 0 (latest-or-new after an early kill)
+            tracker.forget_after(0)
     say(describe_plan(cfg, snapshot_bytes(model)))
     return tracker

@@ -37,7 +37,7 @@ from uvic.config.training import check_sigma_rel
 from uvic.files import write_json
 from uvic.run.folder import RunFolder
 from uvic.run.prepare import read_run_config, save_run_config
-from uvic.run.weights import save_safetensors
+from uvic.run.weights import nonfinite_entry, nonfinite_message, save_safetensors
 from uvic.training.posthoc_ema import POSTHOC_METADATA_KEY, sigma_to_gamma, solve_coefficients
 
 REPORT = "posthoc_ema.json"
@@ -159,6 +159,9 @@ def combine(snapshots: list[Snapshot], coefficients: np.ndarray
     for snapshot, c in zip(snapshots, coefficients):
         state = load_file(str(snapshot.path), device="cpu")
         dtypes = {k: v.dtype for k, v in state.items()}
+        bad = nonfinite_entry(state)
+        if bad is not None:
+            raise PosthocError(f"{snapshot.path}: {nonfinite_message(bad)}")
         if total and (state.keys() != total.keys() or any(
                 state[k].shape != total[k].shape for k in total)):
             raise PosthocError(f"{snapshot.path}: holds other tensors than "
