@@ -246,7 +246,7 @@ def test_profiles_follow_the_float64_recursion():
     assert copy.step == 40 and same_tensors(copy.state_dict(), tracker.state_dict())
 
 
-def test_bounded_snapshots_thin_out_the_same_way_after_any_history():
+def test_bounded_snapshots_thin_out_the_same_way_after_any_history(tmp_path):
     """keep = 5, a snapshot every 10 steps: after each save at most 5 per profile remain,
     always the newest and the multiples of a doubling interval, whatever was on disk."""
     on_disk: set[int] = set()
@@ -258,6 +258,14 @@ def test_bounded_snapshots_thin_out_the_same_way_after_any_history():
         assert on_disk == direct and step in on_disk and len(on_disk) <= 5
     # 100 saves: the interval doubles 10, 20, ..., 320 (3 multiples and step 1000)
     assert on_disk == {320, 640, 960, 1000}
+    # the files PosthocEMA leaves: a snapshot every step, at most 3 per profile
+    tracker = PosthocEMA(torch.nn.Linear(2, 2), (0.05, 0.1))
+    tracker.folder, tracker.every, tracker.keep, tracker.max_steps = tmp_path, 1, 3, 100
+    for _ in range(13):
+        tracker.update(torch.nn.Linear(2, 2))
+    # interval 8 at step 13: its one multiple and the newest
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        snapshot_name(s, x) for s in (8, 13) for x in (0.05, 0.1))
     keep_all = kept_steps(1005, 10, 0)  # 0: every multiple of the interval, and the last
     assert all(keep_all(s) for s in [*range(10, 1001, 10), 1005]) and not keep_all(995)
 
