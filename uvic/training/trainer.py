@@ -134,7 +134,6 @@ class Trainer:
         except ValueError as err:  # a bad model.* value, named in the message
             raise ConfigError(str(err)) from err
         self.ema = EMA(model, t.ema_decay).to(self.device)  # exact copy at step 0
-        # post-hoc EMA profiles (train.posthoc_ema_stds), None when off
         self.phema = posthoc_ema_for(cfg, model, self.run, self.resume_from, acc, self._print)
         optimizer, lr_scheduler = make_optimizer(model, cfg.optim, t.max_steps)
         dataset = build_dataset(cfg, "train")  # checks that the items fit the model
