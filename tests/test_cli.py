@@ -90,6 +90,8 @@ START_UP_ERRORS = [
     ("uvic-release-table", ("--only", "nope"), "error: --only ['nope']: matches no row"),
     ("uvic-extract-mscoco", ("--coco", "missing", "--out", "o"),
      "error: --coco missing: no such folder"),
+    ("uvic-posthoc-ema", ("run", "--sigma-rel", "0.5", "--out", "o"),
+     "error: --sigma-rel 0.5: sigma_rel 0.5 is not in"),
 ]
 
 

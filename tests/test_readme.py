@@ -548,6 +548,15 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
         Run(CIFAR10_MODEL, ("release checkpoint",),
             check=exported("exported/cifar10_uvit_release", 32)),
     "python tests/test_samplers.py": Run(check=samplers_print_the_readme_figures),
+    # post-hoc EMA (docs/training.md): a tiny run, its reconstruction and samples of it
+    "python scripts/train.py --config configs/quickstart.py "
+    "--set train.posthoc_ema_stds=0.05,0.1 --set train.posthoc_ema_every=100 "
+    "--output-dir runs/quickstart_phema": Elsewhere("tests/test_posthoc_ema.py"),
+    "python scripts/posthoc_ema.py runs/quickstart_phema --sigma-rel 0.08 "
+    "--out runs/quickstart_phema/phema_0.080": Elsewhere("tests/test_posthoc_ema.py"),
+    "python scripts/sample.py --config runs/quickstart_phema/phema_0.080/config.json "
+    "--ckpt runs/quickstart_phema/phema_0.080/ema.safetensors --out samples/quickstart_phema":
+        Elsewhere("tests/test_posthoc_ema.py"),
     "make bench": Run(("--smoke",), check=writes("runs/bench/kernels.json")),
     "python -m uvic_kernels.bench": Same("make bench"),
     "python scripts/bench_train.py": Run(("--smoke",), check=writes("runs/bench/train.json")),

@@ -307,7 +307,9 @@ def test_trains_on_cifar10_files(tmp_path, monkeypatch, attention):
 
     # what the run wrote is what RunFolder knows of, each where it says
     run = RunFolder(out)
-    assert sorted(p.name for p in out.iterdir()) == sorted([*RunFolder.OUTPUTS, LOCK_FILE])
+    # (posthoc_ema/ only with train.posthoc_ema_stds, off by default)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        {*RunFolder.OUTPUTS, LOCK_FILE} - {RunFolder.POSTHOC_EMA})
     assert [c.name for c in run.checkpoints()] == ["step_000004"]  # keep_last=1
     assert run.latest_checkpoint() == run.checkpoint(4) and run.sample_grid(4).is_file()
     assert sorted(p.name for p in run.checkpoint(4).iterdir()) == sorted(

@@ -1,9 +1,9 @@
 """The command-line programs, one module each, installed as commands (pyproject.toml's
 [project.scripts]): `uvic-train`, `uvic-sample`, `uvic-fid`, `uvic-fid-table`,
 `uvic-quickstart`, `uvic-analyze-attention`, `uvic-table3`, `uvic-release-table`,
-`uvic-extract-mscoco`, `uvic-extract-imagenet`, `uvic-bench-train`, `uvic-bench-sampling`
-(and, from `uvic_kernels`, `uvic-bench-kernels`, `uvic-bench-host`). The files in
-`scripts/` and `eval/` run the same `main`.
+`uvic-extract-mscoco`, `uvic-extract-imagenet`, `uvic-bench-train`, `uvic-bench-sampling`,
+`uvic-posthoc-ema` (and, from `uvic_kernels`, `uvic-bench-kernels`, `uvic-bench-host`). The
+files in `scripts/` and `eval/` run the same `main`.
 
 A program parses its arguments before it imports torch or the library, so that `--help`
 and a usage error answer at once: this package, and each program's module, import only

@@ -133,6 +133,14 @@ class TrainConfig:
     keep_steps: tuple[int, ...] = ()
     n_grid: int = 64  # images in the periodic sample grid
     log_with: str = "tensorboard"  # Accelerate tracker(s), comma-separated: wandb, all, ...
+    # Post-hoc EMA (EDM2; uvic.training.posthoc_ema): the sigma_rel of each power-function
+    # EMA profile kept in training, e.g. (0.05, 0.10); () = off. Every profile is saved to
+    # posthoc_ema/ every `posthoc_ema_every` steps (and at train.max_steps); with
+    # `posthoc_ema_keep` > 0 at most that many snapshots per profile are kept, the older
+    # ones thinned to every 2nd, 4th, ... interval; 0 keeps them all.
+    posthoc_ema_stds: tuple[float, ...] = ()
+    posthoc_ema_every: int = 5000
+    posthoc_ema_keep: int = 0
 
 
 @dataclass

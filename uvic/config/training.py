@@ -1,6 +1,6 @@
 """The rules on `train.*` and `optim.*` values: loop lengths, precision, compile mode,
-optimizer, LR schedule. Read by `uvic.config.validation` (the trainer validates its config
-before any step); no torch here.
+post-hoc EMA profiles, optimizer, LR schedule. Read by `uvic.config.validation` (the
+trainer validates its config before any step); no torch here.
 """
 
 from __future__ import annotations
@@ -14,6 +14,10 @@ LR_SCHEDULES = ("constant", "cosine")  # after warm-up (uvic.training.optim)
 # train.compile (uvic.training.compile): torch.compile's modes, and "off"
 TRAIN_COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune",
                  "max-autotune-no-cudagraphs")
+# The largest relative standard deviation of a power-function EMA profile with exponent
+# gamma > 0: gamma = 0 is the plain average of the whole run, sigma_rel = sqrt(1/12).
+# (uvic.training.posthoc_ema; EDM2, Karras et al. 2024)
+SIGMA_REL_MAX = math.sqrt(1.0 / 12.0)
 
 
 def compile_mode(value: bool | str, key: str = "train.compile") -> str:
@@ -46,6 +50,38 @@ def check_train(t: TrainConfig) -> None:
          f"train.n_grid={t.n_grid} must be >= 1 (or train.sample_every=0: no grids)"),
     ])
     compile_mode(t.compile)
+    check_posthoc_ema(t)
+
+
+def check_sigma_rel(value: float, name: str) -> None:
+    """A power-function EMA's sigma_rel must lie in (0, SIGMA_REL_MAX): a ConfigError
+    whose message starts with `name` (the key and value, or the option) otherwise."""
+    require([(0.0 < value < SIGMA_REL_MAX,
+              f"{name}: sigma_rel {value} is not in (0, {SIGMA_REL_MAX:.4f}), the range of "
+              "a power-function EMA's relative standard deviation (EDM2 uses 0.05 and 0.10)")])
+
+
+def check_posthoc_ema(t: TrainConfig) -> None:
+    """The rules on `train.posthoc_ema_*`: distinct sigma_rel values in range, a snapshot
+    interval >= 1 and a bound >= 0 (0: keep every snapshot)."""
+    stds = list(t.posthoc_ema_stds)
+    for value in stds:
+        check_sigma_rel(value, f"train.posthoc_ema_stds={stds}")
+    tags = [snapshot_tag(s) for s in stds]
+    require([
+        (len(set(tags)) == len(tags), f"train.posthoc_ema_stds={stds} repeats a profile "
+         "(values equal to 4 decimals name the same snapshot files)"),
+        (t.posthoc_ema_every >= 1,
+         f"train.posthoc_ema_every={t.posthoc_ema_every} must be >= 1 (steps between snapshots)"),
+        (t.posthoc_ema_keep >= 0,
+         f"train.posthoc_ema_keep={t.posthoc_ema_keep} must be >= 0 (0: keep every snapshot)"),
+    ])
+
+
+def snapshot_tag(sigma_rel: float) -> str:
+    """How a snapshot file names its profile: `std0.050` (4 decimals where 3 do not do)."""
+    text = f"{sigma_rel:.3f}"
+    return f"std{text}" if float(text) == sigma_rel else f"std{sigma_rel:.4f}"
 
 
 def check_optim(o: OptimConfig) -> None:

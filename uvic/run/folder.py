@@ -7,6 +7,7 @@
     checkpoints/step_N/    complete checkpoints: Accelerate's state, trainer_state.json (the
                            data position), config.json and ema.safetensors
     ema.safetensors        the EMA weights of the latest checkpoint (what sampling loads)
+    posthoc_ema/           snapshots of the post-hoc EMA profiles (uvic.training.posthoc_ema)
     summary.json           written at the end of a session
     .run.lock              held while a run uses the folder (`uvic.run.lock`)
 
@@ -64,8 +65,9 @@ class RunFolder:
     CHECKPOINTS = "checkpoints"
     EMA = "ema.safetensors"  # at the root and in every checkpoint
     TRAINER_STATE = "trainer_state.json"  # in every complete checkpoint
+    POSTHOC_EMA = "posthoc_ema"
     # what a run writes (besides the lock): a fresh start refuses to overwrite it
-    OUTPUTS = (CHECKPOINTS, EMA, LOG, SUMMARY, SAMPLES, TENSORBOARD, CONFIG)
+    OUTPUTS = (CHECKPOINTS, EMA, LOG, SUMMARY, SAMPLES, TENSORBOARD, CONFIG, POSTHOC_EMA)
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
@@ -112,6 +114,10 @@ class RunFolder:
     @property
     def ema(self) -> Path:
         return self.root / self.EMA
+
+    @property
+    def posthoc_ema(self) -> Path:
+        return self.root / self.POSTHOC_EMA
 
     @property
     def checkpoints_dir(self) -> Path:

@@ -27,7 +27,8 @@ several processes but got one (`make_accelerator`).
 The run folder (`train.output_dir`, layout in `uvic.run.folder`) gets config.json,
 log.jsonl, tensorboard/, sample grids of the EMA model from fixed noise, checkpoints (the
 last `train.keep_last`, those of `train.keep_steps`, and one when the run ends or stops on
-SIGINT/SIGTERM, `uvic.training.stop`), ema.safetensors and summary.json.
+SIGINT/SIGTERM, `uvic.training.stop`), ema.safetensors and summary.json; with
+train.posthoc_ema_stds, the snapshots of post-hoc EMA profiles (`uvic.training.posthoc_ema`).
 
 Safety of the run folder: one run at a time (the lock); a fresh start over a previous run
 is refused unless `overwrite`; "latest" without a checkpoint is refused ("latest-or-new"
@@ -74,6 +75,7 @@ from uvic.training.launch import (
     make_accelerator,
 )
 from uvic.training.optim import apply_optim_config, make_optimizer
+from uvic.training.posthoc_ema import posthoc_ema_for
 from uvic.training.stop import Interrupted, StopSignals
 from uvic.training.summary import logged_loss, write_summary
 
@@ -132,6 +134,7 @@ class Trainer:
         except ValueError as err:  # a bad model.* value, named in the message
             raise ConfigError(str(err)) from err
         self.ema = EMA(model, t.ema_decay).to(self.device)  # exact copy at step 0
+        self.phema = posthoc_ema_for(cfg, model, self.run, self.resume_from, acc, self._print)
         optimizer, lr_scheduler = make_optimizer(model, cfg.optim, t.max_steps)
         dataset = build_dataset(cfg, "train")  # checks that the items fit the model
         self.num_items = len(dataset)
@@ -143,7 +146,7 @@ class Trainer:
             raise ConfigError(f"data: {self.num_items} items is less than one batch of "
                               f"{self.batch_per_process} per process x {acc.num_processes} "
                               f"processes (train.batch_size={t.batch_size})")
-        acc.register_for_checkpointing(self.ema)
+        acc.register_for_checkpointing(self.ema, *filter(None, [self.phema]))
         self.noise_generator = torch.Generator(device=self.device)
 
         # position in the run; train_time: seconds spent in training steps, all sessions
@@ -228,6 +231,8 @@ class Trainer:
                 raise RuntimeError("internal: optimizer step ended without gradient sync")
             self.lr_scheduler.step()
             self.ema.update(self.model)
+            if self.phema is not None:  # and its snapshots, every train.posthoc_ema_every
+                self.phema.update(self.model)
             self.step += 1
             self.unlogged_loss += step_loss / t.grad_accum
             self.unlogged_steps += 1
