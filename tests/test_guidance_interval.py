@@ -21,7 +21,13 @@ from torch import nn
 
 from uvic.config import Config, ConfigError, DiffusionConfig, apply_overrides, load_config
 from uvic.config.validation import validate
-from uvic.diffusion.guidance_interval import edm_sigma, inside, limited, sigma_of_time
+from uvic.diffusion.guidance_interval import (
+    edm_sigma,
+    guided_calls,
+    inside,
+    limited,
+    sigma_of_time,
+)
 from uvic.diffusion.samplers import ContinuousSchedule, model_calls, run_sampler
 from uvic.diffusion.schedule import Diffusion
 from uvic.evaluation.protocols import protocol_from_result, protocol_of
@@ -190,6 +196,7 @@ def test_every_sampler_guides_by_noise_level(schedule: str, scheduler: str, step
     assert [n == 2 * rows for n, _ in model.calls] == expect.tolist()
     # the weaker model runs (guided, 2B rows) at the guided steps only
     assert [t for _, t in guide.calls] == times[expect].tolist()
+    assert guided_calls(diffusion, interval, scheduler, steps) == (int(expect.sum()), len(times))
 
 
 def today_eps_fn(model, guide, y, s, w):

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
+from uvic.diffusion.samplers import run_sampler
 from uvic.diffusion.schedule import Diffusion
 
 EpsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -97,3 +99,21 @@ def limited(guided: EpsFn, plain: EpsFn, diffusion: Diffusion,
         return torch.where(rows, guided(x, t), plain(x, t))
 
     return eps_fn
+
+
+def guided_calls(diffusion: Diffusion, interval: Sequence[float],
+                 scheduler: str = "dpm_solver++", steps: int = 50, order: int = 2,
+                 scheduler_kwargs: dict[str, Any] | None = None) -> tuple[int, int]:
+    """(guided, all): how many of one sampler run's network evaluations fall in `interval`
+    (those run the unconditional rows or the guide too) and how many there are: the
+    sampler is run on one value with a zero prediction, to read the times it asks for."""
+    times: list[torch.Tensor] = []
+
+    def eps_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        times.append(t[:1].detach().cpu())
+        return torch.zeros_like(x)
+
+    run_sampler(eps_fn, diffusion, torch.zeros(1, 1, 1, 1), scheduler=scheduler, steps=steps,
+                order=order, scheduler_kwargs=scheduler_kwargs)
+    sigma = edm_sigma(diffusion, torch.cat(times))
+    return int(inside(sigma, interval).sum()), len(times)
