@@ -5,11 +5,25 @@ config (what `uvic-export` recorded of the run's `sample` section)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from uvic.config.sampling import interval_rules
 
 
-def guidance_scale(default: float | None, clip_dim: int, guidance_scale: float | None,
+def resolve(config: Any, clip_dim: int, cond: dict[str, Any], guidance_scale: float | None,
+            cfg_scale: float | None, interval: Sequence[float] | None) -> dict[str, Any]:
+    """`sample_images`' guidance arguments for a call given these arguments, defaulting to
+    the pipeline's `config`; `cond` (the call's conditioning) gets the null class when
+    class labels are guided."""
+    s = guidance_scale_of(config.cfg_scale, clip_dim, guidance_scale, cfg_scale,
+                          conditional=bool(cond))
+    if s != 0.0 and "y" in cond:
+        cond["uncond_y"] = null_class(config.null_class, s)
+    return {"cfg_scale": s,
+            "guidance_interval": guidance_interval(interval, default=config.guidance_interval)}
+
+
+def guidance_scale_of(default: float | None, clip_dim: int, guidance_scale: float | None,
                    cfg_scale: float | None, conditional: bool) -> float:
     """The release's s from either convention (diffusers' g = s + 1), else the pipeline's
     `default` (None: the release's, guided text-to-image, unguided otherwise)."""

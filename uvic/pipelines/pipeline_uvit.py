@@ -77,7 +77,8 @@ class UViTPipeline(DiffusionPipeline):
         null_class: the class id of "no class" for class-conditional guidance (the
             release's ImageNet models: num_classes - 1); None: no guidance.
         text_encoder: a `ClipTextEncoder` to use instead of loading `clip_model`.
-        guidance_interval: the default noise levels (low, high] guided (`__call__`);
+        guidance_interval: the default noise levels (low, high] guided by `__call__`
+            (`uvic.diffusion.guidance_interval`, the exported run's sample.guidance_interval);
             None: every step.
     """
 
@@ -213,9 +214,7 @@ class UViTPipeline(DiffusionPipeline):
             guidance_scale: diffusers' g of `eps = u + g (c - u)`; or give `cfg_scale`, the
                 release's s of `eps = c + s (c - u)` (g = s + 1). Default: the pipeline's
                 `cfg_scale` (the exported run's sample.cfg_scale); 1 / 0 = no guidance.
-            guidance_interval: (low, high]: guide only the steps whose noise level sigma
-                lies in it (`uvic.diffusion.guidance_interval`); () every step. Default:
-                the pipeline's (the exported run's sample.guidance_interval).
+            guidance_interval: guide only where sigma is in (low, high]; () everywhere.
             sampler: one of uvic's protocols (`dpm_solver++`, `dpm_solver`,
                 `dpm_solver++_fast_time_uniform`, `euler_maruyama`: the release's MS-COCO
                 and CIFAR-10 samplers) or a diffusers scheduler class name, built for this
@@ -240,12 +239,8 @@ class UViTPipeline(DiffusionPipeline):
                                   batch_size, prompt_embeds, negative_prompt_embeds, device)
         n = cond.pop("n")
         m = self.transformer.config
-        s = guidance.guidance_scale(self.config.cfg_scale, m.clip_dim, guidance_scale, cfg_scale,
-                                    conditional=bool(cond))
-        if s != 0.0 and "y" in cond:
-            cond["uncond_y"] = guidance.null_class(self.config.null_class, s)
-        interval = guidance.guidance_interval(guidance_interval,
-                                              default=self.config.guidance_interval)
+        guided = guidance.resolve(self.config, m.clip_dim, cond, guidance_scale, cfg_scale,
+                                  guidance_interval)
         noise = self._initial_noise(n, (m.in_chans, m.img_size, m.img_size), generator,
                                     latents, device)
 
@@ -257,9 +252,9 @@ class UViTPipeline(DiffusionPipeline):
                      if self.transformer.dtype != torch.float32 else contextlib.nullcontext())
         with self.progress_bar(total=calls) as bar, precision:
             x0 = sample_images(
-                self.transformer, self.diffusion, noise, cfg_scale=s, scheduler=scheduler,
+                self.transformer, self.diffusion, noise, scheduler=scheduler,
                 steps=num_inference_steps, order=order, generator=generator,
-                guidance_interval=interval, on_step=bar.update, **cond)
+                on_step=bar.update, **guided, **cond)
         images = self._output(x0, output_type)
         self.maybe_free_model_hooks()
         if not return_dict:
