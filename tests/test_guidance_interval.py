@@ -394,3 +394,28 @@ def test_export_records_the_runs_interval() -> None:
                      sample=SampleConfig(guidance_interval=interval))
         pipe, _ = build_pipeline(validate(cfg), build_model(m), null_class=4)
         assert pipe.config.guidance_interval == recorded
+
+
+def test_generate_and_the_training_grid_follow_the_config() -> None:
+    """`generate` (uvic-sample, uvic-fid) and the training loop's grids sample under
+    `sample.guidance_interval`: the guided network calls are those in it."""
+    from uvic.config import DataConfig, ModelConfig, SampleConfig
+    from uvic.models.uvit import build_model
+    from uvic.sampling.generate import SampleGrid, generate
+
+    m = ModelConfig(img_size=8, patch_size=2, embed_dim=16, depth=2, num_heads=2,
+                    num_classes=5, attention_backend="torch")
+    sample = SampleConfig(scheduler="dpm_solver++", steps=8, batch_size=2, cfg_scale=1.0,
+                          guidance_interval=(0.3, 2.33))
+    cfg = validate(Config(model=m, data=DataConfig(name="shapes", root=""), sample=sample))
+    torch.manual_seed(0)
+    model = build_model(m).eval()
+    rows: list[int] = []
+    model.register_forward_hook(lambda mod, args, out: rows.append(args[0].shape[0]))
+    inside_n, calls = guided_calls(VP, (0.3, 2.33), "dpm_solver++", 8)
+    assert 0 < inside_n < calls == 8
+    assert len(list(generate(model, VP, cfg, [0, 1], seed=0))) == 1  # one batch
+    assert sorted(rows) == sorted([4] * inside_n + [2] * (calls - inside_n))
+    rows.clear()
+    SampleGrid(cfg, "cpu", seed=0, n=2).sample(model, VP)
+    assert sorted(rows) == sorted([4] * inside_n + [2] * (calls - inside_n))
