@@ -10,11 +10,12 @@ Sources:
   whose file records no config: `--config` says what it is.
 
 The folder holds `model_index.json` (the pipeline's config: schedule, latent scale, text
-encoder to load, default guidance and guidance interval), `transformer/` (the U-ViT: config.json and
-safetensors), `scheduler/` and, for latent models, `vae/`; `UViTPipeline.from_pretrained`
-loads it with no run folder around. The model is built as `uvic-sample` builds the
-checkpoint (`uvic.run.folder.resolve_model`) and saved with `attention_backend="auto"`
-and no gradient checkpointing (how to run it is the loader's choice).
+encoder to load, default guidance and guidance interval), `transformer/` (the U-ViT:
+config.json and safetensors), `scheduler/` and, for latent models, `vae/`;
+`UViTPipeline.from_pretrained` loads it with no run folder around. The model is built as
+`uvic-sample` builds the checkpoint (`uvic.run.folder.resolve_model`) and saved with
+`attention_backend="auto"` and no gradient checkpointing (how to run it is the loader's
+choice).
 
 The scheduler saved is the config's `sample.scheduler` built as uvic builds it
 (`uvic.diffusion.samplers.make_scheduler`). uvic's protocols that diffusers cannot load
