@@ -56,6 +56,25 @@ def test_protocols_count_guidance_and_autoguidance() -> None:
     assert "autoguidance" in p["protocol"]
 
 
+def test_protocols_count_the_guidance_interval() -> None:
+    """With `sample.guidance_interval`, only the calls inside it run twice the rows: the
+    MS-COCO protocol's 50 evaluations (the release's update plan: each update's start and
+    intermediate points), those at sigma = sigma_t / alpha_t in (0.3, 2.33] doubled."""
+    from uvic.diffusion.samplers import ContinuousSchedule, fast_plan
+    from uvic.diffusion.schedule import Diffusion
+
+    cfg = load_config(preset_path("mscoco_uvit"), ["sample.guidance_interval=0.3,2.33"])
+    diffusion = Diffusion(cfg.diffusion)
+    sch = ContinuousSchedule(diffusion)
+    times = [t for step in fast_plan(diffusion, cfg.sample.scheduler, 50)
+             for t in (step.s, *step.mids)]
+    inside = sum(0.3 < sch.sigma(t) / sch.alpha(t) <= 2.33 for t in times)
+    assert len(times) == 50 and 0 < inside < 50
+    release, own = protocols("mscoco", cfg)
+    assert release["evals_per_image"] == 100
+    assert own["evals_per_image"] == 50 + inside and "on sigma in (0.3, 2.33]" in own["protocol"]
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--compile", "off,fast"], "--compile: 'fast' is not one of off, default, reduce-overhead"),
     (["--datasets", "imagenet"], "--datasets: 'imagenet' is not one of cifar10, mscoco"),

@@ -445,6 +445,10 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
         Run((*sets(f"sample.autoguidance_ckpt={GUIDE}"), *SAMPLE), ("quickstart runs",),
             check=writes("samples/compare/grid.png", "samples/compare/grid_U-ViC.png",
                          "samples/compare/sample_config.json")),
+    "python scripts/sample.py --config configs/imagenet256_uvit_large.py --ckpt "
+    "imagenet256_uvit_large.pth --class-labels 207,360,387,974 "
+    "--set sample.guidance_interval=0,2.33 --out samples/interval":
+        Run(IMAGENET256_MODEL + IMAGENET_VAE + SAMPLE, ("imagenet256 checkpoint",), "samples"),
     "accelerate launch scripts/train.py --config configs/cifar10_uvic.py "
     "--set 'train.keep_steps=[50000]'":
         Run(CIFAR10_MODEL + TRAIN + sets("train.keep_steps=[1]"), ("cifar10",),
@@ -1004,6 +1008,27 @@ def parameters(name: str) -> int:
 
 
 QS, C10, COCO = "quickstart", "cifar10_uvit", "mscoco_uvit"
+
+
+def noise_level(name: str, t: float) -> float:
+    """EDM's sigma at time t of config `name`'s schedule."""
+    from uvic.diffusion.guidance_interval import sigma_of_time
+    from uvic.diffusion.schedule import Diffusion
+
+    return sigma_of_time(Diffusion(config(name).diffusion), t)
+
+
+def interval_passes() -> tuple[int, int, int, int]:
+    """docs/sampling.md's count: guided and all evaluations of the ImageNet-256 L/2
+    protocol under (0, 2.33], and the passes of B rows with and without the interval."""
+    from uvic.diffusion.guidance_interval import guided_calls
+    from uvic.diffusion.schedule import Diffusion
+
+    cfg = config("imagenet256_uvit_large")
+    s = cfg.sample
+    guided, calls = guided_calls(Diffusion(cfg.diffusion), (0.0, 2.33), s.scheduler, s.steps,
+                                 s.order, s.scheduler_kwargs)
+    return guided, calls, calls + guided, 2 * calls
 # Per tested page (`readme_commands.PAGES`): (a sentence of the page with its numbers as
 # groups, what the code says they are). A figure in a page needs its claim here.
 CLAIMS: dict[str, list[tuple[str, Callable[[], tuple]]]] = {
@@ -1102,6 +1127,15 @@ CLAIMS: dict[str, list[tuple[str, Callable[[], tuple]]]] = {
     ],
     "docs/sampling.md": [
         (r"\(([\d.]+) for the COCO FID protocol\)", lambda: (config(COCO).sample.cfg_scale,)),
+        (r"sqrt\(\(1 - a\) / a\): ([\d.]+) at t = 1, ([\d.]+) at t = 0.5",
+         lambda: (round(noise_level(C10, 1.0), 1), round(noise_level(C10, 0.5), 2))),
+        (r"betas \| ([\d.]+) at t = 1 \|", lambda: (round(noise_level(COCO, 1.0), 1),)),
+        (r"REPA guides t <= ([\d.]+), sigma <= [\d.]+ / [\d.]+ = ([\d.]+)",
+         lambda: (0.7, round(0.7 / 0.3, 2))),
+        (r"scaled by ([\d.]+), as the ImageNet-256",
+         lambda: (config("imagenet256_uvit_large").data.scale_factor,)),
+        (r"`0,2.33` guides (\d+) of the (\d+) evaluations, so a batch of B runs (\d+) passes "
+         r"of B rows instead of (\d+)", interval_passes),
     ],
     "docs/training.md": [
         (r"Put CIFAR-10 \(the python version\) at `([^`]+)/cifar-10-batches-py/`",

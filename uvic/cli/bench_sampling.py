@@ -17,7 +17,8 @@ initialised Stable Diffusion KL-f8 VAE (same architecture as sd-vae-ft-ema; eage
 One network evaluation is one row through the network: a guided call of B images runs
 2B. A protocol (`uvic.evaluation.protocols.RELEASE`, and the preset's own where it
 differs) costs `evals_per_image` = solver calls per image x 2 with classifier-free
-guidance x 2 with autoguidance (its guide is a second network), so a run of n samples
+guidance x 2 with autoguidance (its guide is a second network), the doublings only for the
+calls in `sample.guidance_interval` (`guided_calls`), so a run of n samples
 takes n (evals_per_image / images_per_s_per_eval + 1 / decode_images_per_s) seconds on
 one device: `projected_50k_minutes` for n = 50,000, `projected_minutes` for the
 protocol's own sample count. Left out: the solver's arithmetic, writing PNGs and the
@@ -148,6 +149,7 @@ def bench_decode(batch: int, latent: int, args: argparse.Namespace,
 def protocols(dataset: str, cfg: Config) -> list[dict[str, Any]]:
     """The release's FID protocol of `dataset` and the preset's own where it differs:
     label, sample count and network evaluations per image (guidance doublings included)."""
+    from uvic.diffusion.guidance_interval import guided_calls
     from uvic.diffusion.samplers import model_calls
     from uvic.diffusion.schedule import Diffusion
     from uvic.evaluation.protocols import RELEASE, protocol_of
@@ -155,17 +157,20 @@ def protocols(dataset: str, cfg: Config) -> list[dict[str, Any]]:
     diffusion = Diffusion(cfg.diffusion)
     s = cfg.sample
     own = protocol_of(cfg)
-    found = []  # (protocol, solver calls per image, guided, autoguidance scale)
+    # (protocol, solver calls per image, those in the guidance interval, guided, autoguidance)
+    found = []
     if dataset in RELEASE:
         p = RELEASE[dataset]
-        found.append((p, model_calls(diffusion, p.sampler, p.steps), p.guidance != 0, 0.0))
+        calls = model_calls(diffusion, p.sampler, p.steps)
+        found.append((p, calls, calls, p.guidance != 0, 0.0))
     if not found or own != found[0][0]:
-        calls = model_calls(diffusion, s.scheduler, s.steps, s.order, s.scheduler_kwargs)
-        found.append((own, calls, own.guidance != 0, s.autoguidance_scale))
+        kw = {"steps": s.steps, "order": s.order, "scheduler_kwargs": s.scheduler_kwargs}
+        inside, calls = guided_calls(diffusion, own.guidance_interval, s.scheduler, **kw)
+        found.append((own, calls, inside, own.guidance != 0, s.autoguidance_scale))
     return [{"protocol": p.label() + (f", autoguidance {auto:g}" if auto else ""),
              "n_samples": p.n_samples,
-             "evals_per_image": calls * (2 if guided else 1) * (2 if auto else 1)}
-            for p, calls, guided, auto in found]
+             "evals_per_image": calls + inside * ((2 if guided else 1) * (2 if auto else 1) - 1)}
+            for p, calls, inside, guided, auto in found]
 
 
 def projected_minutes(n: int, evals_per_image: int, images_per_s_per_eval: float,

@@ -8,6 +8,7 @@ Read by `uvic.sampling.generate`, `uvic.sampling.labels`, `uvic.evaluation.proto
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from uvic.config import Config, SampleConfig, require
 from uvic.config.diffusion import check_scheduler
@@ -44,7 +45,52 @@ def check_sample(sample: SampleConfig) -> None:
          "sample.autoguidance_ckpt (the weaker model's weights)"),
         compile_rule(sample.compile),
     ])
+    require(interval_rules(sample.guidance_interval, "sample.guidance_interval"))
     check_scheduler(sample.scheduler, sample.order)
+
+
+def interval_rules(interval: Sequence[float], key: str) -> list[tuple[bool, str]]:
+    """The rules on a guidance interval (low, high] of noise levels sigma, as (holds,
+    message) pairs naming `key`: empty (guidance everywhere), or two numbers with
+    0 <= low < high (high may be inf). Read by `check_sample` and the pipeline."""
+    values = tuple(interval)
+    shown = f"{key}={list(values)}"
+    if not values:
+        return []
+    if len(values) != 2:
+        return [(False, f"{shown} must be two noise levels, low,high (or empty: guidance at "
+                        "every step)")]
+    low, high = values
+    return [
+        (not (math.isnan(low) or math.isnan(high)), f"{shown}: NaN is no noise level"),
+        (low >= 0 and math.isfinite(low), f"{shown}: low={low} must be finite and >= 0"),
+        (low < high, f"{shown}: low={low} must be below high={high}"),
+    ]
+
+
+def guidance_interval(cfg: Config) -> tuple[float, ...]:
+    """The guidance interval a run samples under: `sample.guidance_interval` when some
+    guidance is on (`effective_cfg_scale` or autoguidance), else () (nothing to limit)."""
+    guided = effective_cfg_scale(cfg) != 0 or cfg.sample.autoguidance_scale != 0
+    return tuple(cfg.sample.guidance_interval) if guided else ()
+
+
+def interval_text(interval: Sequence[float]) -> str:
+    """A guidance interval in words: `on sigma in (0.3, 2.33]` ("" for none)."""
+    if not interval:
+        return ""
+    low, high = interval
+    return f"on sigma in ({low:g}, {high:g}]"
+
+
+def check_guidance_interval(cfg: Config) -> None:
+    """Refuse (ConfigError, one line) a `sample.guidance_interval` under which nothing is
+    guided: it would change nothing, and a result would not be what was asked for."""
+    s = cfg.sample
+    require([(not s.guidance_interval or guidance_interval(cfg) != (),
+              f"sample.guidance_interval={list(s.guidance_interval)} but nothing is guided: "
+              f"sample.cfg_scale={s.cfg_scale:g} on a model that is {conditioning(cfg)}, "
+              f"sample.autoguidance_scale={s.autoguidance_scale:g} (drop the interval)")])
 
 
 def real_classes(cfg: Config) -> int:

@@ -164,6 +164,12 @@ class SampleConfig:
     # The weaker model's weights; a relative path is taken from the sampled checkpoint's
     # run folder (see uvic.sampling.load.load_guide).
     autoguidance_ckpt: str = ""
+    # Guidance interval (Kynkaanniemi et al. 2024): classifier-free and autoguidance only
+    # where the noise level sigma = sigma_t / alpha_t (EDM's) lies in (low, high]; elsewhere
+    # the conditional model alone, one network call. () = guided at every step; else two
+    # numbers, high may be inf: --set sample.guidance_interval=0.3,2.33 (uvic.diffusion.
+    # guidance_interval, docs/sampling.md: from a time interval to sigma).
+    guidance_interval: tuple[float, ...] = ()
     batch_size: int = 500
     decode_batch_size: int = 50
     # torch.compile of the network call (static shapes: every call of a run sees one batch

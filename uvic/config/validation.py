@@ -15,7 +15,7 @@ from uvic.config.data import check_data
 from uvic.config.diffusion import check_diffusion, check_sampler_objective
 from uvic.config.evaluation import check_eval
 from uvic.config.models import check_model
-from uvic.config.sampling import check_sample
+from uvic.config.sampling import check_guidance_interval, check_sample
 from uvic.config.training import check_optim, check_train
 
 
@@ -29,5 +29,6 @@ def validate(cfg: Config) -> Config:
     check_eval(cfg.eval)
     check_sample(cfg.sample)
     check_sampler_objective(cfg.diffusion, cfg.sample.scheduler)
+    check_guidance_interval(cfg)  # needs the model's conditioning
     check_model(cfg.model)
     return cfg

@@ -28,7 +28,12 @@ from typing import Any
 
 from uvic.config import Config, load_config
 from uvic.config.diffusion import objective_label
-from uvic.config.sampling import effective_cfg_scale, fid_label_draw
+from uvic.config.sampling import (
+    effective_cfg_scale,
+    fid_label_draw,
+    guidance_interval,
+    interval_text,
+)
 from uvic.evaluation.paired import format_interval, t_interval
 from uvic.evaluation.reference_split import ReferenceSplit, digest_order
 from uvic.presets import preset_path
@@ -54,6 +59,7 @@ class Protocol:
     reference: str  # reference statistics: name or file, split, resolution
     features: str = "inception"  # the feature extractor
     labels: str = ""  # class-conditional: how each sample's class is drawn (fid_label_draw)
+    guidance_interval: tuple[float, ...] = ()  # guided noise levels (); older results: ()
 
     @property
     def inception(self) -> bool:
@@ -65,6 +71,8 @@ class Protocol:
         ref cifar10/train/32`; a stand-in adds `, features projection (stand-in: NOT
         comparable with Inception FID)`."""
         guided = f", guidance {self.guidance:g}" if self.guidance else ""
+        if self.guidance_interval:  # (autoguidance alone: `guidance on sigma in ...`)
+            guided = f"{guided or ', guidance'} {interval_text(self.guidance_interval)}"
         features = "" if self.inception else f", features {self.features} (stand-in: {NOT_FID})"
         labels = f", labels {self.labels}" if self.labels else ""
         return (f"{self.sampler} {self.steps} steps{guided}{labels}, {self.n_samples} samples, "
@@ -108,7 +116,7 @@ def protocol_of(
         n_samples=int(n if n is not None else cfg.eval.n_samples), fid_mode=cfg.eval.mode,
         reference=reference_name(cfg),
         features=features if features is not None else cfg.eval.features,
-        labels=fid_label_draw(cfg),
+        labels=fid_label_draw(cfg), guidance_interval=guidance_interval(cfg),
     )
 
 
@@ -221,6 +229,7 @@ def protocol_from_result(result: dict[str, Any]) -> Protocol:
                          "protocols were recorded; evaluate it again)")
     values = {k: p[k] for k in names if k in p}  # not the derived label etc.
     values["sampler"] = OLD_SAMPLERS.get(values["sampler"], values["sampler"])
+    values["guidance_interval"] = tuple(map(float, values.get("guidance_interval", ())))
     return Protocol(**values)
 
 

@@ -10,11 +10,12 @@ Sources:
   whose file records no config: `--config` says what it is.
 
 The folder holds `model_index.json` (the pipeline's config: schedule, latent scale, text
-encoder to load, default guidance), `transformer/` (the U-ViT: config.json and
-safetensors), `scheduler/` and, for latent models, `vae/`; `UViTPipeline.from_pretrained`
-loads it with no run folder around. The model is built as `uvic-sample` builds the
-checkpoint (`uvic.run.folder.resolve_model`) and saved with `attention_backend="auto"`
-and no gradient checkpointing (how to run it is the loader's choice).
+encoder to load, default guidance and guidance interval), `transformer/` (the U-ViT:
+config.json and safetensors), `scheduler/` and, for latent models, `vae/`;
+`UViTPipeline.from_pretrained` loads it with no run folder around. The model is built as
+`uvic-sample` builds the checkpoint (`uvic.run.folder.resolve_model`) and saved with
+`attention_backend="auto"` and no gradient checkpointing (how to run it is the loader's
+choice).
 
 The scheduler saved is the config's `sample.scheduler` built as uvic builds it
 (`uvic.diffusion.samplers.make_scheduler`). uvic's protocols that diffusers cannot load
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from uvic.config import Config, load_config
 from uvic.config.diffusion import FLOW_NAMED, RELEASE_FAST
-from uvic.config.sampling import effective_cfg_scale
+from uvic.config.sampling import effective_cfg_scale, guidance_interval
 from uvic.config.validation import validate
 from uvic.diffusion.samplers import make_scheduler
 from uvic.diffusion.schedule import Diffusion, schedule_settings
@@ -115,7 +116,8 @@ def build_pipeline(cfg: Config, model: UViT, vae=None, null_class: int | None = 
         scale_factor=cfg.data.scale_factor if is_latent(cfg) else None,
         clip_model=_portable(cfg.data.clip_model) if text else None,
         clip_pretrained=_portable(cfg.data.clip_pretrained) if text else None,
-        cfg_scale=effective_cfg_scale(cfg), null_class=null_class)
+        cfg_scale=effective_cfg_scale(cfg), null_class=null_class,
+        guidance_interval=list(guidance_interval(cfg)) or None)
     return pipe, note
 
 

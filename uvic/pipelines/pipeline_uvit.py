@@ -12,8 +12,8 @@ latent models (None for pixel models). The pipeline's config (model_index.json) 
 what is not a component: the noise schedule (`diffusion`, uvic's DiffusionConfig), the
 latent scale factor, the open_clip text encoder to load (`clip_model`, `clip_pretrained`;
 open_clip models are not diffusers components, so the pipeline loads the encoder by name
-on first use, or takes one as `text_encoder=`), the default guidance `cfg_scale` and the
-null class of class-conditional guidance.
+on first use, or takes one as `text_encoder=`), the default guidance `cfg_scale`, the
+null class of class-conditional guidance and the default `guidance_interval`.
 
 Sampling runs uvic's own code, not a copy: `uvic.sampling.generate.sample_images` (the
 guidance of `guided_eps`, and `uvic.diffusion.samplers.run_sampler`, which steps
@@ -51,7 +51,7 @@ from uvic.diffusion.samplers import model_calls
 from uvic.diffusion.schedule import Diffusion
 from uvic.models.autoencoder import SCALE_FACTOR
 from uvic.models.uvit import UViT
-from uvic.pipelines import conventions
+from uvic.pipelines import conventions, guidance
 from uvic.sampling.assets import model_to_pixels
 from uvic.sampling.generate import sample_images
 from uvic.sampling.images import to_uint8
@@ -77,6 +77,9 @@ class UViTPipeline(DiffusionPipeline):
         null_class: the class id of "no class" for class-conditional guidance (the
             release's ImageNet models: num_classes - 1); None: no guidance.
         text_encoder: a `ClipTextEncoder` to use instead of loading `clip_model`.
+        guidance_interval: the default noise levels (low, high] guided by `__call__`
+            (`uvic.diffusion.guidance_interval`, the exported run's sample.guidance_interval);
+            None: every step.
     """
 
     model_cpu_offload_seq = "transformer->vae"
@@ -95,6 +98,7 @@ class UViTPipeline(DiffusionPipeline):
         cfg_scale: float | None = None,
         null_class: int | None = None,
         text_encoder: torch.nn.Module | None = None,
+        guidance_interval: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae)
@@ -113,7 +117,9 @@ class UViTPipeline(DiffusionPipeline):
                              f"(num_classes={m.num_classes})")
         self.register_to_config(diffusion=diffusion, scale_factor=scale_factor,
                                 clip_model=clip_model, clip_pretrained=clip_pretrained,
-                                cfg_scale=cfg_scale, null_class=null_class)
+                                cfg_scale=cfg_scale, null_class=null_class,
+                                guidance_interval=list(guidance.guidance_interval(
+                                    guidance_interval)) or None)
         self._text_encoder = text_encoder
 
     def save_pretrained(self, save_directory: str, *args: Any, push_to_hub: bool = False,
@@ -184,6 +190,7 @@ class UViTPipeline(DiffusionPipeline):
         num_inference_steps: int = 50,
         guidance_scale: float | None = None,
         cfg_scale: float | None = None,
+        guidance_interval: Sequence[float] | None = None,
         sampler: str | None = None,
         order: int = 2,
         generator: torch.Generator | list[torch.Generator] | None = None,
@@ -207,6 +214,7 @@ class UViTPipeline(DiffusionPipeline):
             guidance_scale: diffusers' g of `eps = u + g (c - u)`; or give `cfg_scale`, the
                 release's s of `eps = c + s (c - u)` (g = s + 1). Default: the pipeline's
                 `cfg_scale` (the exported run's sample.cfg_scale); 1 / 0 = no guidance.
+            guidance_interval: guide only where sigma is in (low, high]; () everywhere.
             sampler: one of uvic's protocols (`dpm_solver++`, `euler_maruyama`, ...; for
                 velocity models `flow_euler`, `flow_heun`, `flow_euler_maruyama`) or a
                 diffusers scheduler class name, built for this schedule as `uvic-sample
@@ -230,10 +238,9 @@ class UViTPipeline(DiffusionPipeline):
         cond = self._conditioning(prompt, negative_prompt, class_labels, num_images_per_prompt,
                                   batch_size, prompt_embeds, negative_prompt_embeds, device)
         n = cond.pop("n")
-        s = self._guidance(guidance_scale, cfg_scale, conditional=bool(cond))
-        if s != 0.0 and "y" in cond:
-            cond["uncond_y"] = self._null_class(s)
         m = self.transformer.config
+        guided = guidance.resolve(self.config, m.clip_dim, cond, guidance_scale, cfg_scale,
+                                  guidance_interval)
         noise = self._initial_noise(n, (m.in_chans, m.img_size, m.img_size), generator,
                                     latents, device)
 
@@ -245,9 +252,9 @@ class UViTPipeline(DiffusionPipeline):
                      if self.transformer.dtype != torch.float32 else contextlib.nullcontext())
         with self.progress_bar(total=calls) as bar, precision:
             x0 = sample_images(
-                self.transformer, self.diffusion, noise, cfg_scale=s, scheduler=scheduler,
+                self.transformer, self.diffusion, noise, scheduler=scheduler,
                 steps=num_inference_steps, order=order, generator=generator,
-                on_step=bar.update, **cond)
+                on_step=bar.update, **guided, **cond)
         images = self._output(x0, output_type)
         self.maybe_free_model_hooks()
         if not return_dict:
@@ -331,34 +338,6 @@ class UViTPipeline(DiffusionPipeline):
                              f"{shape[0]}, {shape[1]}), got {tuple(uncond.shape)}")
         return {"n": len(context), "context": context.to(device),
                 "uncond_context": uncond.to(device)}
-
-    def _guidance(self, guidance_scale: float | None, cfg_scale: float | None,
-                  conditional: bool) -> float:
-        """The release's s from either convention (g = s + 1); the pipeline's default."""
-        if guidance_scale is not None and cfg_scale is not None:
-            raise ValueError("give guidance_scale (diffusers' g) or cfg_scale (the release's "
-                             "s = g - 1), not both")
-        if cfg_scale is not None:
-            s = float(cfg_scale)
-        elif guidance_scale is not None:
-            s = float(guidance_scale) - 1.0
-        else:
-            s = self.config.cfg_scale
-            if s is None:  # the release's: guided text-to-image, unguided otherwise
-                s = 1.0 if self.transformer.config.clip_dim > 0 else 0.0
-            s = float(s) if conditional else 0.0
-        if s != 0.0 and not conditional:
-            raise ValueError(f"guidance (cfg_scale={s}, guidance_scale={s + 1}) needs a "
-                             "conditional model; this U-ViT is unconditional")
-        return s
-
-    def _null_class(self, s: float) -> int:
-        """The class id guided away from (the release's ImageNet models: the last one)."""
-        if self.config.null_class is None:
-            raise ValueError(f"guidance (cfg_scale={s}) of a class-conditional model needs "
-                             "its null class: set the pipeline's null_class "
-                             "(uvic-export --null-class), or guidance_scale=1")
-        return self.config.null_class
 
     def _initial_noise(
         self, n: int, shape: tuple[int, ...], generator, latents: torch.Tensor | None,

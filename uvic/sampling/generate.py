@@ -5,7 +5,8 @@ the quickstart and the training loop's periodic grids:
 
 * `sample_images`: the reverse process for a batch of initial noises x_T, with
   classifier-free guidance `eps = c + s (c - u)` (the U-ViT release's convention) and
-  optional autoguidance by a weaker model (`uvic.sampling.load.load_guide`).
+  optional autoguidance by a weaker model (`uvic.sampling.load.load_guide`), both
+  optionally only in a noise-level interval (`uvic.diffusion.guidance_interval`).
 * `sample_generators` / `make_noise` (from `uvic.sampling.noise`): per-sample seeding from
   (seed, index), so sample `i` of a run is the same image whatever the batch size, the
   number of processes or the device.
@@ -38,8 +39,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from uvic.config import Config
-from uvic.config.sampling import PRECISIONS, effective_cfg_scale, real_classes
+from uvic.config.sampling import PRECISIONS, effective_cfg_scale, guidance_interval, real_classes
 from uvic.data.datasets import load_sample_prompts
+from uvic.diffusion.guidance_interval import limited
 from uvic.diffusion.samplers import model_calls, run_sampler
 from uvic.diffusion.schedule import Diffusion
 from uvic.run.architecture import ModelChoice
@@ -125,6 +127,7 @@ def sample_images(
     guide: nn.Module | None = None,
     autoguidance_scale: float = 0.0,
     on_step: Callable[[], None] | None = None,
+    guidance_interval: Sequence[float] = (),
 ) -> torch.Tensor:
     """Run the reverse process from the initial noise x_T (B, C, H, W) to x_0.
 
@@ -139,6 +142,9 @@ def sample_images(
     Autoguidance: with `autoguidance_scale` s != 0, `eps = g + s (g - b)`, where g and b
     are the (classifier-free guided) predictions of `model` and of the weaker `guide`:
     the direction in which the better model improves on the weaker one, extrapolated.
+    `guidance_interval` (low, high]: both guidances only at the steps whose noise level
+    sigma lies in it, the conditional model alone (one network call) at the others
+    (`uvic.diffusion.guidance_interval`); () guides every step.
     `on_step()` is called after each of the solver's network evaluations (progress).
     A velocity model (diffusion.objective "velocity") predicts v, not eps: the guidance
     is linear in the output and applies to v alike (`uvic.diffusion.flow` samples it).
@@ -153,11 +159,20 @@ def sample_images(
         y = y.to(noise.device)
     cond = {"y": y, "uncond_y": uncond_y}
 
-    def eps_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    def guided(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         eps = guided_eps(model, x, t, context, uncond_context, cfg_scale, **cond)
         if autoguidance_scale != 0.0:
             weak = guided_eps(guide, x, t, context, uncond_context, cfg_scale, **cond)
             eps = eps + autoguidance_scale * (eps - weak)
+        return eps
+
+    def plain(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return guided_eps(model, x, t, context, uncond_context, 0.0, **cond)
+
+    eps_of = limited(guided, plain, diffusion, guidance_interval)
+
+    def eps_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        eps = eps_of(x, t)
         if on_step is not None:
             on_step()
         return eps
@@ -238,7 +253,7 @@ class SampleGrid:
                 self.network(model), diffusion, noise, context=self.context,
                 uncond_context=self.assets.uncond, cfg_scale=effective_cfg_scale(self.cfg),
                 scheduler=s.scheduler, steps=s.steps, order=s.order, generator=gens,
-                scheduler_kwargs=s.scheduler_kwargs,
+                scheduler_kwargs=s.scheduler_kwargs, guidance_interval=guidance_interval(self.cfg),
                 **class_conditions(self.cfg, range(self.n), self.device))
         return self.assets.to_pixels(x0)
 
@@ -300,7 +315,8 @@ def generate(
                     cfg_scale=scale, scheduler=s.scheduler, steps=s.steps, order=s.order,
                     generator=gens, scheduler_kwargs=s.scheduler_kwargs,
                     guide=weak, autoguidance_scale=s.autoguidance_scale,
-                    on_step=bar.update, **class_conditions(cfg, rows, device, label_fn),
+                    guidance_interval=guidance_interval(cfg), on_step=bar.update,
+                    **class_conditions(cfg, rows, device, label_fn),
                 )[: len(chunk)]
             with torch.inference_mode():
                 images = to_pixels(cfg, x0, vae)

@@ -1,0 +1,126 @@
+"""The guidance interval (Kynkaanniemi et al. 2024, "Applying guidance in a limited interval
+improves sample and distribution quality in diffusion models"): guidance only at the
+middle noise levels.
+
+Guidance (classifier-free and autoguidance) is applied only where the noise level lies in
+(low, high] (`sample.guidance_interval`); at the other steps the sampler gets the
+conditional model's own prediction, and neither the unconditional pass nor the weaker
+model runs: those steps cost one network call instead of two.
+
+The noise level is EDM's sigma = sigma_t / alpha_t of x_t = alpha_t x0 + sigma_t eps (the
+noise-to-signal ratio of x_t: x_t / alpha_t = x0 + sigma eps), the unit the paper states
+its intervals in. It is one axis for every schedule and objective, so an interval carries
+over between them (`edm_sigma`):
+
+* VP schedules (both of uvic's): sigma = sqrt((1 - alpha_bar) / alpha_bar).
+* a linear interpolant x_t = (1 - t) x0 + t eps (flow matching, SiT, REPA): t / (1 - t).
+* a trigonometric one x_t = cos(pi t / 2) x0 + sin(pi t / 2) eps: tan(pi t / 2).
+
+An interval stated in time (REPA guides t <= 0.7 on SiT's linear interpolant) converts
+through the same formulas: t in [0, 0.7] is sigma in (0, 0.7 / 0.3] = (0, 2.33].
+`sigma_of_time` does it for every schedule and interpolant.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from uvic.diffusion.samplers import run_sampler
+from uvic.diffusion.schedule import Diffusion
+
+EpsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def edm_sigma(diffusion: Diffusion, net_t: torch.Tensor) -> torch.Tensor:
+    """EDM's noise level sigma = sigma_t / alpha_t at the network's time input `net_t` (any
+    shape; float64), the axis of `sample.guidance_interval`. A new schedule or objective
+    adds its branch here (module docstring: the linear and trigonometric interpolants).
+
+    vp_continuous: net time 999 t, log alpha_bar = -t^2 (beta_max - beta_min) / 2 -
+    beta_min t. scaled_linear: net time n (the table's step n = k + 1, or N t in the
+    release's "fast" solvers), log alpha_bar piecewise linear between the table's steps
+    (as those solvers interpolate it, `uvic.diffusion.samplers.ContinuousSchedule`).
+    """
+    t = net_t.detach().to(torch.float64)
+    cfg = diffusion.cfg
+    if cfg.objective == "velocity":  # net time 999 t of the interpolant (uvic.diffusion.flow)
+        s = t / 999.0
+        if cfg.interpolant == "linear":
+            return s / (1.0 - s)  # inf at t = 1
+        return torch.tan(0.5 * math.pi * s)
+    if cfg.schedule == "vp_continuous":
+        s = t / 999.0
+        minus_log_ab = 0.5 * s**2 * (cfg.beta_max - cfg.beta_min) + cfg.beta_min * s
+    elif cfg.schedule == "scaled_linear":
+        table = torch.log(diffusion.alphas_cumprod()).to(t.device)  # step n at index n - 1
+        i = t.floor().clamp(1, len(table) - 1)  # the segment [i, i + 1], extended at the ends
+        lo = table[i.long() - 1]
+        minus_log_ab = -(lo + (table[i.long()] - lo) * (t - i))
+    else:
+        raise ValueError(f"no noise level for diffusion.schedule={cfg.schedule!r}")
+    return torch.sqrt(torch.expm1(minus_log_ab))  # sqrt(1 / alpha_bar - 1), exact near 0
+
+
+def sigma_of_time(diffusion: Diffusion, t: float) -> float:
+    """sigma at continuous time t in (0, 1] (network time 999 t for vp_continuous and the
+    interpolants, N t for scaled_linear): to state a time interval in sigma."""
+    cfg = diffusion.cfg
+    continuous = cfg.schedule == "vp_continuous" or cfg.objective == "velocity"
+    scale = 999.0 if continuous else diffusion.num_timesteps
+    return float(edm_sigma(diffusion, torch.tensor(scale * t, dtype=torch.float64)))
+
+
+def inside(sigma: torch.Tensor, interval: Sequence[float]) -> torch.Tensor:
+    """Where guidance applies: sigma in (low, high] (everywhere for an empty interval)."""
+    if not interval:
+        return torch.ones_like(sigma, dtype=torch.bool)
+    low, high = interval
+    return (sigma > low) & (sigma <= high)
+
+
+def limited(guided: EpsFn, plain: EpsFn, diffusion: Diffusion,
+            interval: Sequence[float]) -> EpsFn:
+    """The noise prediction of a guidance interval: `guided(x, t)` at the network times
+    whose sigma lies in `interval`, `plain(x, t)` (the conditional model alone) elsewhere;
+    only the one needed is called. An empty interval returns `guided` itself (today's
+    sampling, bit for bit). Rows of one call at different noise levels (uvic's samplers
+    give every row the same time) get each their own, both being computed."""
+    if not interval:
+        return guided
+    low, high = (float(v) for v in interval)
+    if not (0 <= low < high) or math.isnan(high):
+        raise ValueError(f"guidance_interval={list(interval)} must be low,high with "
+                         "0 <= low < high")
+
+    def eps_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        where = inside(edm_sigma(diffusion, t), (low, high))
+        if bool(where.all()):
+            return guided(x, t)
+        if not bool(where.any()):
+            return plain(x, t)
+        rows = where.to(x.device).view(-1, *([1] * (x.dim() - 1)))
+        return torch.where(rows, guided(x, t), plain(x, t))
+
+    return eps_fn
+
+
+def guided_calls(diffusion: Diffusion, interval: Sequence[float],
+                 scheduler: str = "dpm_solver++", steps: int = 50, order: int = 2,
+                 scheduler_kwargs: dict[str, Any] | None = None) -> tuple[int, int]:
+    """(guided, all): how many of one sampler run's network evaluations fall in `interval`
+    (those run the unconditional rows or the guide too) and how many there are: the
+    sampler is run on one value with a zero prediction, to read the times it asks for."""
+    times: list[torch.Tensor] = []
+
+    def eps_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        times.append(t[:1].detach().cpu())
+        return torch.zeros_like(x)
+
+    run_sampler(eps_fn, diffusion, torch.zeros(1, 1, 1, 1), scheduler=scheduler, steps=steps,
+                order=order, scheduler_kwargs=scheduler_kwargs)
+    sigma = edm_sigma(diffusion, torch.cat(times))
+    return int(inside(sigma, interval).sum()), len(times)

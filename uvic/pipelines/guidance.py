@@ -1,0 +1,65 @@
+"""The guidance of `UViTPipeline.__call__`: its scale from either convention, the null class
+of class-conditional guidance and the guidance interval, each defaulting to the pipeline's
+config (what `uvic-export` recorded of the run's `sample` section)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from uvic.config.sampling import interval_rules
+
+
+def resolve(config: Any, clip_dim: int, cond: dict[str, Any], guidance_scale: float | None,
+            cfg_scale: float | None, interval: Sequence[float] | None) -> dict[str, Any]:
+    """`sample_images`' guidance arguments for a call given these arguments, defaulting to
+    the pipeline's `config`; `cond` (the call's conditioning) gets the null class when
+    class labels are guided."""
+    s = guidance_scale_of(config.cfg_scale, clip_dim, guidance_scale, cfg_scale,
+                          conditional=bool(cond))
+    if s != 0.0 and "y" in cond:
+        cond["uncond_y"] = null_class(config.null_class, s)
+    return {"cfg_scale": s,
+            "guidance_interval": guidance_interval(interval, default=config.guidance_interval)}
+
+
+def guidance_scale_of(default: float | None, clip_dim: int, guidance_scale: float | None,
+                   cfg_scale: float | None, conditional: bool) -> float:
+    """The release's s from either convention (diffusers' g = s + 1), else the pipeline's
+    `default` (None: the release's, guided text-to-image, unguided otherwise)."""
+    if guidance_scale is not None and cfg_scale is not None:
+        raise ValueError("give guidance_scale (diffusers' g) or cfg_scale (the release's "
+                         "s = g - 1), not both")
+    if cfg_scale is not None:
+        s = float(cfg_scale)
+    elif guidance_scale is not None:
+        s = float(guidance_scale) - 1.0
+    else:
+        s = default
+        if s is None:
+            s = 1.0 if clip_dim > 0 else 0.0
+        s = float(s) if conditional else 0.0
+    if s != 0.0 and not conditional:
+        raise ValueError(f"guidance (cfg_scale={s}, guidance_scale={s + 1}) needs a "
+                         "conditional model; this U-ViT is unconditional")
+    return s
+
+
+def null_class(null: int | None, s: float) -> int:
+    """The class id guided away from (the release's ImageNet models: the last one)."""
+    if null is None:
+        raise ValueError(f"guidance (cfg_scale={s}) of a class-conditional model needs "
+                         "its null class: set the pipeline's null_class "
+                         "(uvic-export --null-class), or guidance_scale=1")
+    return null
+
+
+def guidance_interval(given: Sequence[float] | None, key: str = "guidance_interval",
+                      default: Sequence[float] | None = None) -> tuple[float, ...]:
+    """The noise levels (low, high] guided (`uvic.diffusion.guidance_interval`): `given`,
+    else `default`; () (or None) guides every step. A bad one is refused in one line."""
+    interval = tuple(float(v) for v in (given if given is not None else default or ()))
+    for ok, message in interval_rules(interval, key):
+        if not ok:
+            raise ValueError(message)
+    return interval
