@@ -74,6 +74,7 @@ from uvic.training.launch import (
     make_accelerator,
 )
 from uvic.training.optim import apply_optim_config, make_optimizer
+from uvic.training.repa import build_repa
 from uvic.training.stop import Interrupted, StopSignals
 from uvic.training.summary import logged_loss, write_summary
 
@@ -132,13 +133,15 @@ class Trainer:
         except ValueError as err:  # a bad model.* value, named in the message
             raise ConfigError(str(err)) from err
         self.ema = EMA(model, t.ema_decay).to(self.device)  # exact copy at step 0
-        optimizer, lr_scheduler = make_optimizer(model, cfg.optim, t.max_steps)
+        self.repa = build_repa(cfg, model, self.device)  # train.repa_* (off: nothing)
+        optimizer, lr_scheduler = make_optimizer(self.repa.trained(model), cfg.optim, t.max_steps)
         dataset = build_dataset(cfg, "train")  # checks that the items fit the model
         self.num_items = len(dataset)
         loader = seeded_loader(dataset, t.seed, self.batch_per_process, cfg.data.num_workers,
                                pin_memory=self.device.type == "cuda")
         self.model, self.optimizer, self.loader, self.lr_scheduler = acc.prepare(
             model, optimizer, loader, lr_scheduler)
+        self.repa.prepare(acc)
         if len(self.loader) == 0:
             raise ConfigError(f"data: {self.num_items} items is less than one batch of "
                               f"{self.batch_per_process} per process x {acc.num_processes} "
@@ -211,15 +214,15 @@ class Trainer:
                 batch = next(batches)
                 self.noise_generator.manual_seed(
                     noise_seed(t.seed, acc.process_index, self.step, micro))
-                with acc.accumulate(self.model):
+                with acc.accumulate(self.model, *self.repa.modules):
                     loss = diffusion_loss(self.model, self.diffusion, batch,
                                           self.noise_generator,
                                           empty_context=self.empty_context,
                                           p_uncond=self.cfg.diffusion.p_uncond,
                                           null_class=self.null_class)
-                    acc.backward(loss)
+                    acc.backward(self.repa.add(loss, batch))
                     if acc.sync_gradients and (clip > 0 or log_now):
-                        grad_norm = acc.clip_grad_norm_(self.model.parameters(),
+                        grad_norm = acc.clip_grad_norm_(self.repa.parameters(self.model),
                                                         clip if clip > 0 else math.inf)
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
@@ -293,7 +296,8 @@ class Trainer:
         images_per_s = steps * self.cfg.train.batch_size / max(elapsed, 1e-9)
         record = {"step": self.step, "loss": loss, "lr": self.lr_scheduler.get_last_lr()[0],
                   "grad_norm": grad_norm.item() if grad_norm is not None else None,
-                  "images_per_s": images_per_s, "time": time.time()}
+                  "images_per_s": images_per_s, "time": time.time(),
+                  **self.repa.log(self.accelerator)}
         self.last_loss = loss
         if self.is_main:
             with open(self.run.log, "a") as f:
