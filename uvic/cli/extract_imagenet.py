@@ -45,6 +45,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--moments-dtype", default="float32", choices=extract_options.STORED_DTYPES,
                    help="stored moments (float32 as the release; float16 halves the disk: "
                    "ImageNet 256 takes 84 GB in float32, 512 takes 336 GB)")
+    p.add_argument("--repa-encoder", default="",
+                   help="also store this REPA encoder's patch features of every crop "
+                   "(train.repa_encoder: a timm name or a local folder; float16, grid^2 x "
+                   "width per image)")
+    p.add_argument("--repa-encoder-weights", default="",
+                   help="local weights file for a timm --repa-encoder name")
+    p.add_argument("--repa-grid", type=positive_int, default=None,
+                   help="the encoder's patch grid: the model's token grid (default: "
+                   "resolution / 16, latents in 2x2 patches)")
     extract_options.add_run_options(p)
     args = p.parse_args(argv)
     if args.resolution % 8:
@@ -56,6 +65,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status (2: an error, named in one line)."""
     args = parse_args(argv)
+    from uvic.config import ConfigError
     from uvic.data.base import DatasetError
     from uvic.data.imagenet_extraction import extract_features, list_splits
     from uvic.models.autoencoder import DEFAULT_VAE, VAELoadError, load_vae
@@ -65,13 +75,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         listings = list_splits(args.imagenet, args.splits, args.per_class)  # before the VAE
         vae = load_vae(vae_name, device)
+        repa = None
+        if args.repa_encoder:
+            from uvic.models.repa_encoder import load_encoder
+
+            repa = load_encoder(args.repa_encoder, args.repa_encoder_weights,
+                                args.repa_grid or args.resolution // 16).to(device)
         extract_features(
             listings, args.out, vae, vae_name=vae_name, resolution=args.resolution,
             per_class=args.per_class, moments_dtype=args.moments_dtype,
             batch_size=args.batch_size, chunk_size=args.chunk_size, num_workers=args.workers,
             skip_corrupt=args.skip_corrupt, progress=not args.no_progress,
+            repa=repa, repa_name=args.repa_encoder,
         )
-    except (DatasetError, VAELoadError) as err:
+    except (DatasetError, VAELoadError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     latent = args.resolution // 8

@@ -185,3 +185,19 @@ def stored_features(cfg: Config, grid: int) -> int:
                           f"tokens but {meta} stores features of {repa['encoder']} on a "
                           f"{repa['grid']}x{repa['grid']} grid; {how}")
     return int(repa["dim"])
+
+
+def check_resume(checkpoint: Path, saved: Config, cfg: Config) -> None:
+    """A resume keeps REPA on or off, and the projector's width: the checkpoint holds the
+    projector's weights and optimizer state of its own shape (or none). Another encoder
+    of the same width, block or weight are changes the resume applies and records."""
+    old, new = saved.train, cfg.train
+    key = None
+    if bool(old.repa_encoder) != bool(new.repa_encoder):
+        key = "repa_encoder"
+    elif new.repa_encoder and old.repa_projector_dim != new.repa_projector_dim:
+        key = "repa_projector_dim"
+    if key is not None:
+        raise ConfigError(f"refusing to resume from {checkpoint}: REPA's projector differs "
+                          f"from the checkpoint's (train.{key}: {getattr(old, key)!r} in the "
+                          f"checkpoint vs {getattr(new, key)!r} now)")
