@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import readme_commands
 import timm
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,7 @@ from accelerate.state import AcceleratorState, GradientState
 from datagen import make_imagenet, make_imagenet_features, tiny_repa_encoder
 from PIL import Image
 from safetensors.torch import load_file
-from test_train import cli_error, read_log, same_tensors, shapes_config
+from test_train import cli_error, load_cli, read_log, same_tensors, shapes_config
 
 from uvic.config import Config, ConfigError, apply_overrides
 from uvic.data.base import to_signed
@@ -245,3 +246,27 @@ def test_latent_features_store_encoder_features(tmp_path, encoder_folder, capsys
     assert err.startswith(f"error: train.repa_encoder: data.root={plain} holds latents "
                           "without REPA encoder features; extract them with "
                           f"uvic-extract-imagenet --out {plain} --repa-encoder")
+
+
+DOCS_COMMAND = ("python scripts/train.py --config configs/quickstart.py --set "
+                "train.repa_encoder=models/dinov2_vits14 --set train.repa_block=1 --set "
+                "train.output_dir=runs/quickstart_repa")
+
+
+def test_the_documented_command_trains_with_repa(tmp_path, encoder_folder, monkeypatch):
+    """docs/training.md's REPA command (readme_commands), its encoder folder the tiny one
+    and 2 steps: it trains and logs repa_loss."""
+    assert DOCS_COMMAND in readme_commands.readme_commands(readme_commands.page(
+        "docs/training.md"))
+    words = readme_commands.argv(DOCS_COMMAND)
+    assert Path(words[1]).name == "train.py"
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "dinov2_vits14").symlink_to(encoder_folder)
+    monkeypatch.chdir(tmp_path)
+    tiny = ["train.max_steps=2", "train.log_every=1", "train.sample_every=0",
+            "data.num_images=8", "train.batch_size=4", "data.num_workers=0",
+            "model.attention_backend=torch", "train.mixed_precision=no",
+            "sample.autoguidance_scale=0"]
+    assert load_cli().main([*words[2:], *[a for o in tiny for a in ("--set", o)]]) == 0
+    log = read_log(tmp_path / "runs" / "quickstart_repa")
+    assert [r["step"] for r in log] == [1, 2] and all("repa_loss" in r for r in log)
