@@ -20,15 +20,29 @@ import timm
 import torch
 import torch.nn.functional as F
 from accelerate.state import AcceleratorState, GradientState
-from datagen import make_imagenet, make_imagenet_features, tiny_repa_encoder
+from datagen import (
+    make_imagenet,
+    make_imagenet_features,
+    make_mscoco_features,
+    tiny_repa_encoder,
+    tiny_vae_folder,
+)
 from PIL import Image
 from safetensors.torch import load_file
-from test_train import cli_error, load_cli, read_log, same_tensors, shapes_config
+from test_train import (
+    cli_error,
+    coco_config,
+    load_cli,
+    read_log,
+    same_tensors,
+    shapes_config,
+)
 
 from uvic.config import Config, ConfigError, apply_overrides
 from uvic.data.base import to_signed
 from uvic.data.datasets import build_dataset
 from uvic.data.imagenet import adm_center_crop
+from uvic.data.mscoco_extraction import load_image
 from uvic.models.repa_encoder import load_encoder
 from uvic.models.uvit import build_model
 from uvic.training.repa import FEATURES_KEY, Repa, alignment_loss, build_repa
@@ -111,7 +125,7 @@ def test_alignment_loss_is_the_mean_negative_cosine():
     assert math.isclose(alignment_loss(a, 2.5 * a).item(), -1.0, rel_tol=1e-6)
 
 
-@pytest.mark.parametrize("extra", [[], ["model.num_classes=3"]])
+@pytest.mark.parametrize("extra", [[], ["model.num_classes=3", "model.grad_checkpointing=true"]])
 def test_loss_gradients_reach_projector_and_blocks_up_to_the_chosen_one(encoder_folder,
                                                                         extra):
     """The hooked output's patch tokens (time and label tokens dropped) through the
@@ -270,3 +284,22 @@ def test_the_documented_command_trains_with_repa(tmp_path, encoder_folder, monke
     assert load_cli().main([*words[2:], *[a for o in tiny for a in ("--set", o)]]) == 0
     log = read_log(tmp_path / "runs" / "quickstart_repa")
     assert [r["step"] for r in log] == [1, 2] and all("repa_loss" in r for r in log)
+
+
+def test_mscoco_features_store_encoder_features(tmp_path, encoder_folder):
+    """The MS-COCO extractor stores the encoder's features of every image; items carry
+    them and a text-to-image run trains with them."""
+    encoder = load_encoder(str(encoder_folder), grid=4)
+    root = make_mscoco_features(tmp_path, {"train": 4}, repa=encoder,
+                                repa_name=str(encoder_folder))
+    assert json.loads((root / "meta.json").read_text())["settings"]["repa"]["grid"] == 4
+    features = {"features": root, "vae": tiny_vae_folder(tmp_path / "vae")}
+    cfg = coco_config(tmp_path / "run", features, f"train.repa_encoder={encoder_folder}",
+                      *REPA, "train.max_steps=2", "train.sample_every=0")
+    data = build_dataset(cfg)
+    image = load_image(sorted((tmp_path / "coco" / "train2014").glob("*.jpg"))[1], 64)
+    assert data[1][FEATURES_KEY].shape == (16, 32)
+    torch.testing.assert_close(data[1][FEATURES_KEY], encoder(image[None])[0], atol=2e-3,
+                               rtol=2e-3)
+    train(cfg)
+    assert math.isfinite(read_log(tmp_path / "run")[-1]["repa_loss"])

@@ -45,15 +45,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--moments-dtype", default="float32", choices=extract_options.STORED_DTYPES,
                    help="stored moments (float32 as the release; float16 halves the disk: "
                    "ImageNet 256 takes 84 GB in float32, 512 takes 336 GB)")
-    p.add_argument("--repa-encoder", default="",
-                   help="also store this REPA encoder's patch features of every crop "
-                   "(train.repa_encoder: a timm name or a local folder; float16, grid^2 x "
-                   "width per image)")
-    p.add_argument("--repa-encoder-weights", default="",
-                   help="local weights file for a timm --repa-encoder name")
-    p.add_argument("--repa-grid", type=positive_int, default=None,
-                   help="the encoder's patch grid: the model's token grid (default: "
-                   "resolution / 16, latents in 2x2 patches)")
+    extract_options.add_repa_options(p, "resolution / 16: latents in 2x2 patches")
     extract_options.add_run_options(p)
     args = p.parse_args(argv)
     if args.resolution % 8:
@@ -75,12 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         listings = list_splits(args.imagenet, args.splits, args.per_class)  # before the VAE
         vae = load_vae(vae_name, device)
-        repa = None
-        if args.repa_encoder:
-            from uvic.models.repa_encoder import load_encoder
-
-            repa = load_encoder(args.repa_encoder, args.repa_encoder_weights,
-                                args.repa_grid or args.resolution // 16).to(device)
+        repa = extract_options.load_repa_encoder(args, args.resolution // 16, device)
         extract_features(
             listings, args.out, vae, vae_name=vae_name, resolution=args.resolution,
             per_class=args.per_class, moments_dtype=args.moments_dtype,

@@ -1,7 +1,8 @@
 """The frozen self-supervised image encoder of REPA (Yu et al. 2024, "Representation
 Alignment for Generation"): a timm ViT (the DINOv2 family) whose patch features the
-training loop aligns a U-ViT block with (`uvic.training.repa`), and which the ImageNet
-feature extractor can run once per image instead (`uvic.data.imagenet_extraction`).
+training loop aligns a U-ViT block with (`uvic.training.repa`), and which the feature
+extractors can run once per image instead (`uvic.data.imagenet_extraction`,
+`uvic.data.mscoco_extraction`).
 
 Where the weights come from (`train.repa_encoder`, `train.repa_encoder_weights`):
 

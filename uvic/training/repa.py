@@ -12,7 +12,7 @@ negative cosine) is logged beside `loss`.
 
 Encoder features: for pixel datasets the encoder (`uvic.models.repa_encoder`) runs on the
 batch's images; latent datasets carry them precomputed under the batch key "repa" (the
-ImageNet extractor's `--repa-encoder`). The projector is trained with the model (the same
+extractors' `--repa-encoder`). The projector is trained with the model (the same
 AdamW, prepared by Accelerate, so it is in every checkpoint and restored on resume) and
 is not part of the EMA, the exported model or sampling. With `train.repa_encoder` unset
 nothing here is built and the run is the plain one, bit for bit.
@@ -172,12 +172,14 @@ def stored_features(cfg: Config, grid: int) -> int:
     x `grid` patch grid (one feature per model token). Missing: one line naming the
     folder and the command that writes them."""
     root = Path(cfg.data.root)
-    how = (f"extract them with uvic-extract-imagenet --out {root} --repa-encoder "
+    command = ("uvic-extract-imagenet" if cfg.data.name == "imagenet_features"
+               else "uvic-extract-mscoco")
+    how = (f"extract them with {command} --out {root} --repa-encoder "
            f"{cfg.train.repa_encoder} --repa-grid {grid}")
     meta = root / "meta.json"
     settings = json.loads(meta.read_text()).get("settings", {}) if meta.is_file() else {}
     repa = settings.get("repa")
-    if cfg.data.name != "imagenet_features" or not repa:
+    if not repa:
         raise ConfigError(f"train.repa_encoder: data.root={root} holds latents without "
                           f"REPA encoder features; {how}")
     if repa["encoder"] != cfg.train.repa_encoder or repa["grid"] != grid:
