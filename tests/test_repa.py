@@ -96,6 +96,24 @@ def test_encoder_loads_the_local_folder_and_gives_patch_features(encoder_folder)
     torch.testing.assert_close(features, expected[:, 1:], rtol=1e-5, atol=1e-5)
 
 
+def test_encoder_loads_a_dinov2_release_file_for_a_timm_name(tmp_path):
+    """A timm name with a local weights file in DINOv2's own release format (its keys and
+    mask_token, the position embedding of 518 px): timm converts and resamples it."""
+    torch.manual_seed(0)
+    release = timm.create_model("vit_small_patch14_dinov2", pretrained=False, num_classes=0)
+    state = {**release.state_dict(), "mask_token": torch.zeros(1, 384)}
+    assert state["pos_embed"].shape == (1, 1 + 37 * 37, 384)
+    torch.save(state, tmp_path / "dinov2_vits14_pretrain.pth")
+    encoder = load_encoder("vit_small_patch14_dinov2", str(tmp_path / "dinov2_vits14_pretrain.pth"),
+                           grid=4)
+    assert encoder.model.pos_embed.shape == (1, 1 + 16, 384) and encoder.size == 56
+    loaded = encoder.model.state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in state.items()
+               if k not in ("pos_embed", "mask_token"))
+    with pytest.raises(ConfigError, match=r"^train.repa_encoder=vit_nope is neither a timm "):
+        load_encoder("vit_nope")
+
+
 def test_missing_encoder_files_are_one_line(tmp_path, capsys):
     with pytest.raises(ConfigError, match=r"^train.repa_encoder_weights: no such file: "
                                           rf"{tmp_path}/dinov2\.pth$"):

@@ -89,6 +89,9 @@ def load_encoder(name: str, weights: str = "", grid: int = 16) -> RepaEncoder:
             if not file.is_file():
                 raise ConfigError(f"train.repa_encoder_weights: no such file: {file}")
             kwargs["pretrained_cfg_overlay"] = {"file": str(file.resolve())}
+    if not model_name.startswith(("local-dir:", "hf-hub:")) and not timm.is_model(model_name):
+        raise ConfigError(f"train.repa_encoder={name} is neither a timm model name (e.g. "
+                          "vit_base_patch14_dinov2.lvd142m) nor an encoder folder")
     try:
         patch = _patch_size(model_name)
         model = timm.create_model(model_name, img_size=grid * patch, **kwargs)
