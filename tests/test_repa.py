@@ -45,7 +45,13 @@ from uvic.data.imagenet import adm_center_crop
 from uvic.data.mscoco_extraction import load_image
 from uvic.models.repa_encoder import load_encoder
 from uvic.models.uvit import build_model
-from uvic.training.repa import FEATURES_KEY, Repa, alignment_loss, build_repa
+from uvic.training.repa import (
+    FEATURES_KEY,
+    Repa,
+    alignment_loss,
+    build_repa,
+    stored_features,
+)
 from uvic.training.trainer import Trainer, train
 
 REPA = ["train.repa_projector_dim=16", "train.repa_block=1"]
@@ -245,7 +251,8 @@ def test_repa_off_is_the_plain_run(tmp_path, encoder_folder):
 # --------------------------------------------------------------------------- latents
 
 
-def test_latent_features_store_encoder_features(tmp_path, encoder_folder, capsys):
+def test_latent_features_store_encoder_features(tmp_path, encoder_folder, capsys,
+                                                 monkeypatch):
     """The ImageNet extractor stores the encoder's features of every crop (float16); items
     carry them (mirrored on the grid for mirrored items), and a run trains with them. A
     folder without them is one line naming it and the command that makes them."""
@@ -255,7 +262,8 @@ def test_latent_features_store_encoder_features(tmp_path, encoder_folder, capsys
     root = make_imagenet_features(tmp_path, imagenet=tmp_path / "imagenet", repa=encoder,
                                   repa_name=str(encoder_folder))
     meta = json.loads((root / "meta.json").read_text())["settings"]["repa"]
-    assert meta == {"encoder": str(encoder_folder), "grid": 4, "dim": 32, "input_size": 56}
+    assert meta == {"encoder": str(encoder_folder.resolve()), "grid": 4, "dim": 32,
+                    "input_size": 56}
     stored = np.load(root / "train" / "repa.npy")
     assert stored.shape == (9, 16, 32) and stored.dtype == np.float16
     latent = ["data.name=imagenet_features", "model.in_chans=4", "model.img_size=8",
@@ -272,6 +280,15 @@ def test_latent_features_store_encoder_features(tmp_path, encoder_folder, capsys
 
     train(repa_config(tmp_path / "run", encoder_folder, f"data.root={root}", *latent,
                       "train.max_steps=2", "diffusion.p_uncond=0.1"))
+    # the folder named relative to another directory matches; another grid does not
+    monkeypatch.chdir(encoder_folder.parent)
+    relative = repa_config(tmp_path / "run3", Path(encoder_folder.name), f"data.root={root}",
+                           *latent)
+    assert stored_features(relative, 4) == 32
+    with pytest.raises(ConfigError, match=r"with 2x2 tokens but .*meta.json stores features "
+                                          r"of .* on a 4x4 grid; extract them with "
+                                          r"uvic-extract-imagenet .* --repa-grid 2$"):
+        stored_features(relative, 2)
     assert math.isfinite(read_log(tmp_path / "run")[-1]["repa_loss"])
     err = cli_error(capsys, tmp_path / "run2", f"train.repa_encoder={encoder_folder}",
                     f"data.root={plain}", *latent)

@@ -36,7 +36,7 @@ from uvic.data.chunks import ChunkedArrays, as_list, check_same, write_npy
 from uvic.data.imagenet import ClassFolders, load_crop, read_class_folders
 from uvic.files import write_json
 from uvic.models.autoencoder import encode_moments
-from uvic.models.repa_encoder import RepaEncoder
+from uvic.models.repa_encoder import RepaEncoder, encoder_id
 
 CROP = ("guided-diffusion center_crop_arr: BOX halving while the short side >= 2 res, BICUBIC "
         "to short side res (long side rounded), central res x res (U-ViT release)")
@@ -187,7 +187,7 @@ def extract_features(
                 "scale_factor": SCALE_FACTOR, "crop": CROP, "flip": FLIP,
                 "per_class": per_class, "moments_dtype": moments_dtype}
     if repa is not None:  # only then: folders extracted before keep their fingerprint
-        settings["repa"] = {"encoder": repa_name, "grid": repa.grid, "dim": repa.dim,
+        settings["repa"] = {"encoder": encoder_id(repa_name), "grid": repa.grid, "dim": repa.dim,
                             "input_size": repa.size}
     out = Path(out)
     write_meta(out, settings)

@@ -38,7 +38,7 @@ from uvic.data.chunks import as_list, check_same, write_npy
 from uvic.data.datasets import DatasetError, center_crop_resize
 from uvic.files import write_json
 from uvic.models.autoencoder import DEFAULT_VAE, SCALE_FACTOR, encode_moments
-from uvic.models.repa_encoder import RepaEncoder
+from uvic.models.repa_encoder import RepaEncoder, encoder_id
 from uvic.models.text_encoder import DEFAULT_MODEL, DEFAULT_PRETRAINED, ClipTextEncoder
 
 # Prompts for the periodic sample grids during training (COCO-style captions).
@@ -359,7 +359,7 @@ def extract_features(
                 "padding": PADDING, "crop": CROP, "limit": limit,
                 "moments_dtype": moments_dtype, "context_dtype": context_dtype}
     if repa is not None:  # only then: folders extracted before keep their fingerprint
-        settings["repa"] = {"encoder": repa_name, "grid": repa.grid, "dim": repa.dim,
+        settings["repa"] = {"encoder": encoder_id(repa_name), "grid": repa.grid, "dim": repa.dim,
                             "input_size": repa.size}
     check_inputs(coco_root, splits, limit, split_kwargs.get("skip_corrupt", False))
     out = Path(out)

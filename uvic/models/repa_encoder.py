@@ -104,6 +104,12 @@ def load_encoder(name: str, weights: str = "", grid: int = 16) -> RepaEncoder:
     return RepaEncoder(model, grid)
 
 
+def encoder_id(name: str) -> str:
+    """How feature folders record the encoder `name`: a folder by its absolute path (so
+    that a run naming it relative to another directory still matches), a name as is."""
+    return str(Path(name).expanduser().resolve()) if _is_path(name) else name
+
+
 def _is_path(name: str) -> bool:
     """A local folder rather than a timm / hub name."""
     return name.startswith((".", "/", "~")) or Path(name).expanduser().exists() or (

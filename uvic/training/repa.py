@@ -31,7 +31,7 @@ from accelerate import Accelerator
 from torch import Tensor, nn
 
 from uvic.config import Config, ConfigError
-from uvic.models.repa_encoder import RepaEncoder, load_encoder
+from uvic.models.repa_encoder import RepaEncoder, encoder_id, load_encoder
 from uvic.run.weights import unwrap_model
 
 FEATURES_KEY = "repa"  # batch key of precomputed encoder patch features (B, L, D)
@@ -182,7 +182,7 @@ def stored_features(cfg: Config, grid: int) -> int:
     if not repa:
         raise ConfigError(f"train.repa_encoder: data.root={root} holds latents without "
                           f"REPA encoder features; {how}")
-    if repa["encoder"] != cfg.train.repa_encoder or repa["grid"] != grid:
+    if repa["encoder"] != encoder_id(cfg.train.repa_encoder) or repa["grid"] != grid:
         raise ConfigError(f"train.repa_encoder={cfg.train.repa_encoder} with {grid}x{grid} "
                           f"tokens but {meta} stores features of {repa['encoder']} on a "
                           f"{repa['grid']}x{repa['grid']} grid; {how}")
