@@ -20,9 +20,11 @@ nothing here is built and the run is the plain one, bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import torch
@@ -96,6 +98,7 @@ class Repa(NoRepa):
         self.handle = blocks[t.repa_block].register_forward_hook(self._keep)
         self.unlogged = torch.zeros(())
         self.calls = 0
+        self.autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext
 
     def _keep(self, _module: nn.Module, _inputs: object, output: Tensor) -> None:
         self.hidden = output
@@ -114,7 +117,8 @@ class Repa(NoRepa):
             return batch[FEATURES_KEY]
         if self.encoder is None:  # build_repa checks the dataset first
             raise ValueError("REPA: the batch has no encoder features and no encoder runs")
-        return self.encoder(batch["x"])
+        with self.autocast():  # the run's mixed precision; features come back in float32
+            return self.encoder(batch["x"])
 
     def loss(self, batch: dict[str, Tensor]) -> Tensor:
         """repa_weight x the alignment loss of the block output the last forward of the
@@ -136,6 +140,7 @@ class Repa(NoRepa):
 
     def prepare(self, acc: Accelerator) -> None:
         self.projector = acc.prepare(self.projector)
+        self.autocast = acc.autocast
         self.modules = (self.projector,)
 
     def add(self, loss: Tensor, batch: dict[str, Tensor]) -> Tensor:
