@@ -329,3 +329,22 @@ def make_celeba(root: str | Path, partitions: tuple[int, ...] = (0, 0, 1, 0, 2, 
     lines = [f"{name} {part}" for name, part in zip(names, partitions)]
     (Path(root) / "list_eval_partition.txt").write_text("\n".join(lines) + "\n")
     return names
+
+
+# --------------------------------------------------------------------------- REPA encoder
+
+# A DINOv2 ViT of timm's real class, shrunk: one block of width 32, patch 14.
+TINY_REPA_ARGS = {"depth": 1, "embed_dim": 32, "num_heads": 2, "img_size": 56}
+
+
+def tiny_repa_encoder(folder: str | Path, seed: int = 0) -> Path:
+    """A randomly initialised `vit_small_patch14_dinov2` (timm's DINOv2 class, shrunk by
+    TINY_REPA_ARGS) saved in timm's hub layout (config.json + model.safetensors), the
+    folder a `train.repa_encoder` path names."""
+    import timm
+    from timm.models import save_for_hf
+
+    torch.manual_seed(seed)
+    model = timm.create_model("vit_small_patch14_dinov2", pretrained=False, **TINY_REPA_ARGS)
+    save_for_hf(model, str(folder), model_args=TINY_REPA_ARGS, safe_serialization=True)
+    return Path(folder)

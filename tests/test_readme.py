@@ -379,6 +379,9 @@ INCEPTION = ("Inception weights and reference statistics (a download: `eval.ince
 
 COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
     "make quickstart": Elsewhere("tests/test_quickstart.py"),
+    "python scripts/train.py --config configs/quickstart.py --set "
+    "train.repa_encoder=models/dinov2_vits14 --set train.repa_block=1 --set "
+    "train.output_dir=runs/quickstart_repa": Elsewhere("tests/test_repa.py"),
     "make test": NotHere("the test suite itself (CI runs it from a clean clone)",
                          check=make_test_runs_ruff_and_pytest),
     "python scripts/train.py --config configs/cifar10_uvic.py --set train.batch_size=64 "

@@ -45,6 +45,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--moments-dtype", default="float32", choices=extract_options.STORED_DTYPES,
                    help="stored moments (float32 as the release; float16 halves the disk: "
                    "ImageNet 256 takes 84 GB in float32, 512 takes 336 GB)")
+    extract_options.add_repa_options(p, "resolution / 16: latents in 2x2 patches")
     extract_options.add_run_options(p)
     args = p.parse_args(argv)
     if args.resolution % 8:
@@ -56,6 +57,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status (2: an error, named in one line)."""
     args = parse_args(argv)
+    from uvic.config import ConfigError
     from uvic.data.base import DatasetError
     from uvic.data.imagenet_extraction import extract_features, list_splits
     from uvic.models.autoencoder import DEFAULT_VAE, VAELoadError, load_vae
@@ -65,13 +67,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         listings = list_splits(args.imagenet, args.splits, args.per_class)  # before the VAE
         vae = load_vae(vae_name, device)
+        repa = extract_options.load_repa_encoder(args, args.resolution // 16, device)
         extract_features(
             listings, args.out, vae, vae_name=vae_name, resolution=args.resolution,
             per_class=args.per_class, moments_dtype=args.moments_dtype,
             batch_size=args.batch_size, chunk_size=args.chunk_size, num_workers=args.workers,
             skip_corrupt=args.skip_corrupt, progress=not args.no_progress,
+            repa=repa, repa_name=args.repa_encoder,
         )
-    except (DatasetError, VAELoadError) as err:
+    except (DatasetError, VAELoadError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     latent = args.resolution // 8

@@ -50,6 +50,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--context-dtype", default="float32", choices=extract_options.STORED_DTYPES,
                    help="stored CLIP context dtype (default float32, as the release; float16 "
                    "halves the disk and rounds by about 5e-4)")
+    extract_options.add_repa_options(p, "resolution / 16: latents in 2x2 patches")
     extract_options.add_run_options(p)
     return p.parse_args(argv)
 
@@ -61,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --coco {args.coco}: no such folder (it holds train2014/, val2014/ and "
               "annotations/)", file=sys.stderr)
         return 2
+    from uvic.config import ConfigError
     from uvic.data.datasets import DatasetError
     from uvic.data.mscoco_extraction import CorruptImageError, check_inputs, extract_features
     from uvic.models.autoencoder import VAELoadError, load_vae
@@ -72,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_inputs(args.coco, args.splits, args.limit, args.skip_corrupt)
         vae = load_vae(args.vae, args.device)
         text_encoder = ClipTextEncoder(args.clip_model, args.clip_pretrained, args.device)
+        repa = extract_options.load_repa_encoder(args, args.resolution // 16, args.device)
         complete = extract_features(
             args.coco, args.out, vae, text_encoder, splits=args.splits, vae_name=args.vae,
             clip_model=args.clip_model, clip_pretrained=args.clip_pretrained,
@@ -79,9 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             context_dtype=args.context_dtype, batch_size=args.batch_size,
             text_batch_size=args.text_batch_size, chunk_size=args.chunk_size,
             num_workers=args.workers, skip_corrupt=args.skip_corrupt,
-            progress=not args.no_progress,
+            progress=not args.no_progress, repa=repa, repa_name=args.repa_encoder,
         )
-    except (DatasetError, CorruptImageError, VAELoadError, ClipLoadError) as err:
+    except (DatasetError, CorruptImageError, VAELoadError, ClipLoadError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"features {'complete' if complete else 'incomplete'} in {args.out}")

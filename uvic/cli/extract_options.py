@@ -42,3 +42,28 @@ def extraction_device(device: str | None) -> str:
     import torch
 
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def add_repa_options(parser: argparse.ArgumentParser, default_grid: str) -> None:
+    """`--repa-encoder`, `--repa-encoder-weights`, `--repa-grid`: also store a REPA
+    encoder's patch features of every image (`uvic.models.repa_encoder`)."""
+    parser.add_argument("--repa-encoder", default="",
+                        help="also store this REPA encoder's patch features of every image "
+                        "(the run's train.repa_encoder: a timm name or a local folder; "
+                        "float16, grid^2 x width per image)")
+    parser.add_argument("--repa-encoder-weights", default="",
+                        help="local weights file for a timm --repa-encoder name")
+    parser.add_argument("--repa-grid", type=int, default=None,
+                        help="the encoder's patch grid, which is the model's token grid "
+                        f"(default: {default_grid})")
+
+
+def load_repa_encoder(args: argparse.Namespace, grid: int, device: str):
+    """The encoder `--repa-encoder` names on `device` for a `grid` x `grid` patch grid (or
+    `--repa-grid`), or None without it; a missing file is a ConfigError naming it."""
+    if not args.repa_encoder:
+        return None
+    from uvic.models.repa_encoder import load_encoder
+
+    return load_encoder(args.repa_encoder, args.repa_encoder_weights,
+                        args.repa_grid or grid).to(device)

@@ -141,6 +141,17 @@ class TrainConfig:
     posthoc_ema_stds: tuple[float, ...] = ()
     posthoc_ema_every: int = 5000
     posthoc_ema_keep: int = 0
+    # REPA (uvic.training.repa, docs/training.md): an MLP projector maps the patch tokens of
+    # block `repa_block` (0-based over in_blocks, mid_block, out_blocks) to a frozen encoder's
+    # patch features; loss repa_weight x mean negative cosine. repa_encoder: "" = off; a timm
+    # name (vit_base_patch14_dinov2.lvd142m: hub or HF cache), "hf-hub:<repo>" or a local
+    # folder in timm's hub layout (config.json + model.safetensors); repa_encoder_weights: a
+    # local weights file for a timm name (timm's or DINOv2's own .pth / .safetensors).
+    repa_encoder: str = ""
+    repa_encoder_weights: str = ""
+    repa_block: int = 3
+    repa_weight: float = 0.5
+    repa_projector_dim: int = 2048  # hidden width of the 3-layer SiLU MLP
 
 
 @dataclass

@@ -51,6 +51,23 @@ def check_train(t: TrainConfig) -> None:
     ])
     compile_mode(t.compile)
     check_posthoc_ema(t)
+    check_repa(t)
+
+
+def check_repa(t: TrainConfig) -> None:
+    """The rules on `train.repa_*` values (the block against the model's depth:
+    `uvic.training.repa`)."""
+    require([
+        (t.repa_block >= 0, f"train.repa_block={t.repa_block} must be >= 0 (0: the first "
+         "in-block)"),
+        (t.repa_weight >= 0 and math.isfinite(t.repa_weight),
+         f"train.repa_weight={t.repa_weight} must be >= 0"),
+        (t.repa_projector_dim >= 1,
+         f"train.repa_projector_dim={t.repa_projector_dim} must be >= 1"),
+        (bool(t.repa_encoder) or not t.repa_encoder_weights,
+         f"train.repa_encoder_weights={t.repa_encoder_weights!r} needs train.repa_encoder "
+         "(the timm model name of those weights)"),
+    ])
 
 
 def check_sigma_rel(value: float, name: str) -> None:

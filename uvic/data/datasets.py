@@ -18,6 +18,7 @@ MS-COCO features are written by ``scripts/extract_mscoco_features.py`` in this l
     <root>/<split>/caption_offsets.npy    (N + 1,) int64: image i has rows offsets[i]:offsets[i+1]
     <root>/<split>/captions.json          the M caption texts
     <root>/<split>/image_ids.npy          (N,) int64 COCO image ids (sorted)
+    <root>/<split>/repa.npy               optional (N, L, D) float16 REPA encoder features
     <root>/<split>/progress.json          extraction progress; "complete": true when done
 """
 
@@ -54,6 +55,7 @@ OFFSETS_FILE = "caption_offsets.npy"
 CAPTIONS_FILE = "captions.json"
 IMAGE_IDS_FILE = "image_ids.npy"
 PROGRESS_FILE = "progress.json"
+REPA_FILE = "repa.npy"  # optional (N, L, D) float16 REPA encoder features (--repa-encoder)
 EXTRACT_HINT = "run `python scripts/extract_mscoco_features.py --coco data/coco --out {root}`"
 
 CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
@@ -235,10 +237,12 @@ class MSCOCOFeatures(Dataset):
     """
 
     def __init__(self, root: str | Path, split: str = "train",
-                 scale_factor: float = 0.23010) -> None:
+                 scale_factor: float = 0.23010, repa: bool = False) -> None:
         self.root = Path(root)
         self.folder = _require(self.root / split, self.root)
-        for name in (MOMENTS_FILE, CONTEXTS_FILE, OFFSETS_FILE, IMAGE_IDS_FILE, PROGRESS_FILE):
+        self.repa = repa  # items carry "repa": the stored encoder features of the image
+        for name in (MOMENTS_FILE, CONTEXTS_FILE, OFFSETS_FILE, IMAGE_IDS_FILE, PROGRESS_FILE,
+                     *((REPA_FILE,) if repa else ())):
             _require(self.folder / name, self.root)
         progress = json.loads((self.folder / PROGRESS_FILE).read_text())
         if not progress.get("complete", False):
@@ -304,6 +308,9 @@ class MSCOCOFeatures(Dataset):
         x = sample_from_moments(self.moments(index), self.scale_factor)
         row = int(torch.randint(int(self.offsets[i]), int(self.offsets[i + 1]), ()))
         context = torch.from_numpy(np.array(contexts[row], dtype=np.float32))
+        if self.repa:  # opened per access: REPA runs read one row per item
+            stored = np.load(self.folder / REPA_FILE, mmap_mode="r")[i]
+            return {"x": x, "context": context, "repa": torch.from_numpy(stored.astype(np.float32))}
         return {"x": x, "context": context}
 
 
@@ -347,8 +354,9 @@ def build_dataset(cfg: Config, split: str = "train") -> Dataset:
         dataset = ShapesDataset(data.num_images, size=model.img_size, seed=SHAPES_SEEDS[split],
                                 flip=flip)
     elif data.name == "mscoco":
+        repa = bool(cfg.train.repa_encoder) and split == "train"  # stored REPA features
         dataset = MSCOCOFeatures(data.root, "val" if split == "test" else split,
-                                 scale_factor=data.scale_factor)
+                                 data.scale_factor, repa)
     elif data.name == "celeba":
         dataset = CelebAImages(data.root, split, model.img_size, flip=flip)
     else:  # imagenet, imagenet_features

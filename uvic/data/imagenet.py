@@ -17,6 +17,8 @@ written once by ``uvic-extract-imagenet`` (`uvic.data.imagenet_extraction`)::
     <root>/<split>/labels.npy         (N,) int64 class index of each row
     <root>/<split>/moments.npy        (N, 8, h, w) VAE posterior [mean, logvar] of each crop
     <root>/<split>/moments_flip.npy   (N, 8, h, w) the same for the crop mirrored left-right
+    <root>/<split>/repa.npy           (N, L, D) float16, optional: REPA encoder patch features
+                                      of each crop (`--repa-encoder`; meta.json "repa")
     <root>/<split>/progress.json      extraction progress; "complete": true when done
 
 As in the release, which stores every image's features and its mirror image's as separate
@@ -25,6 +27,9 @@ items, the dataset has 2N items (the N crops, then the N mirrored crops; with
 ``(mean + exp(logvar / 2) * noise) * data.scale_factor`` (0.18215 for ImageNet: the
 release's autoencoder default) and gives ``{"x": (4, h, w), "y": class}``.
 
+With `repa` (a run with `train.repa_encoder`) items also carry ``"repa": (L, D)``, the
+stored encoder features of the crop; a mirrored item mirrors them on their patch grid (the
+features of the mirror image itself are not stored: they would double the largest file).
 Without class conditioning (`model.num_classes=-1`) items carry no "y". The classifier-free
 null class (the release's label 1000 of `num_classes=1001`) is never in the data: the
 training objective puts it in place of a label (`diffusion.p_uncond`).
@@ -57,6 +62,7 @@ FILES_FILE = "files.json"
 LABELS_FILE = "labels.npy"
 MOMENTS_FILE = "moments.npy"
 FLIPPED_FILE = "moments_flip.npy"
+REPA_FILE = "repa.npy"
 PROGRESS_FILE = "progress.json"
 EXTRACT_HINT = ("run `uvic-extract-imagenet --imagenet data/imagenet --out {root} "
                 "--resolution {resolution}`")
@@ -218,13 +224,14 @@ class ImageNetFeatures(Dataset):
     """
 
     def __init__(self, root: str | Path, split: str = "train", scale_factor: float = 0.18215,
-                 flip: bool = True, labels: bool = True) -> None:
+                 flip: bool = True, labels: bool = True, repa: bool = False) -> None:
         self.root = Path(root)
         settings = read_meta(self.root)
         self.resolution = int(settings["resolution"])
         hint = EXTRACT_HINT.format(root=self.root, resolution=self.resolution)
         self.folder = self.root / split
-        files = (CLASSES_FILE, LABELS_FILE, MOMENTS_FILE, FLIPPED_FILE, PROGRESS_FILE)
+        files = (CLASSES_FILE, LABELS_FILE, MOMENTS_FILE, FLIPPED_FILE, PROGRESS_FILE,
+                 *((REPA_FILE,) if repa else ()))
         for name in files:
             if not (self.folder / name).is_file():
                 raise DatasetError(f"ImageNet features missing: {self.folder / name}; {hint}")
@@ -247,7 +254,11 @@ class ImageNetFeatures(Dataset):
                                f"{LABELS_FILE} {len(all_labels)}; extract again into a new folder")
         self.item_shape = (moments.shape[1] // 2, *moments.shape[2:])  # latent (C, h, w)
         self.scale_factor, self.flip, self.labels = scale_factor, flip, labels
-        self._arrays: tuple[np.ndarray, np.ndarray] | None = None  # reopened per worker
+        if repa and "repa" not in settings:
+            raise DatasetError(f"{self.root / META_FILE} records no REPA features; {hint} "
+                               "--repa-encoder <the run's train.repa_encoder>")
+        self.repa_grid = settings["repa"]["grid"] if repa else None
+        self._arrays: tuple[np.ndarray, ...] | None = None  # reopened per worker
 
     def __len__(self) -> int:
         return len(self.indices) * (2 if self.flip else 1)
@@ -268,16 +279,31 @@ class ImageNetFeatures(Dataset):
 
     def moments(self, index: int) -> torch.Tensor:
         """Stored VAE moments of item `index`, float32 (8, h, w)."""
-        if self._arrays is None:
-            self._arrays = (np.load(self.folder / MOMENTS_FILE, mmap_mode="r"),
-                            np.load(self.folder / FLIPPED_FILE, mmap_mode="r"))
         row, mirrored = self.row(index)
-        return torch.from_numpy(np.array(self._arrays[mirrored][row], dtype=np.float32))
+        return torch.from_numpy(np.array(self._open()[mirrored][row], dtype=np.float32))
+
+    def _open(self) -> tuple[np.ndarray, ...]:
+        if self._arrays is None:
+            names = (MOMENTS_FILE, FLIPPED_FILE, *((REPA_FILE,) if self.repa_grid else ()))
+            self._arrays = tuple(np.load(self.folder / n, mmap_mode="r") for n in names)
+        return self._arrays
+
+    def repa_features(self, index: int) -> torch.Tensor:
+        """Stored REPA features of item `index`, float32 (L, D), mirrored on their grid
+        for a mirrored item."""
+        row, mirrored = self.row(index)
+        features = torch.from_numpy(np.array(self._open()[2][row], dtype=np.float32))
+        if mirrored:
+            grid = self.repa_grid
+            features = features.view(grid, grid, -1).flip(1).reshape(grid * grid, -1)
+        return features
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         item = {"x": sample_from_moments(self.moments(index), self.scale_factor)}
         if self.labels:
             item["y"] = torch.tensor(int(self.label_of[self.row(index)[0]]), dtype=torch.int64)
+        if self.repa_grid:
+            item["repa"] = self.repa_features(index)
         return item
 
 
@@ -302,7 +328,8 @@ def build_imagenet(cfg: Config, split: str, flip: bool) -> Dataset:
     labels = model.num_classes > 0
     if data.name == "imagenet":
         return ImageNetImages(Path(data.root) / split, model.img_size, flip=flip, labels=labels)
-    features = ImageNetFeatures(data.root, split, data.scale_factor, flip=flip, labels=labels)
+    features = ImageNetFeatures(data.root, split, data.scale_factor, flip=flip, labels=labels,
+                                repa=bool(cfg.train.repa_encoder) and split == "train")
     expected = (model.in_chans, model.img_size, model.img_size)
     if tuple(features.item_shape) != expected:
         shape = "x".join(map(str, features.item_shape))

@@ -36,6 +36,7 @@ from uvic.data.chunks import ChunkedArrays, as_list, check_same, write_npy
 from uvic.data.imagenet import ClassFolders, load_crop, read_class_folders
 from uvic.files import write_json
 from uvic.models.autoencoder import encode_moments
+from uvic.models.repa_encoder import RepaEncoder, encoder_id
 
 CROP = ("guided-diffusion center_crop_arr: BOX halving while the short side >= 2 res, BICUBIC "
         "to short side res (long side rounded), central res x res (U-ViT release)")
@@ -98,10 +99,13 @@ def extract_split(
     skip_corrupt: bool = False,
     max_chunks: int | None = None,
     progress: bool = True,
+    features: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> bool:
     """Extract (or resume) one split into `folder`; True once it is complete.
 
-    `encode` maps images (B, 3, res, res) in [-1, 1] to moments (B, 8, res/8, res/8).
+    `encode` maps images (B, 3, res, res) in [-1, 1] to moments (B, 8, res/8, res/8);
+    `features` (with settings["repa"]) to REPA encoder patch features (B, L, D), stored
+    in float16 for the crops (a mirrored item mirrors them, `uvic.data.imagenet`).
     `max_chunks` stops after that many newly committed chunks (to bound a session).
     """
     folder = Path(folder)
@@ -116,10 +120,11 @@ def extract_split(
         write_json(folder / layout.FILES_FILE, listing.relative(), indent=0)
         write_npy(folder / layout.LABELS_FILE, listing.labels)
 
-    dtype = settings["moments_dtype"]
-    out = ChunkedArrays(folder, fingerprint, n, chunk_size,
-                        {layout.MOMENTS_FILE: (dtype, shape), layout.FLIPPED_FILE: (dtype, shape)},
-                        write_static)
+    dtype, repa = settings["moments_dtype"], settings.get("repa")
+    arrays = {layout.MOMENTS_FILE: (dtype, shape), layout.FLIPPED_FILE: (dtype, shape)}
+    if repa:
+        arrays[layout.REPA_FILE] = ("float16", (n, repa["grid"] ** 2, repa["dim"]))
+    out = ChunkedArrays(folder, fingerprint, n, chunk_size, arrays, write_static)
     moments, flipped = out.arrays[layout.MOMENTS_FILE], out.arrays[layout.FLIPPED_FILE]
     # Batches never straddle chunks, so a resumed chunk is computed exactly as before.
     batches, batch_chunk = [], []
@@ -148,6 +153,8 @@ def extract_split(
             both = encode(torch.cat([images, images.flip(-1)])).float().cpu().numpy()
             moments[rows] = both[:len(rows)].astype(dtype)
             flipped[rows] = both[len(rows):].astype(dtype)
+            if features is not None:
+                out.arrays[layout.REPA_FILE][rows] = features(images).half().cpu().numpy()
         bar.update(len(items))
         c = batch_chunk[b]
         if b + 1 == len(batches) or batch_chunk[b + 1] != c:  # the last batch of chunk c
@@ -166,16 +173,22 @@ def extract_features(
     resolution: int = 256,
     per_class: int | None = None,
     moments_dtype: str = "float32",
+    repa: RepaEncoder | None = None,
+    repa_name: str = "",
     **split_kwargs: Any,
 ) -> bool:
     """meta.json, then every split of `listings` (from `list_splits`) into ``<out>/<split>``
-    (see `extract_split` for the keyword arguments). True when every split is complete."""
+    (see `extract_split` for the keyword arguments). True when every split is complete.
+    With `repa` (the encoder `repa_name`), also its patch features of every crop."""
     if resolution % layout.VAE_FACTOR:
         raise ValueError(f"--resolution must be a multiple of 8, got {resolution}")
     latent = resolution // layout.VAE_FACTOR
     settings = {"vae": vae_name, "resolution": resolution, "latent_shape": [4, latent, latent],
                 "scale_factor": SCALE_FACTOR, "crop": CROP, "flip": FLIP,
                 "per_class": per_class, "moments_dtype": moments_dtype}
+    if repa is not None:  # only then: folders extracted before keep their fingerprint
+        settings["repa"] = {"encoder": encoder_id(repa_name), "grid": repa.grid, "dim": repa.dim,
+                            "input_size": repa.size}
     out = Path(out)
     write_meta(out, settings)
 
@@ -183,4 +196,5 @@ def extract_features(
         return encode_moments(vae, images)
 
     return all([extract_split(listing, out / split, encode, {**settings, "split": split},
-                              **split_kwargs) for split, listing in listings.items()])
+                              features=repa, **split_kwargs)
+                for split, listing in listings.items()])

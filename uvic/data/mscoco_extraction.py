@@ -38,6 +38,7 @@ from uvic.data.chunks import as_list, check_same, write_npy
 from uvic.data.datasets import DatasetError, center_crop_resize
 from uvic.files import write_json
 from uvic.models.autoencoder import DEFAULT_VAE, SCALE_FACTOR, encode_moments
+from uvic.models.repa_encoder import RepaEncoder, encoder_id
 from uvic.models.text_encoder import DEFAULT_MODEL, DEFAULT_PRETRAINED, ClipTextEncoder
 
 # Prompts for the periodic sample grids during training (COCO-style captions).
@@ -170,6 +171,7 @@ class _SplitOutput:
     state: dict[str, Any]
     moments: np.ndarray
     contexts: np.ndarray
+    repa: np.ndarray | None = None  # REPA encoder patch features (settings["repa"])
 
 
 def _open_split(folder: Path, coco: CocoSplit, offsets: np.ndarray, fingerprint: dict[str, Any],
@@ -199,9 +201,14 @@ def _open_split(folder: Path, coco: CocoSplit, offsets: np.ndarray, fingerprint:
                                         dtype=fingerprint["moments_dtype"], shape=moments_shape)
     contexts = np.lib.format.open_memmap(folder / layout.CONTEXTS_FILE, mode=mode,
                                          dtype=fingerprint["context_dtype"], shape=contexts_shape)
+    repa, features = fingerprint.get("repa"), None
+    if repa:
+        features = np.lib.format.open_memmap(folder / layout.REPA_FILE, mode=mode,
+                                             dtype="float16",
+                                             shape=(n_images, repa["grid"] ** 2, repa["dim"]))
     if mode == "w+":
         _write_json(progress_path, state)
-    return _SplitOutput(progress_path, state, moments, contexts)
+    return _SplitOutput(progress_path, state, moments, contexts, features)
 
 
 def _pending_batches(done: Sequence[int], num_chunks: int, chunk_size: int, n_images: int,
@@ -220,10 +227,12 @@ def _pending_batches(done: Sequence[int], num_chunks: int, chunk_size: int, n_im
 
 
 def _encode_images(items: list[tuple[int, torch.Tensor | None, str]], coco: CocoSplit,
-                   vae: torch.nn.Module, moments: np.ndarray,
-                   skip_corrupt: bool) -> list[dict[str, Any]]:
-    """VAE moments of a batch of decoded images into `moments`; an unreadable image raises
-    CorruptImageError, or with `skip_corrupt` gets zeros and a record (returned)."""
+                   vae: torch.nn.Module, out: _SplitOutput, skip_corrupt: bool,
+                   features: RepaEncoder | None = None) -> list[dict[str, Any]]:
+    """VAE moments of a batch of decoded images into `out.moments` (and the REPA
+    encoder's features into `out.repa`); an unreadable image raises CorruptImageError, or
+    with `skip_corrupt` gets zeros and a record (returned)."""
+    moments = out.moments
     skipped = []
     good = [(i, x) for i, x, err in items if x is not None]
     for i, _, err in items:
@@ -237,6 +246,8 @@ def _encode_images(items: list[tuple[int, torch.Tensor | None, str]], coco: Coco
         rows = [i for i, _ in good]
         encoded = encode_moments(vae, torch.stack([x for _, x in good])).float().cpu()
         moments[rows] = encoded.numpy().astype(moments.dtype)
+        if features is not None and out.repa is not None:
+            out.repa[rows] = features(torch.stack([x for _, x in good])).half().cpu().numpy()
     return skipped
 
 
@@ -252,8 +263,9 @@ def _commit_chunk(c: int, out: _SplitOutput, coco: CocoSplit, offsets: np.ndarra
         states = text_encoder.encode(texts[start : start + text_batch_size])
         stop = row + start + len(states)
         out.contexts[row + start : stop] = states.cpu().numpy().astype(out.contexts.dtype)
-    out.moments.flush()
-    out.contexts.flush()
+    for array in (out.moments, out.contexts, out.repa):
+        if array is not None:
+            array.flush()
     out.state["done_chunks"] = sorted({*out.state["done_chunks"], c})
     out.state["skipped"] = out.state["skipped"] + skipped
     out.state["complete"] = len(out.state["done_chunks"]) == num_chunks
@@ -275,8 +287,10 @@ def extract_split(
     skip_corrupt: bool = False,
     max_chunks: int | None = None,
     progress: bool = True,
+    features: RepaEncoder | None = None,
 ) -> bool:
     """Extract (or resume) one split into ``<out>/<split>``; True once the split is complete.
+    `features`: the REPA encoder of settings["repa"], run on every image.
 
     `settings` (resolution, dtypes, model names, limit...) must match a previous partial run.
     `max_chunks` stops after that many newly committed chunks (to bound a session).
@@ -301,7 +315,7 @@ def extract_split(
                desc=f"{split}", disable=not progress)
     chunk_skipped: list[dict[str, Any]] = []
     for b, items in enumerate(loader):
-        chunk_skipped += _encode_images(items, coco, vae, output.moments, skip_corrupt)
+        chunk_skipped += _encode_images(items, coco, vae, output, skip_corrupt, features)
         bar.update(len(items))
         c = batch_chunk[b]
         if b + 1 == len(batches) or batch_chunk[b + 1] != c:  # last batch of chunk c
@@ -327,9 +341,12 @@ def extract_features(
     limit: int | None = None,
     moments_dtype: str = "float32",
     context_dtype: str = "float32",  # the release stores float32
+    repa: RepaEncoder | None = None,
+    repa_name: str = "",
     **split_kwargs: Any,
 ) -> bool:
-    """Root files then every split (see `extract_split` for the keyword arguments).
+    """Root files then every split (see `extract_split` for the keyword arguments); with
+    `repa` (the encoder `repa_name`), also its patch features of every image.
 
     Returns True when every split is complete.
     """
@@ -341,9 +358,12 @@ def extract_features(
                 "context_shape": [text_encoder.context_length, text_encoder.width],
                 "padding": PADDING, "crop": CROP, "limit": limit,
                 "moments_dtype": moments_dtype, "context_dtype": context_dtype}
+    if repa is not None:  # only then: folders extracted before keep their fingerprint
+        settings["repa"] = {"encoder": encoder_id(repa_name), "grid": repa.grid, "dim": repa.dim,
+                            "input_size": repa.size}
     check_inputs(coco_root, splits, limit, split_kwargs.get("skip_corrupt", False))
     out = Path(out)
     write_root_files(out, text_encoder, settings)
-    complete = [extract_split(coco_root, out, split, vae, text_encoder, settings, **split_kwargs)
-                for split in splits]
+    complete = [extract_split(coco_root, out, split, vae, text_encoder, settings,
+                              features=repa, **split_kwargs) for split in splits]
     return all(complete)

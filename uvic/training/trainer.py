@@ -4,7 +4,9 @@
 
 Objective (docs/conventions.md): draw a noise level and noise with the run's schedule
 (`uvic.diffusion.schedule.Diffusion.training_inputs`, the object the sampler is built
-from), predict the noise, mean squared error. Conditional runs drop each caption (to the
+from), predict the noise, mean squared error; or, with `diffusion.objective="velocity"`,
+the velocity of an interpolant (`uvic.diffusion.flow`); with `train.repa_encoder`, plus
+REPA's alignment loss (`uvic.training.repa`). Conditional runs drop each caption (to the
 empty prompt) or class label (to the null class) with probability `diffusion.p_uncond`.
 Optimiser and EMA follow the U-ViT release: AdamW on all parameters (its optimizer ignores
 the model's `no_weight_decay()`), LR warm-up `min(step / warmup, 1)` from step 0, EMA
@@ -49,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import broadcast_object_list, set_seed
+from accelerate.utils import set_seed
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -62,11 +64,11 @@ from uvic.diffusion.schedule import Diffusion, diffusion_loss
 from uvic.models.uvit import build_model
 from uvic.run.folder import RunFolder
 from uvic.run.prepare import check_guide, prepare_run_dir
-from uvic.sampling.generate import SampleGrid
 from uvic.sampling.images import save_grid
 from uvic.seeds import noise_seed
 from uvic.training.checkpoints import Position, find_start, restore, save_checkpoint
 from uvic.training.ema import EMA
+from uvic.training.grid import prepare_grid
 from uvic.training.launch import (
     TrainError,
     describe_launch,
@@ -76,6 +78,7 @@ from uvic.training.launch import (
 )
 from uvic.training.optim import apply_optim_config, make_optimizer
 from uvic.training.posthoc_ema import posthoc_ema_for
+from uvic.training.repa import build_repa
 from uvic.training.stop import Interrupted, StopSignals
 from uvic.training.summary import logged_loss, write_summary
 
@@ -135,13 +138,15 @@ class Trainer:
             raise ConfigError(str(err)) from err
         self.ema = EMA(model, t.ema_decay).to(self.device)  # exact copy at step 0
         self.phema = posthoc_ema_for(cfg, model, self.run, self.resume_from, acc, self._print)
-        optimizer, lr_scheduler = make_optimizer(model, cfg.optim, t.max_steps)
+        self.repa = build_repa(cfg, model, self.device)  # train.repa_* (off: nothing)
+        optimizer, lr_scheduler = make_optimizer(self.repa.trained(model), cfg.optim, t.max_steps)
         dataset = build_dataset(cfg, "train")  # checks that the items fit the model
         self.num_items = len(dataset)
         loader = seeded_loader(dataset, t.seed, self.batch_per_process, cfg.data.num_workers,
                                pin_memory=self.device.type == "cuda")
         self.model, self.optimizer, self.loader, self.lr_scheduler = acc.prepare(
             model, optimizer, loader, lr_scheduler)
+        self.repa.prepare(acc)
         if len(self.loader) == 0:
             raise ConfigError(f"data: {self.num_items} items is less than one batch of "
                               f"{self.batch_per_process} per process x {acc.num_processes} "
@@ -171,7 +176,7 @@ class Trainer:
                 raise TrainError(f"cannot write to the run folder: {where} "
                                  f"({err.strerror or err})") from err
         acc.wait_for_everyone()
-        self.grid = self._prepare_grid()
+        self.grid = prepare_grid(cfg, self.device, self.is_main)
         if self.is_main and not self.start.nothing_to_train:
             acc.init_trackers(cfg.name, config=flat_dict(cfg))
 
@@ -214,15 +219,15 @@ class Trainer:
                 batch = next(batches)
                 self.noise_generator.manual_seed(
                     noise_seed(t.seed, acc.process_index, self.step, micro))
-                with acc.accumulate(self.model):
+                with acc.accumulate(self.model, *self.repa.modules):
                     loss = diffusion_loss(self.model, self.diffusion, batch,
                                           self.noise_generator,
                                           empty_context=self.empty_context,
                                           p_uncond=self.cfg.diffusion.p_uncond,
                                           null_class=self.null_class)
-                    acc.backward(loss)
+                    acc.backward(self.repa.add(loss, batch))
                     if acc.sync_gradients and (clip > 0 or log_now):
-                        grad_norm = acc.clip_grad_norm_(self.model.parameters(),
+                        grad_norm = acc.clip_grad_norm_(self.repa.parameters(self.model),
                                                         clip if clip > 0 else math.inf)
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
@@ -298,7 +303,8 @@ class Trainer:
         images_per_s = steps * self.cfg.train.batch_size / max(elapsed, 1e-9)
         record = {"step": self.step, "loss": loss, "lr": self.lr_scheduler.get_last_lr()[0],
                   "grad_norm": grad_norm.item() if grad_norm is not None else None,
-                  "images_per_s": images_per_s, "time": time.time()}
+                  "images_per_s": images_per_s, "time": time.time(),
+                  **self.repa.log(self.accelerator)}
         self.last_loss = loss
         if self.is_main:
             with open(self.run.log, "a") as f:
@@ -355,25 +361,6 @@ class Trainer:
         }
 
     # ------------------------------------------------------------------ samples
-
-    def _prepare_grid(self) -> SampleGrid | None:
-        """Fixed noise (and prompts, VAE) for the periodic sample grids, on the main process.
-
-        Loading errors are shared with every process so that all of them stop together.
-        """
-        if self.cfg.train.sample_every <= 0:
-            return None
-        grid, error = None, None
-        if self.is_main:
-            try:
-                t = self.cfg.train
-                grid = SampleGrid(self.cfg, self.device, t.seed, t.n_grid)
-            except (OSError, ValueError, RuntimeError) as err:
-                error = f"sample grid: {err} (or disable the grids with --set train.sample_every=0)"
-        error = broadcast_object_list([error])[0]
-        if error is not None:
-            raise TrainError(error)
-        return grid
 
     def _sample_grid(self) -> None:
         """Sample the EMA model from the fixed noise into samples/step_N.png (main process)."""
