@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
-from readme_commands import argv
+from readme_commands import argv, section
 
 from uvic.cli import recipes_table
 from uvic.config import load_config
@@ -135,6 +136,14 @@ def test_dry_run_states_the_compute_of_the_four_rows(capsys, tmp_path: Path) -> 
                         f"forwards ({s.steps} sampler calls, {guided} of them guided") in block
                 assert f"REPA: {t.repa_encoder} features read from {cfg.data.root}" in block
     assert out.count("REPA: ") == 2
+    # docs/recipes.md's excerpt is this output, and its saving is these counts
+    text = section("docs/recipes.md", "## The recipe configs")
+    excerpt = re.search(r"\n```\n(- .*?)```", text, flags=re.S).group(1).splitlines()
+    assert len(excerpt) == 5 and all(line in out.splitlines() for line in excerpt)
+    saved = re.search(r"saves (\d+) of the (\d+) passes", " ".join(text.split())).groups()
+    s = load_config(CONFIGS / "imagenet256_uvit_large_flow.py").sample
+    guided = sde_guided(s.steps, *s.guidance_interval)
+    assert [int(x) for x in saved] == [s.steps - guided, 2 * s.steps]
 
 
 def test_smoke_chain_runs_every_recipe_and_resumes(tmp_path: Path, capsys) -> None:

@@ -1,5 +1,6 @@
-"""One program for the tables built by command (`uvic-table3`, `uvic-release-table`): for
-every row of a `Table`, train, then FID, then the table; resumable at every stage.
+"""One program for the tables built by command (`uvic-table3`, `uvic-release-table`,
+`uvic-recipes-table`): for every row of a `Table`, train, then FID, then the table;
+resumable at every stage.
 
 A `Table` names its runs (`Row`: a row name, U-ViT or U-ViC, the preset and overrides),
 its smoke runs (tiny models on tiny generated data, with `prepare_smoke` writing the data
