@@ -186,3 +186,25 @@ def test_smoke_chain_runs_every_recipe_and_resumes(tmp_path: Path, capsys) -> No
     assert second.count("trained (skipped)") == 4
     assert second.count("(skipped: result exists)") == 4
     assert (out / "recipes_table.md").read_text() == table
+
+
+def test_plan_counts_autoguidance_and_repas_encoder_on_pixels() -> None:
+    """With autoguidance beside classifier-free guidance a guided call is 4 passes (the
+    weaker network's too), still only inside the interval; on pixel data REPA's encoder
+    runs once per training image (steps x batch)."""
+    from uvic.cli.table_runner import fid_calls, repa_cost
+    from uvic.config import apply_overrides
+
+    cfg = load_config(CONFIGS / "imagenet256_uvit_large_flow.py")
+    s = cfg.sample
+    guided = sde_guided(s.steps, *s.guidance_interval)
+    assert fid_calls(cfg) == (s.steps + guided, s.steps, guided)
+    auto = apply_overrides(cfg, ["sample.autoguidance_scale=1.0"])
+    assert fid_calls(auto) == (s.steps + 3 * guided, s.steps, guided)
+    alone = apply_overrides(cfg, ["sample.cfg_scale=0", "sample.guidance_interval=[]"])
+    assert fid_calls(alone) == (s.steps, s.steps, 0)
+    assert repa_cost(load_config(CONFIGS / "cifar10_uvit_flow.py")) == ""
+    pixels = load_config(CONFIGS / "cifar10_uvit_flow.py",
+                         ["train.repa_encoder=vit_base_patch14_dinov2.lvd142m"])
+    t = pixels.train
+    assert f"+ {t.max_steps * t.batch_size:,} forwards of the frozen " in repa_cost(pixels)
