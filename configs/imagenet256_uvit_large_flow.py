@@ -32,7 +32,8 @@ float16 beside the 84 GB of latents). A run on latents without them stops at sta
 line: `train.repa_encoder: data.root=<folder> holds latents without REPA encoder
 features; extract them with uvic-extract-imagenet --out <folder> --repa-encoder
 vit_base_patch14_dinov2.lvd142m --repa-grid 16`. Without the features (or the encoder),
-`--set train.repa_encoder=` trains the rest of the recipe on the plain latents.
+`--set train.repa_encoder= --set data.root=data/imagenet256_features` trains the rest of
+the recipe on the release's plain latents.
 
 What stays imagenet256_uvit_large's: the network (U-ViT-L/2, 286.8M, on 4x32x32 latents),
 the null class 1000, the EMA (0.9999, as REPA), the decoder and the FID protocol (50k

@@ -4,7 +4,7 @@ guidance interval), U-ViT and its U-ViC twin.
 
     uvic-recipes-table --dry-run                # the plan and the compute it needs
     uvic-recipes-table --only imagenet256       # one row (both models); --only uvic: twins
-    uvic-recipes-table --smoke                  # the whole chain on a CPU (~1 min)
+    uvic-recipes-table --smoke                  # the whole chain on a CPU (~30 s)
 
 (`python scripts/reproduce_recipes_table.py` runs the same program.) Each row trains its
 presets (configs/cifar10_<model>_flow.py, configs/imagenet256_<model>_large_flow.py:
