@@ -15,7 +15,8 @@ recipe, with its numbers taken from two papers:
   sigma = t / (1 - t) up to 7/3.
 * Yao et al. 2025, "Reconstruction vs. Generation: Taming Optimization Dilemma in Latent
   Diffusion Models" (LightningDiT): timesteps drawn logit-normal, t = sigmoid(n) with
-  n ~ N(0, 1), in place of REPA's uniform times.
+  n ~ N(0, 1), in place of REPA's uniform times (symmetric about t = 1/2, so the same
+  whichever end of the path is noise).
 
 U-ViT-L/2 has 21 blocks (10 in-blocks, the mid-block, 10 out-blocks) where SiT-XL/2 has
 28; REPA aligns the output of the 8th block, 2/7 of the depth, and the output of the 6th
