@@ -333,18 +333,12 @@ def make_celeba(root: str | Path, partitions: tuple[int, ...] = (0, 0, 1, 0, 2, 
 
 # --------------------------------------------------------------------------- REPA encoder
 
-# A DINOv2 ViT of timm's real class, shrunk: one block of width 32, patch 14.
-TINY_REPA_ARGS = {"depth": 1, "embed_dim": 32, "num_heads": 2, "img_size": 56}
+# A DINOv2 ViT of timm's real class, shrunk (one block of width 32, patch 14): the smoke
+# runs' encoder (`uvic.cli.smoke_data`), saved in timm's hub layout.
+TINY_REPA_ARGS = smoke_data.TINY_REPA_ARGS
 
 
 def tiny_repa_encoder(folder: str | Path, seed: int = 0) -> Path:
-    """A randomly initialised `vit_small_patch14_dinov2` (timm's DINOv2 class, shrunk by
-    TINY_REPA_ARGS) saved in timm's hub layout (config.json + model.safetensors), the
-    folder a `train.repa_encoder` path names."""
-    import timm
-    from timm.models import save_for_hf
-
-    torch.manual_seed(seed)
-    model = timm.create_model("vit_small_patch14_dinov2", pretrained=False, **TINY_REPA_ARGS)
-    save_for_hf(model, str(folder), model_args=TINY_REPA_ARGS, safe_serialization=True)
-    return Path(folder)
+    """A randomly initialised `vit_small_patch14_dinov2` shrunk by TINY_REPA_ARGS, in timm's
+    hub layout (config.json + model.safetensors): the folder a `train.repa_encoder` names."""
+    return smoke_data.tiny_repa_encoder(Path(folder), seed)

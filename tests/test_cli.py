@@ -53,8 +53,9 @@ def test_every_program_is_a_command() -> None:
     """The programs of the README are installed as commands (pyproject's [project.scripts])."""
     assert set(SCRIPTS) >= {
         "uvic-train", "uvic-sample", "uvic-fid", "uvic-fid-table", "uvic-quickstart",
-        "uvic-analyze-attention", "uvic-table3", "uvic-release-table", "uvic-extract-mscoco",
-        "uvic-bench-train", "uvic-bench-sampling", "uvic-bench-kernels", "uvic-bench-host"}
+        "uvic-analyze-attention", "uvic-table3", "uvic-release-table", "uvic-recipes-table",
+        "uvic-extract-mscoco", "uvic-bench-train", "uvic-bench-sampling", "uvic-bench-kernels",
+        "uvic-bench-host"}
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
@@ -88,6 +89,8 @@ START_UP_ERRORS = [
     ("uvic-quickstart", ("--threads", "0"), "error: --threads 0"),
     ("uvic-table3", ("--set", "train.nope=1"), "error: unknown config key 'train.nope'"),
     ("uvic-release-table", ("--only", "nope"), "error: --only ['nope']: matches no row"),
+    ("uvic-recipes-table", ("--set", "sample.guidance_interval=2,1"),
+     "error: sample.guidance_interval"),
     ("uvic-extract-mscoco", ("--coco", "missing", "--out", "o"),
      "error: --coco missing: no such folder"),
     ("uvic-posthoc-ema", ("run", "--sigma-rel", "0.5", "--out", "o"),

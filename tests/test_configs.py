@@ -25,7 +25,8 @@ from uvic.models.uvit import build_model, resolve_attention
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 NAMES = ["cifar10_uvit", "cifar10_uvic", "cifar10_uvis", "mscoco_uvit", "mscoco_uvic",
-         "quickstart"]
+         "quickstart", "cifar10_uvit_flow", "cifar10_uvic_flow", "imagenet256_uvit_large_flow",
+         "imagenet256_uvic_large_flow"]
 
 SHARED = {  # both paper configs (U-ViT-S/2)
     "model.patch_size": 2, "model.embed_dim": 512, "model.depth": 12, "model.num_heads": 8,

@@ -507,6 +507,14 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
     "--only imagenet256_huge": NotHere(ACCELERATE_GPUS.format(n=8) + " and " + INCEPTION),
     "python scripts/reproduce_release_table.py --smoke":
         Run(check=writes("runs/release_table_smoke/release_table.md")),
+    # the modern-recipe table: tests/test_recipes_table.py runs both (docs/recipes.md)
+    "python scripts/reproduce_recipes_table.py --dry-run": Elsewhere("tests/test_recipes_table.py"),
+    "python scripts/reproduce_recipes_table.py --smoke": Elsewhere("tests/test_recipes_table.py"),
+    "python scripts/extract_imagenet_features.py --imagenet data/imagenet --out "
+    "data/imagenet256_features_repa --resolution 256 --repa-encoder "
+    "vit_base_patch14_dinov2.lvd142m":
+        NotHere("it needs ImageNet and DINOv2-B's weights (timm's hub); tests/test_repa.py "
+                "extracts with a tiny random encoder"),
     "python scripts/compare.py --dry-run --steps 1500,2100 --set eval.n_samples=128":
         Elsewhere("tests/test_compare.py"),
     "python scripts/compare.py --steps 1500,2100 --best --set eval.n_samples=128":

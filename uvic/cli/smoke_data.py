@@ -11,6 +11,9 @@
                                                      of the ImageNet folder with that VAE
 
 read by the same loaders as the real data (`uvic.data.imagenet`, `uvic.data.celeba`).
+`write_recipes_smoke_data(folder)`, for `uvic-recipes-table --smoke`, writes the ImageNet
+folders, the VAE, a tiny random REPA encoder (`tiny_repa_encoder`) and
+`<folder>/imagenet_features/` extracted with that encoder's features (`--repa-encoder`).
 """
 
 from __future__ import annotations
@@ -74,21 +77,59 @@ def tiny_vae(seed: int = 0) -> AutoencoderKL:
     ).eval()
 
 
-def write_smoke_data(folder: Path) -> None:
-    """All of the smoke data in `folder` (skipped when a previous run completed it)."""
+def extract_latents(folder: Path, *options: str) -> None:
+    """`uvic-extract-imagenet` of <folder>/imagenet with <folder>/vae into
+    <folder>/imagenet_features at SMOKE_RESOLUTION (and `options`)."""
     from uvic.cli import extract_imagenet
 
+    status = extract_imagenet.main([
+        "--imagenet", str(folder / "imagenet"), "--out", str(folder / "imagenet_features"),
+        "--resolution", str(SMOKE_RESOLUTION), "--vae", str(folder / "vae"), *options,
+        "--batch-size", "8", "--chunk-size", "8", "--workers", "0", "--device", "cpu",
+        "--no-progress"])
+    if status != 0:
+        raise RuntimeError(f"feature extraction of the smoke data in {folder} failed")
+
+
+def write_smoke_data(folder: Path) -> None:
+    """All of the smoke data in `folder` (skipped when a previous run completed it)."""
     done = folder / ".complete"
     if done.is_file():
         return
     write_imagenet(folder / "imagenet")
     write_celeba(folder / "celeba")
     tiny_vae().save_pretrained(folder / "vae")
-    status = extract_imagenet.main([
-        "--imagenet", str(folder / "imagenet"), "--out", str(folder / "imagenet_features"),
-        "--resolution", str(SMOKE_RESOLUTION), "--vae", str(folder / "vae"),
-        "--batch-size", "8", "--chunk-size", "8", "--workers", "0", "--device", "cpu",
-        "--no-progress"])
-    if status != 0:
-        raise RuntimeError(f"feature extraction of the smoke data in {folder} failed")
+    extract_latents(folder)
+    done.touch()
+
+
+# A DINOv2 ViT of timm's real class, shrunk: one block of width 32, patch 14 (no download).
+TINY_REPA_ARGS = {"depth": 1, "embed_dim": 32, "num_heads": 2, "img_size": 56}
+
+
+def tiny_repa_encoder(folder: Path, seed: int = 0) -> Path:
+    """A randomly initialised `vit_small_patch14_dinov2` (timm's DINOv2 class, shrunk by
+    TINY_REPA_ARGS) saved in timm's hub layout (config.json + model.safetensors): a folder
+    `train.repa_encoder` and `--repa-encoder` name."""
+    import timm
+    import torch
+    from timm.models import save_for_hf
+
+    torch.manual_seed(seed)
+    model = timm.create_model("vit_small_patch14_dinov2", pretrained=False, **TINY_REPA_ARGS)
+    save_for_hf(model, str(folder), model_args=TINY_REPA_ARGS, safe_serialization=True)
+    return folder
+
+
+def write_recipes_smoke_data(folder: Path) -> None:
+    """The modern-recipe smoke's data in `folder` (skipped when a previous run completed
+    it): ImageNet class folders, the tiny VAE and REPA encoder, and latents extracted with
+    the encoder's features on the 4 x 4 token grid of 8 x 8 latents in 2 x 2 patches."""
+    done = folder / ".complete"
+    if done.is_file():
+        return
+    write_imagenet(folder / "imagenet")
+    tiny_vae().save_pretrained(folder / "vae")
+    tiny_repa_encoder(folder / "repa_encoder")
+    extract_latents(folder, "--repa-encoder", str(folder / "repa_encoder"))
     done.touch()

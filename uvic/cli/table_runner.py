@@ -1,5 +1,6 @@
-"""One program for the tables built by command (`uvic-table3`, `uvic-release-table`): for
-every row of a `Table`, train, then FID, then the table; resumable at every stage.
+"""One program for the tables built by command (`uvic-table3`, `uvic-release-table`,
+`uvic-recipes-table`): for every row of a `Table`, train, then FID, then the table;
+resumable at every stage.
 
 A `Table` names its runs (`Row`: a row name, U-ViT or U-ViC, the preset and overrides),
 its smoke runs (tiny models on tiny generated data, with `prepare_smoke` writing the data
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from uvic.cli.config_options import add_set_option, startup_config
 from uvic.config import Config, ConfigError, apply_overrides
-from uvic.config.diffusion import sampler_calls
+from uvic.config.data import LATENT_DATASETS
 from uvic.config.sampling import PRECISIONS
 from uvic.evaluation.protocols import load_results, protocol_of
 from uvic.presets import preset_path
@@ -138,9 +139,42 @@ def make_jobs(table: Table, args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
+def fid_calls(cfg: Config) -> tuple[int, int, int]:
+    """Network evaluations per FID sample under `cfg`'s protocol: (all of them, the
+    sampler's calls, those in the guidance interval). A guided call runs the conditional
+    and the unconditional rows (2 passes), autoguidance's weaker network once more (x 2),
+    but only where the noise level lies in `sample.guidance_interval`
+    (`uvic.diffusion.guidance_interval.guided_calls`, which reads the sampler's own times;
+    without an interval every call)."""
+    from uvic.diffusion.guidance_interval import guided_calls
+    from uvic.diffusion.schedule import Diffusion
+
+    protocol, s = protocol_of(cfg), cfg.sample
+    inside, calls = guided_calls(Diffusion(cfg.diffusion), protocol.guidance_interval,
+                                 s.scheduler, steps=s.steps, order=s.order,
+                                 scheduler_kwargs=s.scheduler_kwargs)
+    passes = (2 if protocol.guidance else 1) * (2 if s.autoguidance_scale else 1)
+    return calls + inside * (passes - 1), calls, inside if passes > 1 else 0
+
+
+def repa_cost(cfg: Config) -> str:
+    """What REPA adds to training, in words ("" without it): the frozen encoder's forward
+    on every training image (pixel data), or features read beside the latents."""
+    t = cfg.train
+    if not t.repa_encoder:
+        return ""
+    if cfg.data.name in LATENT_DATASETS:
+        return (f"    REPA: {t.repa_encoder} features read from {cfg.data.root} (extracted "
+                "once, one encoder forward per dataset image); the projector's forward and "
+                "backward per training image")
+    images = t.max_steps * t.batch_size
+    return (f"    REPA: + {images:,} forwards of the frozen {t.repa_encoder} (no grad), one "
+            "per training image, and the projector's forward and backward")
+
+
 def plan(jobs: list[Job]) -> str:
-    """The compute each stage needs: training images and network calls for sampling, with
-    times from this run's measured step time where one exists."""
+    """The compute each stage needs: training images (and REPA's encoder) and network calls
+    for sampling, with times from this run's measured step time where one exists."""
     lines = ["Plan (train -> FID -> table):"]
     for job in jobs:
         t = job.cfg.train
@@ -152,13 +186,16 @@ def plan(jobs: list[Job]) -> str:
             hours = remaining * step_time / 3600
             train_time = f"~{hours:.1f} h at the measured {step_time:.3f} s/step"
         protocol = protocol_of(job.cfg)
-        calls = sampler_calls(job.cfg.sample.scheduler, protocol.steps) * (
-            2 if protocol.guidance else 1)
+        evals, calls, guided = fid_calls(job.cfg)
+        how = (f" ({calls} sampler calls, {guided} of them guided: those in the guidance "
+               "interval)"
+               if 0 < guided < calls else "")
         n = job.cfg.eval.n_samples
         lines += [f"- {job.label}: train {remaining:,} of {t.max_steps:,} steps "
                   f"x {t.batch_size} images; {train_time}",
-                  f"    FID: {n:,} samples x {calls} network calls = {n * calls:,} image "
-                  f"forwards; protocol: {protocol.label()}"]
+                  *filter(None, [repa_cost(job.cfg)]),
+                  f"    FID: {n:,} samples x {evals} network calls = {n * evals:,} image "
+                  f"forwards{how}; protocol: {protocol.label()}"]
     return "\n".join(lines)
 
 
@@ -261,7 +298,7 @@ def parse_args(table: Table, argv: Sequence[str] | None = None) -> argparse.Name
 
 def run(table: Table, args: argparse.Namespace) -> int:
     """Plan, then every stage of every job, then the table; returns the exit status."""
-    try:  # the configs and the plan need no torch: a wrong --set or --only ends at once
+    try:  # the configs need no torch: a wrong --set or --only ends at once
         jobs = make_jobs(table, args)
         print(plan(jobs), flush=True)
     except (ConfigError, FileNotFoundError, ValueError) as err:

@@ -1,0 +1,85 @@
+"""The modern-recipe table end to end: train, then FID, then the table, for every recipe row
+(CIFAR-10 with flow matching; ImageNet 256 U-ViT-L/2 with flow matching, REPA and the
+guidance interval), U-ViT and its U-ViC twin.
+
+    uvic-recipes-table --dry-run                # the plan and the compute it needs
+    uvic-recipes-table --only imagenet256       # one row (both models); --only uvic: twins
+    uvic-recipes-table --smoke                  # the whole chain on a CPU (~30 s)
+
+(`python scripts/reproduce_recipes_table.py` runs the same program.) Each row trains its
+presets (configs/cifar10_<model>_flow.py, configs/imagenet256_<model>_large_flow.py:
+docs/recipes.md, "The recipe configs") to their length and scores them under their own
+protocol. The runner is Table 3's (`uvic.cli.table_runner`): every stage resumes per row;
+outputs go to <out>/runs, <out>/fid and <out>/recipes_table.md. The plan states per row
+the training images, what REPA's encoder adds, and the network calls of one FID sample
+(Heun: 2 steps - 1; the SDE: steps; guidance: two passes only at the steps inside
+`sample.guidance_interval`).
+
+`--smoke` runs both rows shrunk (the release table's smoke sizes: a ~30k-parameter model,
+30 training steps, 10 sampling steps, 16 samples scored with eval.features=projection, a
+stand-in for Inception) on data it writes: the CIFAR-10 row on 16 x 16 Shapes with
+post-hoc EMA snapshots on; the ImageNet row on 8 x 8 latents of Shapes pictures in
+ImageNet's class folders, extracted by `uvic-extract-imagenet` with a tiny random VAE and
+a tiny random DINOv2 encoder of timm's class (`uvic.cli.smoke_data`), so REPA, logit-normal
+times, the SDE and guidance on part of the steps all run, with no download.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from uvic.cli import table_runner
+from uvic.cli.release_table import PIXELS, SMOKE
+from uvic.cli.table_runner import Row, Table
+from uvic.evaluation.recipes_table import RECIPE_ROWS
+
+# Per row, on top of SMOKE: its data in <out>/data (`smoke_data.write_recipes_smoke_data`).
+SMOKE_DATA = {
+    "cifar10_flow": (*PIXELS, "data.name=shapes", "data.root=", "data.num_images=64",
+                     "eval.ref_stats=shapes",
+                     # post-hoc EMA: both of EDM2's profiles, a snapshot every 10 steps
+                     "train.posthoc_ema_stds=0.05,0.1", "train.posthoc_ema_every=10"),
+    "imagenet256_large_flow": (
+        "model.img_size=8", "model.patch_size=2", "eval.ref_res=64",
+        "model.num_classes=4",  # 3 classes + the null class
+        "data.root={data}/imagenet_features", "data.vae={data}/vae",
+        "eval.ref_images={data}/imagenet/train",
+        # the tiny encoder's features were stored with the latents; 3 blocks: the first
+        "train.repa_encoder={data}/repa_encoder", "train.repa_block=0",
+        "train.repa_projector_dim=16"),
+}
+
+
+def _prepare_smoke(folder: Path) -> None:
+    from uvic.cli.smoke_data import write_recipes_smoke_data
+
+    write_recipes_smoke_data(folder)
+
+
+def _render(results: list[dict]) -> str:
+    from uvic.evaluation.recipes_table import recipes_table
+
+    return recipes_table(results)
+
+
+RECIPES_TABLE = Table(
+    name="recipes_table", description=__doc__.split("\n")[0],
+    rows=tuple(Row(key, model, getattr(row, model))
+               for key, row in RECIPE_ROWS.items() for model in ("uvit", "uvic")),
+    smoke_rows=tuple(Row(key, model, getattr(RECIPE_ROWS[key], model), (*SMOKE, *extra))
+                     for key, extra in SMOKE_DATA.items() for model in ("uvit", "uvic")),
+    smoke_help="tiny CPU run of the whole chain: both rows on generated Shapes data and "
+               "latents with a tiny random REPA encoder, stand-in features",
+    render=_render, prepare_smoke=_prepare_smoke,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the program; returns the exit status."""
+    return table_runner.main(RECIPES_TABLE, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
