@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from uvic.cli.config_options import add_set_option, startup_config
 from uvic.config import Config, ConfigError, apply_overrides
-from uvic.config.diffusion import sampler_calls
 from uvic.config.sampling import PRECISIONS
 from uvic.evaluation.protocols import load_results, protocol_of
 from uvic.presets import preset_path
@@ -141,6 +140,8 @@ def make_jobs(table: Table, args: argparse.Namespace) -> list[Job]:
 def plan(jobs: list[Job]) -> str:
     """The compute each stage needs: training images and network calls for sampling, with
     times from this run's measured step time where one exists."""
+    from uvic.diffusion.guidance_interval import sampling_passes
+
     lines = ["Plan (train -> FID -> table):"]
     for job in jobs:
         t = job.cfg.train
@@ -152,8 +153,7 @@ def plan(jobs: list[Job]) -> str:
             hours = remaining * step_time / 3600
             train_time = f"~{hours:.1f} h at the measured {step_time:.3f} s/step"
         protocol = protocol_of(job.cfg)
-        calls = sampler_calls(job.cfg.sample.scheduler, protocol.steps) * (
-            2 if protocol.guidance else 1)
+        calls = sampling_passes(job.cfg)
         n = job.cfg.eval.n_samples
         lines += [f"- {job.label}: train {remaining:,} of {t.max_steps:,} steps "
                   f"x {t.batch_size} images; {train_time}",
