@@ -220,3 +220,38 @@ def test_cells_of_several_seeds_carry_their_interval() -> None:
     assert table_rows(table)["U-ViC"][0] == "3.10"
     assert "mean of each seed's best FID ± the half-width of its 95% Student-t" in table
     assert table.count("- U-ViT / CIFAR-10") == 3  # each seed's result shown
+
+
+def test_protocol_records_autoguidance_and_older_results_still_read(tmp_path: Path) -> None:
+    """Two results differing only in their autoguidance never share a label; without it
+    the record has no autoguidance keys (results before them read back the same)."""
+    from uvic.evaluation.fid import _check_samples_meta, _samples_meta
+
+    base = load_config(CONFIGS / "quickstart.py")
+    guide = base.sample.autoguidance_ckpt
+    auto, half = (protocol_of(apply_overrides(base, [f"sample.autoguidance_scale={w}"]))
+                  for w in (1.0, 0.5))
+    plain = protocol_of(apply_overrides(base, ["sample.autoguidance_scale=0"]))
+    assert len({auto, half, plain}) == 3 and len({auto.label(), half.label(), plain.label()}) == 3
+    assert f"autoguidance 1 (guide {guide})" in auto.label() and guide
+    assert (auto.autoguidance, auto.guide) == (1.0, guide) and plain.guide == ""
+    assert "autoguidance" not in plain.label()
+    assert not {"autoguidance", "guide"} & plain.as_dict().keys()
+    for p in (auto, plain):  # a result JSON's round trip
+        assert protocol_from_result(json.loads(json.dumps({"protocol": p.as_dict()}))) == p
+
+    def meta(w: float) -> dict:
+        cfg = apply_overrides(base, [f"sample.autoguidance_scale={w}"])
+        return _samples_meta(cfg, "sha", 0, "fp32", None)
+
+    path = tmp_path / "samples.json"
+    path.write_text(json.dumps(meta(0)))
+    _check_samples_meta(tmp_path, meta(0), write=False)  # a folder without: matches
+    for w in (1.0, 0.5):
+        with pytest.raises(ValueError, match="autoguidance"):
+            _check_samples_meta(tmp_path, meta(w), write=False)
+    path.write_text(json.dumps(meta(1.0)))
+    _check_samples_meta(tmp_path, meta(1.0), write=False)
+    for w in (0.5, 0.0):
+        with pytest.raises(ValueError, match="autoguidance"):
+            _check_samples_meta(tmp_path, meta(w), write=False)

@@ -149,26 +149,21 @@ def bench_decode(batch: int, latent: int, args: argparse.Namespace,
 def protocols(dataset: str, cfg: Config) -> list[dict[str, Any]]:
     """The release's FID protocol of `dataset` and the preset's own where it differs:
     label, sample count and network evaluations per image (guidance doublings included)."""
-    from uvic.diffusion.guidance_interval import network_passes
+    from uvic.diffusion.guidance_interval import network_passes, sampling_passes
     from uvic.diffusion.schedule import Diffusion
     from uvic.evaluation.protocols import RELEASE, protocol_of
 
     diffusion = Diffusion(cfg.diffusion)
-    s = cfg.sample
-    own = protocol_of(cfg)
-    found = []  # (protocol, autoguidance scale, network passes per image)
+    own = protocol_of(cfg)  # autoguidance included
+    found = []  # (protocol, network passes per image)
     if dataset in RELEASE:
         p = RELEASE[dataset]
-        found.append((p, 0.0, network_passes(diffusion, (), p.sampler, p.steps,
-                                             cfg_guided=p.guidance != 0)))
+        found.append((p, network_passes(diffusion, (), p.sampler, p.steps,
+                                        cfg_guided=p.guidance != 0)))
     if not found or own != found[0][0]:
-        found.append((own, s.autoguidance_scale, network_passes(
-            diffusion, own.guidance_interval, s.scheduler, s.steps, s.order,
-            s.scheduler_kwargs, cfg_guided=own.guidance != 0,
-            autoguided=s.autoguidance_scale != 0)))
-    return [{"protocol": p.label() + (f", autoguidance {auto:g}" if auto else ""),
-             "n_samples": p.n_samples, "evals_per_image": passes}
-            for p, auto, passes in found]
+        found.append((own, sampling_passes(cfg, diffusion)))
+    return [{"protocol": p.label(), "n_samples": p.n_samples, "evals_per_image": passes}
+            for p, passes in found]
 
 
 def projected_minutes(n: int, evals_per_image: int, images_per_s_per_eval: float,

@@ -60,6 +60,8 @@ class Protocol:
     features: str = "inception"  # the feature extractor
     labels: str = ""  # class-conditional: how each sample's class is drawn (fid_label_draw)
     guidance_interval: tuple[float, ...] = ()  # guided noise levels (); older results: ()
+    autoguidance: float = 0.0  # sample.autoguidance_scale; recorded only when set
+    guide: str = ""  # its weaker model (sample.autoguidance_ckpt); recorded only with it
 
     @property
     def inception(self) -> bool:
@@ -71,6 +73,8 @@ class Protocol:
         ref cifar10/train/32`; a stand-in adds `, features projection (stand-in: NOT
         comparable with Inception FID)`."""
         guided = f", guidance {self.guidance:g}" if self.guidance else ""
+        if self.autoguidance:
+            guided += f", autoguidance {self.autoguidance:g} (guide {self.guide})"
         if self.guidance_interval:  # (autoguidance alone: `guidance on sigma in ...`)
             guided = f"{guided or ', guidance'} {interval_text(self.guidance_interval)}"
         features = "" if self.inception else f", features {self.features} (stand-in: {NOT_FID})"
@@ -78,8 +82,15 @@ class Protocol:
         return (f"{self.sampler} {self.steps} steps{guided}{labels}, {self.n_samples} samples, "
                 f"{self.fid_mode}, ref {self.reference}{features}")
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "label": self.label(),
+    def sampling_record(self) -> dict[str, Any]:
+        """What a samples record (`SAMPLES_META`) pins of the guidance: the interval, and
+        autoguidance only where set (older records hold neither)."""
+        auto = {"autoguidance": self.autoguidance, "guide": self.guide} if self.autoguidance else {}
+        return {"guidance_interval": list(self.guidance_interval), **auto}
+
+    def as_dict(self) -> dict[str, Any]:  # no autoguidance keys without it, as before
+        record = {k: v for k, v in asdict(self).items() if k not in ("autoguidance", "guide")}
+        return {**record, **self.sampling_record(), "label": self.label(),
                 "comparable_with_inception_fid": self.inception}
 
 
@@ -117,6 +128,8 @@ def protocol_of(
         reference=reference_name(cfg),
         features=features if features is not None else cfg.eval.features,
         labels=fid_label_draw(cfg), guidance_interval=guidance_interval(cfg),
+        autoguidance=cfg.sample.autoguidance_scale,
+        guide=cfg.sample.autoguidance_ckpt if cfg.sample.autoguidance_scale else "",
     )
 
 
