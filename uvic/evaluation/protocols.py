@@ -26,7 +26,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from uvic.config import Config, load_config
+from uvic.config import Config, inf_to_null, load_config, null_to_inf
 from uvic.config.diffusion import objective_label
 from uvic.config.sampling import (
     effective_cfg_scale,
@@ -94,7 +94,7 @@ class Protocol:
         """What a samples record (`SAMPLES_META`) pins of the guidance: the interval, and
         autoguidance only where set (older records hold neither)."""
         auto = {"autoguidance": self.autoguidance, "guide": self.guide} if self.autoguidance else {}
-        return {"guidance_interval": list(self.guidance_interval), **auto}
+        return {"guidance_interval": inf_to_null(self.guidance_interval), **auto}  # strict JSON
 
     def as_dict(self) -> dict[str, Any]:  # no autoguidance keys without it, as before
         record = {k: v for k, v in asdict(self).items() if k not in ("autoguidance", "guide")}
@@ -250,7 +250,8 @@ def protocol_from_result(result: dict[str, Any]) -> Protocol:
                          "protocols were recorded; evaluate it again)")
     values = {k: p[k] for k in names if k in p}  # not the derived label etc.
     values["sampler"] = OLD_SAMPLERS.get(values["sampler"], values["sampler"])
-    values["guidance_interval"] = tuple(map(float, values.get("guidance_interval", ())))
+    values["guidance_interval"] = tuple(map(float, null_to_inf(values.get("guidance_interval",
+                                                                         ()))))
     return Protocol(**values)
 
 

@@ -46,7 +46,7 @@ from diffusers import AutoencoderKL, DiffusionPipeline, ImagePipelineOutput
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils.torch_utils import randn_tensor
 
-from uvic.config import ConfigError, from_dict
+from uvic.config import ConfigError, from_dict, inf_to_null
 from uvic.config.diffusion import NAMED, diffusers_class
 from uvic.diffusion.samplers import model_calls
 from uvic.diffusion.schedule import Diffusion
@@ -80,7 +80,7 @@ class UViTPipeline(DiffusionPipeline):
         text_encoder: a `ClipTextEncoder` to use instead of loading `clip_model`.
         guidance_interval: the default noise levels (low, high] guided by `__call__`
             (`uvic.diffusion.guidance_interval`, the exported run's sample.guidance_interval);
-            None: every step.
+            None: every step. The config holds an upper bound inf as None (JSON's null).
     """
 
     model_cpu_offload_seq = "transformer->vae"
@@ -119,8 +119,8 @@ class UViTPipeline(DiffusionPipeline):
         self.register_to_config(diffusion=diffusion, scale_factor=scale_factor,
                                 clip_model=clip_model, clip_pretrained=clip_pretrained,
                                 cfg_scale=cfg_scale, null_class=null_class,
-                                guidance_interval=list(guidance.guidance_interval(
-                                    guidance_interval)) or None)
+                                guidance_interval=inf_to_null(guidance.guidance_interval(
+                                    guidance_interval)) or None)  # strict JSON: inf as null
         self._text_encoder = text_encoder
 
     def save_pretrained(self, save_directory: str, *args: Any, push_to_hub: bool = False,
