@@ -422,3 +422,33 @@ def test_diffusion_pipeline_loads_a_folder_and_a_hub_repository_in_a_fresh_proce
                           text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["uvic.pipelines.pipeline_uvit", "UViTPipeline"] * 2
+
+
+def test_pipeline_overrides_no_private_diffusers_method(tmp_path: Path, monkeypatch) -> None:
+    """`UViTPipeline` reads a folder through diffusers' public `load_config` (the pair
+    `_class_name` read as this class) and a Hub repository through huggingface_hub's
+    `snapshot_download` (here the local Hub cache, offline): no private method of
+    diffusers is overridden, and no entry module runs (no trust_remote_code)."""
+    from diffusers import DiffusionPipeline
+
+    private = [n for n, v in vars(UViTPipeline).items() if callable(getattr(v, "__func__", v))
+               and n.startswith("_") and not n.startswith("__") and hasattr(DiffusionPipeline, n)]
+    assert private == []
+    pipe = tiny_pipeline()
+    snapshot = tmp_path / "hub" / "models--someone--tiny-uvit" / "snapshots" / ("0" * 40)
+    pipe.save_pretrained(snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    assert UViTPipeline.load_config(snapshot)["_class_name"] == "UViTPipeline"
+    assert DiffusionPipeline.load_config(snapshot)["_class_name"] == [
+        "pipeline_uvit", "UViTPipeline"]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    for name in (snapshot, "someone/tiny-uvit"):
+        loaded = UViTPipeline.from_pretrained(name)
+        loaded.set_progress_bar_config(disable=True)
+        assert type(loaded) is UViTPipeline
+        assert torch.equal(images(loaded, [0, 2]), images(pipe, [0, 2]))
+    assert not (tmp_path / "modules").exists()  # no module of the folder was imported

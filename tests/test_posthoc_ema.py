@@ -369,3 +369,43 @@ def test_docs_state_the_disk_use_and_the_fit_of_bounded_snapshots():
                                      steps, sigma_to_gamma(sigma))[1]
             fits.append(f"{100 * fit:.3g}%" if fit > 1e-6 else "0%")
         assert row.group(1).split(" | ") == fits
+
+
+def test_a_diverging_run_writes_no_nan_snapshot(tmp_path, monkeypatch):
+    """NaN from step 6 on, between checkpoints (every 8) and logs (every 10): the snapshot
+    due at step 6 is refused like a checkpoint; those on disk are finite (steps 2, 4)."""
+    import uvic.training.trainer as trainer_module
+    from uvic.training.launch import TrainError
+
+    real_loss, calls = trainer_module.diffusion_loss, []
+
+    def poisoned(*args, **kwargs):
+        calls.append(1)
+        return real_loss(*args, **kwargs) * (float("nan") if len(calls) >= 6 else 1.0)
+
+    monkeypatch.setattr(trainer_module, "diffusion_loss", poisoned)
+    out = tmp_path / "run"
+    cfg = shapes_config(out, "train.max_steps=12", "train.ckpt_every=8", "train.log_every=10",
+                        "train.posthoc_ema_stds=[0.1]", "train.posthoc_ema_every=2")
+    with pytest.raises(TrainError, match=r"loss is nan \(mean of steps 1-6\); stopping \(no "):
+        train(cfg)
+    folder = RunFolder(out).posthoc_ema
+    assert sorted(snapshot_steps(folder)) == [2, 4]
+    assert all(v.isfinite().all() for p in folder.iterdir() for v in load_file(p).values())
+
+
+def test_finite_check_covers_the_profiles(tmp_path):
+    """A non-finite post-hoc EMA profile (model and EMA finite) stops the run before a
+    checkpoint or snapshot holds it."""
+    from uvic.training.launch import TrainError
+    from uvic.training.trainer import Trainer
+
+    trainer = Trainer(shapes_config(tmp_path / "run", "train.posthoc_ema_stds=[0.05,0.1]"))
+    trainer.unlogged_steps = 0  # (the loop's: no loss to check here)
+    try:
+        trainer._check_finite()  # all finite
+        next(trainer.phema.profiles[1].parameters()).data.view(-1)[0] = float("inf")
+        with pytest.raises(TrainError, match="non-finite weights at step 0"):
+            trainer._check_finite()
+    finally:
+        trainer.lock.release()

@@ -220,3 +220,84 @@ def test_cells_of_several_seeds_carry_their_interval() -> None:
     assert table_rows(table)["U-ViC"][0] == "3.10"
     assert "mean of each seed's best FID ± the half-width of its 95% Student-t" in table
     assert table.count("- U-ViT / CIFAR-10") == 3  # each seed's result shown
+
+
+def test_protocol_records_autoguidance_and_older_results_still_read(tmp_path: Path) -> None:
+    """Two results differing only in their autoguidance never share a label; without it
+    the record has no autoguidance keys (results before them read back the same)."""
+    from uvic.evaluation.fid import _check_samples_meta, _samples_meta
+
+    base = load_config(CONFIGS / "quickstart.py")
+    guide = base.sample.autoguidance_ckpt
+    auto, half = (protocol_of(apply_overrides(base, [f"sample.autoguidance_scale={w}"]))
+                  for w in (1.0, 0.5))
+    plain = protocol_of(apply_overrides(base, ["sample.autoguidance_scale=0"]))
+    assert len({auto, half, plain}) == 3 and len({auto.label(), half.label(), plain.label()}) == 3
+    assert f"autoguidance 1 (guide {guide})" in auto.label() and guide
+    assert (auto.autoguidance, auto.guide) == (1.0, guide) and plain.guide == ""
+    assert "autoguidance" not in plain.label()
+    assert not {"autoguidance", "guide"} & plain.as_dict().keys()
+    for p in (auto, plain):  # a result JSON's round trip
+        assert protocol_from_result(json.loads(json.dumps({"protocol": p.as_dict()}))) == p
+
+    def meta(w: float) -> dict:
+        cfg = apply_overrides(base, [f"sample.autoguidance_scale={w}"])
+        return _samples_meta(cfg, "sha", 0, "fp32", None)
+
+    path = tmp_path / "samples.json"
+    path.write_text(json.dumps(meta(0)))
+    _check_samples_meta(tmp_path, meta(0), write=False)  # a folder without: matches
+    for w in (1.0, 0.5):
+        with pytest.raises(ValueError, match="autoguidance"):
+            _check_samples_meta(tmp_path, meta(w), write=False)
+    path.write_text(json.dumps(meta(1.0)))
+    _check_samples_meta(tmp_path, meta(1.0), write=False)
+    for w in (0.5, 0.0):
+        with pytest.raises(ValueError, match="autoguidance"):
+            _check_samples_meta(tmp_path, meta(w), write=False)
+
+
+def test_fid_table_shows_the_metrics_beside_fid(tmp_path: Path, capsys) -> None:
+    """uvic-fid-table: a column with FD-DINOv2 / precision / recall results gets their
+    columns (of the result the FID cell shows: each seed's lowest FID), blank for a result
+    without them; the other columns and a table of FID-only results are unchanged."""
+    fast = Protocol("dpm_solver++ order 3", 50, 0.0, 50_000, "clean", "cifar10/train/32")
+    plain = [result("U-ViT", "cifar10", 3.2, RELEASE["cifar10"]),
+             result("U-ViC", "cifar10", 3.1, RELEASE["cifar10"]),
+             result("U-ViT", "cifar10", 2.9, fast)]
+    metrics = {"fd_dinov2": 250.123, "precision": 0.6789, "recall": 0.5012}
+    worse = {**plain[1], "fid": 3.5, "fd_dinov2": 1.0, "precision": 0.0, "recall": 0.0}
+    results = [plain[0], {**plain[1], **metrics}, worse, plain[2]]
+    for i, r in enumerate(results):
+        (tmp_path / f"{i}.json").write_text(json.dumps({k: v for k, v in r.items()
+                                                       if k != "_path"}))
+    assert fid_table.main([str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = [c.strip() for c in lines[0].split("|")[1:-1]]
+    assert header == ["Model", "CIFAR-10 (P1)", "CIFAR-10 (P1) FD-DINOv2",
+                      "CIFAR-10 (P1) precision", "CIFAR-10 (P1) recall", "CIFAR-10 (P2)",
+                      "CIFAR-10 (paper)", "MS-COCO 256 (paper)"]
+    rows = table_rows("\n".join(lines))
+    assert rows["U-ViC"][:5] == ["3.10", "250.12", "0.679", "0.501", "—"]
+    assert rows["U-ViT"][:5] == ["3.20", "", "", "", "2.90"]
+    assert any(line.startswith("Beside FID: FD-DINOv2") for line in lines)
+    assert "FD-DINOv2" not in protocol_table(plain) and "Beside FID" not in protocol_table(plain)
+    assert protocol_table(plain).splitlines()[0] == (
+        "| Model | CIFAR-10 (P1) | CIFAR-10 (P2) | CIFAR-10 (paper) | MS-COCO 256 (paper) |")
+
+
+def test_metric_cell_of_several_seeds_is_their_interval() -> None:
+    """Precision 0.5, 0.6, 0.7 of three seeds' best-FID results (a worse checkpoint's 0.0
+    left out): mean 0.6 ± t(0.975, 2) 0.1 / sqrt(3) = 0.248; none recorded: blank."""
+    from uvic.evaluation.cells import metric_cell
+
+    def seeded(fid: float, seed: int, precision: float) -> dict:
+        return {**result("U-ViT", "cifar10", fid, RELEASE["cifar10"]), "precision": precision,
+                "config": {"train": {"seed": seed}}}
+
+    cell = metric_cell([seeded(3.0, 1, 0.5), seeded(3.1, 2, 0.6), seeded(3.2, 3, 0.7),
+                        seeded(4.0, 3, 0.0)], "precision")
+    mean, half = (float(x) for x in cell.removesuffix(" (3 seeds)").split(" ± "))
+    t = 0.95 / math.sqrt(2 * 0.975 * 0.025)
+    assert mean == 0.6 and half == pytest.approx(t * 0.1 / math.sqrt(3), abs=0.005)
+    assert metric_cell([seeded(3.0, 1, 0.5)], "recall") == ""

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from uvic.config import Config, to_dict
+
 
 @contextlib.contextmanager
 def atomic_write(path: str | Path, suffix: str = "") -> Iterator[Path]:
@@ -53,9 +55,10 @@ def write_json(path: str | Path, obj: Any, indent: int = 2, **kwargs: Any) -> Pa
 
 
 def save_config(cfg: Any, path: str | Path) -> Path:
-    """Write a config (a `uvic.config.Config`, or any dataclass) as JSON, atomically; a
-    run's own config.json, with its resume history, is `uvic.run.prepare.save_run_config`."""
-    return write_json(path, dataclasses.asdict(cfg))
+    """Write a config (a `uvic.config.Config`, as `to_dict` gives it: strict JSON, or any
+    dataclass) as JSON, atomically; a run's own config.json, with its resume history, is
+    `uvic.run.prepare.save_run_config`."""
+    return write_json(path, to_dict(cfg) if isinstance(cfg, Config) else dataclasses.asdict(cfg))
 
 
 def fsync(path: str | Path) -> None:

@@ -18,7 +18,7 @@ One network evaluation is one row through the network: a guided call of B images
 2B. A protocol (`uvic.evaluation.protocols.RELEASE`, and the preset's own where it
 differs) costs `evals_per_image` = solver calls per image x 2 with classifier-free
 guidance x 2 with autoguidance (its guide is a second network), the doublings only for the
-calls in `sample.guidance_interval` (`guided_calls`), so a run of n samples
+calls in `sample.guidance_interval` (`network_passes`), so a run of n samples
 takes n (evals_per_image / images_per_s_per_eval + 1 / decode_images_per_s) seconds on
 one device: `projected_50k_minutes` for n = 50,000, `projected_minutes` for the
 protocol's own sample count. Left out: the solver's arithmetic, writing PNGs and the
@@ -95,7 +95,7 @@ def bench_network(cfg: Config, images: int, compile_mode: str, args: argparse.Na
     guided) with the network compiled as `compile_mode`."""
     import torch
 
-    from uvic.config.sampling import effective_cfg_scale
+    from uvic.config.sampling import effective_cfg_scale, passes_per_eval
     from uvic.models.uvit import build_model
     from uvic.sampling.compiled import compile_network
     from uvic.sampling.generate import autocast, class_conditions, guided_eps
@@ -122,7 +122,7 @@ def bench_network(cfg: Config, images: int, compile_mode: str, args: argparse.Na
         call()
     warmup_s = time.perf_counter() - start
     ms = time_ms(call, device, args.iters, args.repeats)
-    rows = images * (2 if scale else 1)
+    rows = images * passes_per_eval(scale != 0, autoguided=False)  # guided_eps: no guide
     return {"batch": rows, "images_per_batch": images, "guidance": scale, "ms_per_eval": ms,
             "images_per_s_per_eval": rows / ms * 1e3, "peak_mib": peak_mib(call, device),
             "warmup_s": warmup_s}
@@ -149,28 +149,21 @@ def bench_decode(batch: int, latent: int, args: argparse.Namespace,
 def protocols(dataset: str, cfg: Config) -> list[dict[str, Any]]:
     """The release's FID protocol of `dataset` and the preset's own where it differs:
     label, sample count and network evaluations per image (guidance doublings included)."""
-    from uvic.diffusion.guidance_interval import guided_calls
-    from uvic.diffusion.samplers import model_calls
+    from uvic.diffusion.guidance_interval import network_passes, sampling_passes
     from uvic.diffusion.schedule import Diffusion
     from uvic.evaluation.protocols import RELEASE, protocol_of
 
     diffusion = Diffusion(cfg.diffusion)
-    s = cfg.sample
-    own = protocol_of(cfg)
-    # (protocol, solver calls per image, those in the guidance interval, guided, autoguidance)
-    found = []
+    own = protocol_of(cfg)  # autoguidance included
+    found = []  # (protocol, network passes per image)
     if dataset in RELEASE:
         p = RELEASE[dataset]
-        calls = model_calls(diffusion, p.sampler, p.steps)
-        found.append((p, calls, calls, p.guidance != 0, 0.0))
+        found.append((p, network_passes(diffusion, (), p.sampler, p.steps,
+                                        cfg_guided=p.guidance != 0)))
     if not found or own != found[0][0]:
-        kw = {"steps": s.steps, "order": s.order, "scheduler_kwargs": s.scheduler_kwargs}
-        inside, calls = guided_calls(diffusion, own.guidance_interval, s.scheduler, **kw)
-        found.append((own, calls, inside, own.guidance != 0, s.autoguidance_scale))
-    return [{"protocol": p.label() + (f", autoguidance {auto:g}" if auto else ""),
-             "n_samples": p.n_samples,
-             "evals_per_image": calls + inside * ((2 if guided else 1) * (2 if auto else 1) - 1)}
-            for p, calls, inside, guided, auto in found]
+        found.append((own, sampling_passes(cfg, diffusion)))
+    return [{"protocol": p.label(), "n_samples": p.n_samples, "evals_per_image": passes}
+            for p, passes in found]
 
 
 def projected_minutes(n: int, evals_per_image: int, images_per_s_per_eval: float,

@@ -196,11 +196,13 @@ def describe(plan: Plan, step_times: dict[tuple[str, int], float | None],
              trained: dict[tuple[str, int], int]) -> str:
     """The compute before anything starts: runs x steps x evaluations, and the time where a
     run has measured its step time."""
+    from uvic.diffusion.guidance_interval import sampling_passes
+
     cfg = plan.base
     runs = len(plan.configs)
     evaluations = runs * len(plan.grid)
     sampled = [m for m in plan.metrics if m in SAMPLED]
-    calls = cfg.sample.steps * (2 if cfg.sample.autoguidance_scale else 1)
+    calls = sampling_passes(cfg) if sampled else 0
     n = cfg.eval.n_samples
     lines = [
         f"Plan: {len(plan.variants)} variants ({', '.join(plan.variants)}) x {len(plan.seeds)} "

@@ -188,7 +188,7 @@ def attention_rows(env: argparse.Namespace, costs: CostModel, group: int,
 def sampling_rows(env: argparse.Namespace, costs: CostModel) -> list[Row]:
     """Group 4: the solvers' network call, eager and graphed, images / s per evaluation."""
     from uvic.cli.bench_sampling import SMOKE, SMOKE_BATCH, bench_network
-    from uvic.config.sampling import effective_cfg_scale
+    from uvic.config.sampling import effective_cfg_scale, passes_per_eval
 
     rows = []
     for dataset, images in SAMPLING:
@@ -197,7 +197,7 @@ def sampling_rows(env: argparse.Namespace, costs: CostModel) -> list[Row]:
             cfg = load_config(preset_path(f"{dataset}_{model}"),
                               [f"model.attention_backend={backend}"] + ([] if env.cuda else SMOKE))
             n = images if env.cuda else SMOKE_BATCH
-            nets = n * (2 if effective_cfg_scale(cfg) else 1)
+            nets = n * passes_per_eval(effective_cfg_scale(cfg) != 0, autoguided=False)
             for mode in TRAIN_MODES:
                 calls = 3 + env.iters * env.repeats + 1  # warm-up, timed, peak memory
                 cost = (costs.model_build_s + calls * _step_s(forward_flops(cfg.model) * nets,

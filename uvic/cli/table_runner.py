@@ -139,22 +139,20 @@ def make_jobs(table: Table, args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
-def fid_calls(cfg: Config) -> tuple[int, int, int]:
-    """Network evaluations per FID sample under `cfg`'s protocol: (all of them, the
-    sampler's calls, those in the guidance interval). A guided call runs the conditional
-    and the unconditional rows (2 passes), autoguidance's weaker network once more (x 2),
-    but only where the noise level lies in `sample.guidance_interval`
-    (`uvic.diffusion.guidance_interval.guided_calls`, which reads the sampler's own times;
-    without an interval every call)."""
+def interval_note(cfg: Config) -> str:
+    """" (N sampler calls, M of them guided: ...)" where a guidance interval leaves some of
+    a guided sampler's calls unguided, else "" (the count itself: `sampling_passes`)."""
     from uvic.diffusion.guidance_interval import guided_calls
     from uvic.diffusion.schedule import Diffusion
 
     protocol, s = protocol_of(cfg), cfg.sample
+    if not (protocol.guidance or s.autoguidance_scale):
+        return ""
     inside, calls = guided_calls(Diffusion(cfg.diffusion), protocol.guidance_interval,
                                  s.scheduler, steps=s.steps, order=s.order,
                                  scheduler_kwargs=s.scheduler_kwargs)
-    passes = (2 if protocol.guidance else 1) * (2 if s.autoguidance_scale else 1)
-    return calls + inside * (passes - 1), calls, inside if passes > 1 else 0
+    return (f" ({calls} sampler calls, {inside} of them guided: those in the guidance "
+            "interval)" if 0 < inside < calls else "")
 
 
 def repa_cost(cfg: Config) -> str:
@@ -175,6 +173,8 @@ def repa_cost(cfg: Config) -> str:
 def plan(jobs: list[Job]) -> str:
     """The compute each stage needs: training images (and REPA's encoder) and network calls
     for sampling, with times from this run's measured step time where one exists."""
+    from uvic.diffusion.guidance_interval import sampling_passes
+
     lines = ["Plan (train -> FID -> table):"]
     for job in jobs:
         t = job.cfg.train
@@ -186,10 +186,7 @@ def plan(jobs: list[Job]) -> str:
             hours = remaining * step_time / 3600
             train_time = f"~{hours:.1f} h at the measured {step_time:.3f} s/step"
         protocol = protocol_of(job.cfg)
-        evals, calls, guided = fid_calls(job.cfg)
-        how = (f" ({calls} sampler calls, {guided} of them guided: those in the guidance "
-               "interval)"
-               if 0 < guided < calls else "")
+        evals, how = sampling_passes(job.cfg), interval_note(job.cfg)
         n = job.cfg.eval.n_samples
         lines += [f"- {job.label}: train {remaining:,} of {t.max_steps:,} steps "
                   f"x {t.batch_size} images; {train_time}",

@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
+import math
 import types
 import typing
 from collections.abc import Iterable
@@ -61,6 +62,10 @@ def require(checks: Iterable[tuple[bool, str]]) -> None:
 # A run's config.json: the current config plus, under this key, the changes each resume
 # made (uvic.run.prepare); loading the file as a config skips it.
 RESUMES_KEY = "resumes"
+# JSON has no infinity (Python writes `Infinity`, which strict readers refuse). The values
+# of these keys may hold inf, the guidance interval's upper bound: `to_dict` writes it as
+# null (no upper limit) and `from_dict` reads null back as inf (`inf_to_null`).
+JSON_INF_AS_NULL = ("sample.guidance_interval",)
 
 
 
@@ -124,8 +129,22 @@ def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Conf
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
-    """Plain JSON-able dict of a Config."""
-    return dataclasses.asdict(cfg)
+    """Plain dict of a Config that strict JSON holds (`JSON_INF_AS_NULL`)."""
+    data = dataclasses.asdict(cfg)
+    for key in JSON_INF_AS_NULL:
+        section, name = key.split(".")
+        data[section][name] = inf_to_null(data[section][name])
+    return data
+
+
+def inf_to_null(values: Iterable[float]) -> list[float | None]:
+    """Numbers for strict JSON: inf (no upper limit) as None, JSON's null."""
+    return [None if v == math.inf else v for v in values]
+
+
+def null_to_inf(values: Iterable[float | None]) -> list[float]:
+    """`inf_to_null` undone: None (JSON's null) as inf."""
+    return [math.inf if v is None else v for v in values]
 
 
 def from_dict(data: dict[str, Any], source: str = "config") -> Config:
@@ -151,6 +170,8 @@ def _build(cls: type, data: dict[str, Any], prefix: str, source: str) -> Any:
         if key not in types_:
             raise ConfigError(f"{source}: unknown config key {full!r}")
         tp = types_[key]
+        if full in JSON_INF_AS_NULL and isinstance(value, list):
+            value = null_to_inf(value)
         if dataclasses.is_dataclass(tp):
             kwargs[key] = _build(tp, value, prefix=f"{full}.", source=source)
         else:

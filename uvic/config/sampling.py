@@ -75,6 +75,13 @@ def guidance_interval(cfg: Config) -> tuple[float, ...]:
     return tuple(cfg.sample.guidance_interval) if guided else ()
 
 
+def passes_per_eval(cfg_guided: bool, autoguided: bool) -> int:
+    """Network passes (rows through a network) one guided evaluation of an image costs: 1,
+    x 2 with classifier-free guidance (conditional and unconditional rows), x 2 with
+    autoguidance (its guide is a second network). The one rule of the cost estimates."""
+    return (2 if cfg_guided else 1) * (2 if autoguided else 1)
+
+
 def interval_text(interval: Sequence[float]) -> str:
     """A guidance interval in words: `on sigma in (0.3, 2.33]` ("" for none)."""
     if not interval:

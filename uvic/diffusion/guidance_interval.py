@@ -29,7 +29,9 @@ from typing import Any
 
 import torch
 
-from uvic.diffusion.samplers import run_sampler
+from uvic.config import Config
+from uvic.config.sampling import effective_cfg_scale, guidance_interval, passes_per_eval
+from uvic.diffusion.samplers import model_calls, run_sampler
 from uvic.diffusion.schedule import Diffusion
 
 EpsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -124,3 +126,28 @@ def guided_calls(diffusion: Diffusion, interval: Sequence[float],
                 order=order, scheduler_kwargs=scheduler_kwargs)
     sigma = edm_sigma(diffusion, torch.cat(times))
     return int(inside(sigma, interval).sum()), len(times)
+
+
+def network_passes(diffusion: Diffusion, interval: Sequence[float],
+                   scheduler: str = "dpm_solver++", steps: int = 50, order: int = 2,
+                   scheduler_kwargs: dict[str, Any] | None = None, *, cfg_guided: bool = False,
+                   autoguided: bool = False) -> int:
+    """Network passes per image of one sampler run (what its cost is counted in): the
+    solver's calls (`model_calls`: e.g. 2 steps - 1 for Heun), each of those inside the
+    guidance `interval` (every one for an empty interval) costing `passes_per_eval`."""
+    per_eval = passes_per_eval(cfg_guided, autoguided)
+    kw = {"steps": steps, "order": order, "scheduler_kwargs": scheduler_kwargs}
+    if per_eval == 1 or not interval:
+        return model_calls(diffusion, scheduler, **kw) * per_eval
+    inside_n, calls = guided_calls(diffusion, interval, scheduler, **kw)
+    return calls + inside_n * (per_eval - 1)
+
+
+def sampling_passes(cfg: Config, diffusion: Diffusion | None = None) -> int:
+    """`network_passes` per image of the config's own sampling (`sample.*`, guidance as
+    `generate` applies it): the one count of every plan and cost estimate."""
+    s = cfg.sample
+    return network_passes(diffusion or Diffusion(cfg.diffusion), guidance_interval(cfg),
+                          s.scheduler, s.steps, s.order, s.scheduler_kwargs,
+                          cfg_guided=effective_cfg_scale(cfg) != 0,
+                          autoguided=s.autoguidance_scale != 0)

@@ -113,20 +113,20 @@ def _samples_meta(cfg: Config, ckpt_sha: str, seed: int, precision: str,
         "cfg_scale": effective_cfg_scale(cfg), "data": cfg.data.name,
         "captions": cfg.eval.captions if cfg.model.clip_dim > 0 else "",
         **({"labels": labels.record(fid_label_draw(cfg))} if labels is not None else {}),
-        "guidance_interval": list(protocol_of(cfg).guidance_interval),  # older folders: []
+        **protocol_of(cfg).sampling_record(),  # older folders: interval [], no autoguidance
     }
 
 
 def _check_samples_meta(folder: Path, meta: dict[str, Any], write: bool) -> None:
     path = folder / SAMPLES_META
     if path.is_file():
-        old = json.loads(path.read_text())
-        for key, value in meta.items():
-            if old.get(key, [] if key == "guidance_interval" else None) != value:
+        old = {"guidance_interval": [], **json.loads(path.read_text())}
+        for key in dict.fromkeys([*meta, "autoguidance", "guide"]):  # those two: if set
+            if old.get(key) != meta.get(key):
                 raise ValueError(
                     f"{folder} holds samples made with other settings ({key}: "
-                    f"{old.get(key)!r} != {value!r}); use another --samples-dir or empty it"
-                )
+                    f"{old.get(key)!r} != {meta.get(key)!r}); use another --samples-dir or "
+                    "empty it")
     elif write:
         if existing_samples(folder):
             raise ValueError(f"{folder} holds samples but no {SAMPLES_META}; "

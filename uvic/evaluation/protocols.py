@@ -26,7 +26,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from uvic.config import Config, load_config
+from uvic.config import Config, inf_to_null, load_config, null_to_inf
 from uvic.config.diffusion import objective_label
 from uvic.config.sampling import (
     effective_cfg_scale,
@@ -34,7 +34,15 @@ from uvic.config.sampling import (
     guidance_interval,
     interval_text,
 )
-from uvic.evaluation.paired import format_interval, t_interval
+from uvic.evaluation.cells import (
+    METRIC_COLUMNS,
+    best_per_seed,
+    fid_cell,
+    metric_cell,
+    metric_keys,
+    metric_note,
+    seeds_note,
+)
 from uvic.evaluation.reference_split import ReferenceSplit, digest_order
 from uvic.presets import preset_path
 
@@ -60,6 +68,8 @@ class Protocol:
     features: str = "inception"  # the feature extractor
     labels: str = ""  # class-conditional: how each sample's class is drawn (fid_label_draw)
     guidance_interval: tuple[float, ...] = ()  # guided noise levels (); older results: ()
+    autoguidance: float = 0.0  # sample.autoguidance_scale; recorded only when set
+    guide: str = ""  # its weaker model (sample.autoguidance_ckpt); recorded only with it
 
     @property
     def inception(self) -> bool:
@@ -71,6 +81,8 @@ class Protocol:
         ref cifar10/train/32`; a stand-in adds `, features projection (stand-in: NOT
         comparable with Inception FID)`."""
         guided = f", guidance {self.guidance:g}" if self.guidance else ""
+        if self.autoguidance:
+            guided += f", autoguidance {self.autoguidance:g} (guide {self.guide})"
         if self.guidance_interval:  # (autoguidance alone: `guidance on sigma in ...`)
             guided = f"{guided or ', guidance'} {interval_text(self.guidance_interval)}"
         features = "" if self.inception else f", features {self.features} (stand-in: {NOT_FID})"
@@ -78,8 +90,15 @@ class Protocol:
         return (f"{self.sampler} {self.steps} steps{guided}{labels}, {self.n_samples} samples, "
                 f"{self.fid_mode}, ref {self.reference}{features}")
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "label": self.label(),
+    def sampling_record(self) -> dict[str, Any]:
+        """What a samples record (`SAMPLES_META`) pins of the guidance: the interval, and
+        autoguidance only where set (older records hold neither)."""
+        auto = {"autoguidance": self.autoguidance, "guide": self.guide} if self.autoguidance else {}
+        return {"guidance_interval": inf_to_null(self.guidance_interval), **auto}  # strict JSON
+
+    def as_dict(self) -> dict[str, Any]:  # no autoguidance keys without it, as before
+        record = {k: v for k, v in asdict(self).items() if k not in ("autoguidance", "guide")}
+        return {**record, **self.sampling_record(), "label": self.label(),
                 "comparable_with_inception_fid": self.inception}
 
 
@@ -117,6 +136,8 @@ def protocol_of(
         reference=reference_name(cfg),
         features=features if features is not None else cfg.eval.features,
         labels=fid_label_draw(cfg), guidance_interval=guidance_interval(cfg),
+        autoguidance=cfg.sample.autoguidance_scale,
+        guide=cfg.sample.autoguidance_ckpt if cfg.sample.autoguidance_scale else "",
     )
 
 
@@ -229,7 +250,8 @@ def protocol_from_result(result: dict[str, Any]) -> Protocol:
                          "protocols were recorded; evaluate it again)")
     values = {k: p[k] for k in names if k in p}  # not the derived label etc.
     values["sampler"] = OLD_SAMPLERS.get(values["sampler"], values["sampler"])
-    values["guidance_interval"] = tuple(map(float, values.get("guidance_interval", ())))
+    values["guidance_interval"] = tuple(map(float, null_to_inf(values.get("guidance_interval",
+                                                                         ()))))
     return Protocol(**values)
 
 
@@ -264,12 +286,16 @@ def protocol_table(results: list[dict[str, Any]]) -> str:
             columns.append((d, None, None))
     names = {p: f"P{i + 1}" for i, p in enumerate(dict.fromkeys(p for _, p, _ in columns if p))}
     tags = {(d, p, g): names[p] + split.tag(d, p, g) for d, p, g in columns if p}
+    # each column's metrics beside FID (`uvic.evaluation.cells`): a column of their own each
+    extra = {(d, p, g): metric_keys([r for (_, *k), rs in cells.items() if tuple(k) == (d, p, g)
+                                     for r in rs]) for d, p, g in columns}
 
     header = ["Model"]
     for d, p, g in columns:
         title = DATASET_TITLES.get(d, d)
         mark = "" if p is None or p.inception else ", stand-in: not FID"
         header.append(f"{title} (paper)" if p is None else f"{title} ({tags[d, p, g]}{mark})")
+        header += [f"{title} ({tags[d, p, g]}) {METRIC_COLUMNS[k]}" for k in extra[d, p, g]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for m in models:
         row = [m]
@@ -281,6 +307,7 @@ def protocol_table(results: list[dict[str, Any]]) -> str:
             else:
                 found = cells.get((m, d, p, g))
                 row.append("—" if found is None else fid_cell(found))
+                row += [metric_cell(found or [], k) for k in extra[d, p, g]]
         lines.append("| " + " | ".join(row) + " |")
 
     lines += ["", "Lower is better. Paper: the Cog-attention paper's Table 3 (U-ViT-S/2, 44M "
@@ -291,6 +318,7 @@ def protocol_table(results: list[dict[str, Any]]) -> str:
         d = next(dd for dd, pp, _ in columns if pp == p)
         return " — *release protocol*" if RELEASE.get(d) == p else ""
 
+    lines += metric_note({k for keys in extra.values() for k in keys})
     lines += protocol_notes(names, "Columns", mark) + seeds_note(cells.values())
     lines += split.notes({(d, p): f"{DATASET_TITLES.get(d, d)}, {names[p]}"
                           for d, p, _ in columns if p}, "column")
@@ -301,40 +329,6 @@ def protocol_table(results: list[dict[str, Any]]) -> str:
     if details:
         lines += ["", "Results shown:", "", *details]
     return "\n".join(lines) + "\n"
-
-
-def seed_of(result: dict[str, Any]) -> int | None:
-    """The training seed of the run a result scores (its config's train.seed), if named."""
-    return ((result.get("config") or {}).get("train") or {}).get("seed")
-
-
-def best_per_seed(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each training seed's lowest-FID result, by seed (results naming none: one seed)."""
-    best: dict[Any, dict[str, Any]] = {}
-    for r in results:
-        k = seed_of(r)
-        if k not in best or r["fid"] < best[k]["fid"]:
-            best[k] = r
-    return [best[k] for k in sorted(best, key=str)]
-
-
-def fid_cell(results: list[dict[str, Any]]) -> str:
-    """A table cell: one seed's best FID (`3.27`); several seeds: the mean of each seed's
-    best FID ± the half-width of its 95% Student-t interval (`3.271 ± 0.046 (3 seeds)`,
-    `uvic.evaluation.paired`)."""
-    chosen = best_per_seed(results)
-    if len(chosen) == 1:
-        return f"{chosen[0]['fid']:.2f}"
-    iv = t_interval([r["fid"] for r in chosen], what="FID")
-    return f"{format_interval(iv)} ({iv.n} seeds)"
-
-
-def seeds_note(cells: Any) -> list[str]:
-    """The note under a table where a cell averages several seeds."""
-    if not any(len(best_per_seed(c)) > 1 for c in cells):
-        return []
-    return ["", "A cell of several seeds (`--seeds`) is the mean of each seed's best FID ± "
-            "the half-width of its 95% Student-t interval over the seeds."]
 
 
 def protocol_notes(names: dict[Protocol, str], marked: str,

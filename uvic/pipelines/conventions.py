@@ -70,6 +70,19 @@ def class_named(config: dict[str, Any], class_name: str) -> dict[str, Any]:
     return config
 
 
+HUB_ARGUMENTS = ("revision", "cache_dir", "force_download", "local_files_only", "token")
+
+
+def hub_folder(repo_id: str, kwargs: dict[str, Any]) -> str:
+    """The local snapshot of a Hub repository (`huggingface_hub.snapshot_download`, with the
+    download arguments `from_pretrained` was given), for `UViTPipeline.from_pretrained` to
+    load as a folder: diffusers' own download would treat the folder's [module, class]
+    `_class_name` as a custom pipeline to import."""
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(repo_id, **{k: kwargs[k] for k in HUB_ARGUMENTS if k in kwargs})
+
+
 def push_folder(pipe: Any, folder: str | Path, repo_id: str | None = None,
                 private: bool | None = None, token: str | None = None,
                 commit_message: str | None = None, create_pr: bool = False,

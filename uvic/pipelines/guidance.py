@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from uvic.config import null_to_inf
 from uvic.config.sampling import interval_rules
 
 
@@ -57,8 +58,10 @@ def null_class(null: int | None, s: float) -> int:
 def guidance_interval(given: Sequence[float] | None, key: str = "guidance_interval",
                       default: Sequence[float] | None = None) -> tuple[float, ...]:
     """The noise levels (low, high] guided (`uvic.diffusion.guidance_interval`): `given`,
-    else `default`; () (or None) guides every step. A bad one is refused in one line."""
-    interval = tuple(float(v) for v in (given if given is not None else default or ()))
+    else `default`; () (or None) guides every step; a high of None (JSON's null, as
+    model_index.json writes inf) is inf. A bad one is refused in one line."""
+    chosen = given if given is not None else default or ()
+    interval = tuple(float(v) for v in null_to_inf(chosen))
     for ok, message in interval_rules(interval, key):
         if not ok:
             raise ValueError(message)

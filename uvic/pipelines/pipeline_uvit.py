@@ -36,6 +36,7 @@ writes `eps = c + s (c - u)` (`cfg_scale` s, 1.0 for its MS-COCO protocol), diff
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -45,7 +46,7 @@ from diffusers import AutoencoderKL, DiffusionPipeline, ImagePipelineOutput
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils.torch_utils import randn_tensor
 
-from uvic.config import ConfigError, from_dict
+from uvic.config import ConfigError, from_dict, inf_to_null
 from uvic.config.diffusion import NAMED, diffusers_class
 from uvic.diffusion.samplers import model_calls
 from uvic.diffusion.schedule import Diffusion
@@ -79,7 +80,7 @@ class UViTPipeline(DiffusionPipeline):
         text_encoder: a `ClipTextEncoder` to use instead of loading `clip_model`.
         guidance_interval: the default noise levels (low, high] guided by `__call__`
             (`uvic.diffusion.guidance_interval`, the exported run's sample.guidance_interval);
-            None: every step.
+            None: every step. The config holds an upper bound inf as None (JSON's null).
     """
 
     model_cpu_offload_seq = "transformer->vae"
@@ -118,8 +119,8 @@ class UViTPipeline(DiffusionPipeline):
         self.register_to_config(diffusion=diffusion, scale_factor=scale_factor,
                                 clip_model=clip_model, clip_pretrained=clip_pretrained,
                                 cfg_scale=cfg_scale, null_class=null_class,
-                                guidance_interval=list(guidance.guidance_interval(
-                                    guidance_interval)) or None)
+                                guidance_interval=inf_to_null(guidance.guidance_interval(
+                                    guidance_interval)) or None)  # strict JSON: inf as null
         self._text_encoder = text_encoder
 
     def save_pretrained(self, save_directory: str, *args: Any, push_to_hub: bool = False,
@@ -132,10 +133,24 @@ class UViTPipeline(DiffusionPipeline):
             conventions.push_folder(self, save_directory, **kwargs)
 
     @classmethod
-    def _dict_from_json_file(cls, json_file: str) -> dict[str, Any]:
-        """A config as diffusers reads it; loaded by this class itself, a saved folder's
-        [module, class] `_class_name` is this class (no entry module is run)."""
-        return conventions.class_named(super()._dict_from_json_file(json_file), cls.__name__)
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike,
+                        **kwargs: Any) -> Any:
+        """diffusers' `from_pretrained` of a saved folder or a Hub repository (fetched
+        first as a folder: `conventions.hub_folder`), loaded as this class: the folder's
+        entry module is never run, so no `trust_remote_code` is needed."""
+        folder = pretrained_model_name_or_path
+        if not os.path.isdir(folder):
+            folder = conventions.hub_folder(str(folder), kwargs)
+        return super().from_pretrained(folder, **kwargs)
+
+    @classmethod
+    def load_config(cls, *args: Any, **kwargs: Any) -> Any:
+        """diffusers' `ConfigMixin.load_config` (what `from_pretrained` reads a folder's
+        model_index.json with); loaded by this class itself, a saved folder's [module,
+        class] `_class_name` is this class (`conventions.class_named`)."""
+        out = super().load_config(*args, **kwargs)
+        conventions.class_named(out[0] if isinstance(out, tuple) else out, cls.__name__)
+        return out
 
     # ------------------------------------------------------------------ text
 

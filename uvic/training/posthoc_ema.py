@@ -189,15 +189,18 @@ class PosthocEMA:
         base = copy.deepcopy(unwrap_model(model)).float().eval().requires_grad_(False)
         self.profiles = [copy.deepcopy(base).to(device) for _ in self.stds]
         self.step = 0
-        # where snapshots go (set by `posthoc_ema_for`): folder, interval, bound, last step
+        # when snapshots are due (every process) and where they go (the main process's
+        # folder), set by `posthoc_ema_for`: folder, interval, bound, last step
         self.folder: Path | None = None
         self.every, self.keep, self.max_steps = 0, 0, 0
         self.metadata: dict[str, str] = {}
 
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
+    def update(self, model: nn.Module, before_save: Callable[[], None] | None = None) -> None:
         """One optimizer step more: every profile moves towards the weights of `model` by
-        1 - beta(gamma, step) (buffers are copied); then the snapshots due at this step."""
+        1 - beta(gamma, step) (buffers are copied); then the snapshots due at this step,
+        after `before_save()` (the trainer's finite check: it raises rather than let a
+        diverged run write NaN snapshots; called on every process, the writer being one)."""
         self.step += 1
         source = unwrap_model(model)
         params = [p.detach() if p.dtype == torch.float32 else p.detach().float()
@@ -207,9 +210,11 @@ class PosthocEMA:
                                  1.0 - beta(gamma, self.step))
             for mine, buf in zip(profile.buffers(), source.buffers()):
                 mine.copy_(buf)
-        if self.folder is not None and (self.step % self.every == 0
-                                        or self.step == self.max_steps):
-            self.save_snapshots()
+        if self.every and (self.step % self.every == 0 or self.step == self.max_steps):
+            if before_save is not None:
+                before_save()
+            if self.folder is not None:
+                self.save_snapshots()
 
     def save_snapshots(self) -> None:
         """Write every profile at the current step (atomically), then drop the snapshots
@@ -280,10 +285,10 @@ def posthoc_ema_for(cfg: Config, model: nn.Module, run: RunFolder, resume_from: 
     if not t.posthoc_ema_stds:
         return None
     tracker = PosthocEMA(model, t.posthoc_ema_stds, acc.device)
+    tracker.every, tracker.keep, tracker.max_steps = (
+        t.posthoc_ema_every, t.posthoc_ema_keep, t.max_steps)
     if acc.is_main_process:
         tracker.folder = run.posthoc_ema
-        tracker.every, tracker.keep, tracker.max_steps = (
-            t.posthoc_ema_every, t.posthoc_ema_keep, t.max_steps)
         tracker.metadata = model_metadata(cfg.model, cfg.diffusion)
         if resume_from is None:  # a start from step 0 (latest-or-new after an early kill)
             tracker.forget_after(0)

@@ -236,11 +236,11 @@ class Trainer:
                 raise RuntimeError("internal: optimizer step ended without gradient sync")
             self.lr_scheduler.step()
             self.ema.update(self.model)
-            if self.phema is not None:  # and its snapshots, every train.posthoc_ema_every
-                self.phema.update(self.model)
             self.step += 1
             self.unlogged_loss += step_loss / t.grad_accum
             self.unlogged_steps += 1
+            if self.phema is not None:  # and its snapshots (of finite weights only), when due
+                self.phema.update(self.model, before_save=self._check_finite)
             window_steps += 1
             bar.update(1)
 
@@ -328,15 +328,15 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _check_finite(self) -> None:
-        """Never save NaN/inf: check the loss since the last log and every weight."""
+        """Never save NaN/inf (checkpoints, post-hoc EMA snapshots): the loss, every weight."""
         if self.unlogged_steps:
             loss = (self.accelerator.reduce(self.unlogged_loss, reduction="mean").item()
                     / self.unlogged_steps)
             if not math.isfinite(loss):
                 self._diverged(f"loss is {loss} (mean of steps "
                                f"{self.step - self.unlogged_steps + 1}-{self.step})")
-        params = [*self.model.parameters(), *self.ema.model.parameters()]
-        if not torch.stack([torch.isfinite(p).all() for p in params]).all().item():
+        held = [self.model, self.ema.model, *(self.phema.profiles if self.phema else ())]
+        if not torch.stack([p.isfinite().all() for m in held for p in m.parameters()]).all().item():
             self._diverged(f"non-finite weights at step {self.step}")
 
     def _save_checkpoint(self) -> None:
