@@ -32,7 +32,7 @@ from pathlib import Path
 
 from uvic.cli import table_runner
 from uvic.cli.release_table import PIXELS, SMOKE
-from uvic.cli.table_runner import Row, Table
+from uvic.cli.table_runner import Table, twin_rows
 from uvic.evaluation.recipes_table import RECIPE_ROWS
 
 # Per row, on top of SMOKE: its data in <out>/data (`smoke_data.write_recipes_smoke_data`).
@@ -66,10 +66,7 @@ def _render(results: list[dict]) -> str:
 
 RECIPES_TABLE = Table(
     name="recipes_table", description=__doc__.split("\n")[0],
-    rows=tuple(Row(key, model, getattr(row, model))
-               for key, row in RECIPE_ROWS.items() for model in ("uvit", "uvic")),
-    smoke_rows=tuple(Row(key, model, getattr(RECIPE_ROWS[key], model), (*SMOKE, *extra))
-                     for key, extra in SMOKE_DATA.items() for model in ("uvit", "uvic")),
+    rows=twin_rows(RECIPE_ROWS), smoke_rows=twin_rows(RECIPE_ROWS, SMOKE_DATA, SMOKE),
     smoke_help="tiny CPU run of the whole chain: both rows on generated Shapes data and "
                "latents with a tiny random REPA encoder, stand-in features",
     render=_render, prepare_smoke=_prepare_smoke,

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from uvic.cli import table_runner
-from uvic.cli.table_runner import Row, Table
+from uvic.cli.table_runner import Table, twin_rows
 from uvic.evaluation.protocols import RELEASE_ROWS
 
 # Every run of the smoke: a tiny network, a few steps, few samples, stand-in features.
@@ -67,10 +67,7 @@ def _render(results: list[dict]) -> str:
 
 RELEASE_TABLE = Table(
     name="release_table", description=__doc__.split("\n")[0],
-    rows=tuple(Row(key, model, getattr(row, model))
-               for key, row in RELEASE_ROWS.items() for model in ("uvit", "uvic")),
-    smoke_rows=tuple(Row(key, model, getattr(RELEASE_ROWS[key], model), (*SMOKE, *extra))
-                     for key, extra in SMOKE_DATA.items() for model in ("uvit", "uvic")),
+    rows=twin_rows(RELEASE_ROWS), smoke_rows=twin_rows(RELEASE_ROWS, SMOKE_DATA, SMOKE),
     smoke_help="tiny CPU run of the whole chain: one row per kind of data on generated "
                "CelebA, ImageNet folders and latents, stand-in features",
     render=_render, prepare_smoke=_prepare_smoke,

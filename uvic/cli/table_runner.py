@@ -18,7 +18,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +43,16 @@ class Row:
     model: str
     preset: str
     overrides: tuple[str, ...] = ()
+
+
+def twin_rows(rows: Mapping[str, Any], overrides: Mapping[str, Sequence[str]] | None = None,
+              common: Sequence[str] = ()) -> tuple[Row, ...]:
+    """A U-ViT and a U-ViC run for each of `rows` (key -> a row with `uvit` and `uvic`
+    presets); with `overrides` (key -> config overrides), only the rows it names, in its
+    order, each with `common` then its own overrides."""
+    chosen = {key: () for key in rows} if overrides is None else overrides
+    return tuple(Row(key, model, getattr(rows[key], model), (*common, *extra))
+                 for key, extra in chosen.items() for model in ("uvit", "uvic"))
 
 
 @dataclass(frozen=True)
