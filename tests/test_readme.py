@@ -508,6 +508,14 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
         Elsewhere("tests/test_compare.py"),
     "python scripts/compare.py --steps 1500,2100 --best --set eval.n_samples=128":
         Elsewhere("tests/test_compare.py"),
+    # docs/recipes.md: U-ViT vs U-ViC under flow matching
+    "python scripts/compare.py --variants uvit,uvic --set eval.n_samples=128 "
+    "--set diffusion.objective=velocity --set diffusion.min_snr_gamma=0 "
+    "--set sample.scheduler=flow_heun --set sample.steps=25 "
+    "--set train.max_steps=1200 --set 'train.keep_steps=[500]' "
+    "--set sample.autoguidance_ckpt=checkpoints/step_000500/ema.safetensors "
+    "--threads 1 --out runs/flowcmp":
+        Elsewhere("tests/test_compare.py"),
     "accelerate launch eval/fid.py --config configs/cifar10_uvit.py --ckpt "
     "cifar10_uvit_small.pth --out runs/fid/release/cifar10_uvit.json":
         NotHere(INCEPTION, CIFAR10_MODEL),
