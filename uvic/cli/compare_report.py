@@ -212,7 +212,11 @@ def plot(plan: Plan, summary: dict[str, Any], path: Path) -> None:
 
 def _band(ax: Any, pts: list[tuple[int, dict[str, Any]]], mid: str, low: str, high: str,
           colour: str, label: str) -> None:
-    if pts:
+    if len(pts) == 1:  # one evaluated step: a band would have no width, draw its bar
+        (t, d), = pts
+        ax.errorbar([t], [d[mid]], yerr=[[d[mid] - d[low]], [d[high] - d[mid]]], marker="o",
+                    color=colour, capsize=4, label=label)
+    elif pts:
         steps = [t for t, _ in pts]
         ax.plot(steps, [d[mid] for _, d in pts], marker="o", color=colour, label=label)
         ax.fill_between(steps, [d[low] for _, d in pts], [d[high] for _, d in pts],
