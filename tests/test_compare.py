@@ -12,7 +12,7 @@ import pytest
 import torch
 from readme_commands import argv
 
-from uvic.cli import compare
+from uvic.cli import compare, compare_plan
 
 T1 = math.tan(math.pi * 0.475)  # t(0.975) with 1 degree of freedom (2 seeds)
 TINY = ["train.max_steps=6", "train.batch_size=4", "model.embed_dim=16", "model.depth=2",
@@ -22,6 +22,14 @@ TINY = ["train.max_steps=6", "train.batch_size=4", "model.embed_dim=16", "model.
 # The README's commands, shrunk by ARGS (later options win)
 README_RUN = "python scripts/compare.py --steps 1500,2100 --best --set eval.n_samples=128"
 README_PLAN = "python scripts/compare.py --dry-run --steps 1500,2100 --set eval.n_samples=128"
+# docs/recipes.md's comparison under flow matching
+README_FLOW = ("python scripts/compare.py --variants uvit,uvic --set eval.n_samples=128 "
+               "--set diffusion.objective=velocity --set diffusion.min_snr_gamma=0 "
+               "--set sample.scheduler=flow_heun --set sample.steps=25 "
+               "--set train.max_steps=1200 --set 'train.keep_steps=[500]' "
+               "--set sample.autoguidance_ckpt=checkpoints/step_000500/ema.safetensors "
+               "--threads 1 --out runs/flowcmp")
+VELOCITY = "v:diffusion.objective=velocity;diffusion.min_snr_gamma=0;sample.scheduler=flow_heun"
 ARGS = ["--variants", "uvit,uvic", "--seeds", "2", "--steps", "3", "--heldout", "8",
         "--threads", "1", "--best", *[w for o in TINY for w in ("--set", o)]]
 
@@ -99,6 +107,8 @@ def test_compare_end_to_end(tmp_path: Path, capsys) -> None:
     (["--steps", "9"], "evaluation step 9 is outside the run"),
     (["--variant", "x:train.seed=3", "--variants", "uvit,x"], "variant 'x' sets train.seed"),
     (["--metrics", "fidd"], "--metrics 'fidd'"),
+    (["--variant", VELOCITY, "--variants", "uvit,v"],  # a noise MSE beside a velocity MSE
+     "--metrics heldout_mse: variant 'v' has diffusion.objective='velocity', not 'eps'"),
     (["--metrics", "fid", "--set", "eval.inception_path=/nowhere/inception.pt"],
      "FID Inception weights not found at /nowhere/inception.pt"),
 ])
@@ -106,6 +116,29 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys, extra: list[str], message
     assert run(tmp_path, "--dry-run", *extra) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+
+
+def test_flow_matching_plan_and_report(tmp_path: Path, capsys) -> None:
+    """docs/recipes.md's comparison under flow matching: its plan counts flow_heun's 2 steps
+    - 1 network calls, twice with autoguidance; at tiny size, its samples come from the flow
+    sampler (the protocol says so) and its held-out MSE is labelled the velocity MSE."""
+    assert compare.main([*argv(README_FLOW)[2:], "--dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 variants (uvit, uvic) x 3 seeds (1234, 1235, 1236) = 6 runs" in out
+    assert "6 runs x 1,200 steps x 32 images" in out
+    assert "128 x 98 network calls = 12,544 image forwards per evaluation" in out
+    assert run(tmp_path, "--seeds", "2", readme=README_FLOW) == 0
+    report = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert report["protocols"]["standin_fid"].startswith(
+        "flow_heun (velocity, linear interpolant) 2 steps")
+    what = report["metrics"]["heldout_mse"]["what"]
+    assert what.startswith("held-out velocity MSE") and "noise" not in what.split(";")[0]
+    text = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "## held-out velocity MSE of the EMA weights (linear interpolant, uniform times" in text
+    assert "noise MSE" not in text.replace("NOT comparable with a noise MSE", "")
+    # and the eps comparison keeps its label
+    plan = compare_plan.make_plan(compare.parse_args([*ARGS, "--out", str(tmp_path)]))
+    assert plan.what("heldout_mse") == "held-out noise MSE of the EMA weights"
 
 
 def test_guided_steps_before_the_guide_are_refused(tmp_path: Path, capsys) -> None:

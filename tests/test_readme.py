@@ -519,6 +519,14 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
         Elsewhere("tests/test_compare.py"),
     "python scripts/compare.py --steps 1500,2100 --best --set eval.n_samples=128":
         Elsewhere("tests/test_compare.py"),
+    # docs/recipes.md: U-ViT vs U-ViC under flow matching
+    "python scripts/compare.py --variants uvit,uvic --set eval.n_samples=128 "
+    "--set diffusion.objective=velocity --set diffusion.min_snr_gamma=0 "
+    "--set sample.scheduler=flow_heun --set sample.steps=25 "
+    "--set train.max_steps=1200 --set 'train.keep_steps=[500]' "
+    "--set sample.autoguidance_ckpt=checkpoints/step_000500/ema.safetensors "
+    "--threads 1 --out runs/flowcmp":
+        Elsewhere("tests/test_compare.py"),
     "accelerate launch eval/fid.py --config configs/cifar10_uvit.py --ckpt "
     "cifar10_uvit_small.pth --out runs/fid/release/cifar10_uvit.json":
         NotHere(INCEPTION, CIFAR10_MODEL),
@@ -1040,6 +1048,55 @@ def interval_passes() -> tuple[int, int, int, int]:
     guided, calls = guided_calls(Diffusion(cfg.diffusion), (0.0, 2.33), s.scheduler, s.steps,
                                  s.order, s.scheduler_kwargs)
     return guided, calls, calls + guided, 2 * calls
+FLOW_RESULT = ROOT / "docs/recipes_flow_compare.json"  # docs/recipes.md's measured comparison
+FLOW_METRICS = ("heldout_mse", "standin_fid", "hf_ratio", "palette_share", "shape_share")
+
+
+@cache
+def flow_result() -> dict:
+    return json.loads(FLOW_RESULT.read_text())
+
+
+def flow_cells(variant: str) -> tuple[str, ...]:
+    """docs/recipes.md's row of `variant`: mean ± t half-width of each metric at the last
+    step, as uvic-compare's report writes them, from the run's recorded summary."""
+    from uvic.evaluation.paired import Interval, format_interval
+
+    r = flow_result()
+    step = str(r["grid"][-1])
+    cells = []
+    for metric in FLOW_METRICS:
+        d = r["summary"][metric]["steps"][step]["variants"][variant]
+        runs = [run["metrics"][step][metric] for run in r["runs"].values()
+                if run["variant"] == variant]  # the summary is these runs' mean
+        assert len(runs) == d["n"] == 3 and math.isclose(sum(runs) / 3, d["mean"], rel_tol=1e-9)
+        cells.append(format_interval(Interval(d["mean"], d["half_width"], d["n"], d["sd"])))
+    return tuple(cells)
+
+
+def flow_pair(metric: str) -> tuple:
+    """docs/recipes.md's paired difference uvic - uvit on `metric`: mean ± t half-width,
+    paired t p, bootstrap interval and p, as written there."""
+    from uvic.cli.compare_report import _diff
+
+    r = flow_result()
+    (pair,) = r["summary"][metric]["steps"][str(r["grid"][-1])]["pairs"]
+    assert (pair["a"], pair["b"]) == ("uvit", "uvic")
+    return (_diff(pair), float(f"{pair['t_p']:.2g}"), float(f"{pair['bootstrap_low']:.3g}"),
+            float(f"{pair['bootstrap_high']:.3g}"), float(f"{pair['bootstrap_p']:.2g}"))
+
+
+def flow_calls() -> tuple[int, int, int]:
+    """The steps and network calls of the flow comparison's sampler (the recorded config)."""
+    from uvic.diffusion.samplers import model_calls
+    from uvic.diffusion.schedule import Diffusion
+
+    cfg = from_dict(flow_result()["config"])
+    s = cfg.sample
+    calls = model_calls(Diffusion(cfg.diffusion), s.scheduler, s.steps)
+    return s.steps, calls, calls * (2 if s.autoguidance_scale else 1)
+
+
 # Per tested page (`readme_commands.PAGES`): (a sentence of the page with its numbers as
 # groups, what the code says they are). A figure in a page needs its claim here.
 CLAIMS: dict[str, list[tuple[str, Callable[[], tuple]]]] = {
@@ -1135,6 +1192,18 @@ CLAIMS: dict[str, list[tuple[str, Callable[[], tuple]]]] = {
          r"(\d+)-step Euler-Maruyama",
          lambda: (config("cifar10_uvic_flow").sample.steps,
                   2 * config("cifar10_uvic_flow").sample.steps - 1, config(C10).sample.steps)),
+        (r"took (\d+) minutes on the 2-core machine", lambda: (flow_result()["wall_minutes"],)),
+        (r"`flow_heun` with (\d+) steps: (\d+) network calls per model and (\d+) per image",
+         flow_calls),
+        (r"\| U-ViT \(`uvit`, softmax\) \| (\S+ ± \S+) \| (\S+ ± \S+) \| (\S+ ± \S+) \| "
+         r"(\S+ ± \S+) \| (\S+ ± \S+) \|", lambda: flow_cells("uvit")),
+        (r"\| U-ViC \(`uvic`, Cog\) \| (\S+ ± \S+) \| (\S+ ± \S+) \| (\S+ ± \S+) \| "
+         r"(\S+ ± \S+) \| (\S+ ± \S+) \|", lambda: flow_cells("uvic")),
+        *[(rf"\| {label} \| ([+-]\S+ ± \S+) \| ([\d.e-]+) \| \[(\S+), (\S+)\] \| ([\d.e-]+) \|",
+           lambda m=metric: flow_pair(m))
+          for metric, label in zip(FLOW_METRICS, (
+              "held-out velocity MSE", "stand-in FID", "HF energy vs real", "palette share",
+              "with a shape"), strict=True)],
     ],
     "docs/sampling.md": [
         (r"\(([\d.]+) for the COCO FID protocol\)", lambda: (config(COCO).sample.cfg_scale,)),

@@ -11,8 +11,9 @@ every run is trained through the real loop (`uvic.training.trainer`, Accelerate,
 resumable) from `--config` (default the quickstart's) with `--set` and the variant's
 overrides, keeps a checkpoint at every step of the evaluation grid (`--steps` and/or
 `--every`, always the last step) and is evaluated there on `--metrics`: the held-out
-noise MSE of the EMA weights, the stand-in FID (eval.features=projection, no download),
-FID under the config's protocol (Inception weights needed) and the Shapes quality figures.
+MSE of the EMA weights (noise, or velocity under flow matching, named so in the report),
+the stand-in FID (eval.features=projection, no download), FID under the config's protocol
+(Inception weights needed) and the Shapes quality figures.
 Seed s of every variant starts from the same initial weights (checked before training),
 data order and noise, so the report pairs them by seed (`uvic.evaluation.paired`).
 

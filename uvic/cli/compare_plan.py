@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ RESERVED = ("name", "train.seed", "train.max_steps", "train.output_dir", "train.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # metric -> (what it is, which way is better: `uvic.evaluation.paired.BETTER`)
 METRICS = {
-    "heldout_mse": ("held-out noise MSE of the EMA weights", "lower"),
+    "heldout_mse": ("held-out noise MSE of the EMA weights", "lower"),  # `metric_what`
     "standin_fid": ("stand-in FID (projection features; NOT comparable with FID)", "lower"),
     "fid": ("FID", "lower"),
     "hf_ratio": ("high-frequency energy relative to real images", "one"),
@@ -38,6 +38,44 @@ METRICS = {
 QUALITY = ("hf_ratio", "palette_share", "shape_share")  # `uvic.evaluation.quality`
 SAMPLED = ("standin_fid", "fid", *QUALITY)  # metrics of generated samples
 BETTER_TEXT = {"lower": "lower is better", "higher": "higher is better", "one": "1 is ideal"}
+
+
+def metric_what(metric: str, cfg: Config) -> str:
+    """What `metric` is for runs of `cfg`: the held-out MSE is the error of the objective the
+    runs trained on (noise, or under flow matching the velocity of the interpolant, on fixed
+    draws of its times and noise), so it is named by it: a velocity MSE never reads as a
+    noise MSE."""
+    d = cfg.diffusion
+    if metric == "heldout_mse" and d.objective == "velocity":
+        return (f"held-out velocity MSE of the EMA weights ({d.interpolant} interpolant, "
+                f"{d.timestep_sampling.replace('_', '-')} times; NOT comparable with a noise MSE)")
+    return METRICS[metric][0]
+
+
+def heldout_draws(cfg: Config) -> dict[str, Any]:
+    """What the held-out MSE's draws and target depend on: the diffusion settings but its
+    loss weighting (`uvic.evaluation.heldout` scores the plain MSE) and condition dropping
+    (the held-out MSE drops none)."""
+    d = asdict(cfg.diffusion)
+    for key in ("min_snr_gamma", "p_uncond"):
+        d.pop(key)
+    return d
+
+
+def check_heldout_comparable(configs: dict[tuple[str, int], Config]) -> None:
+    """Refuse a held-out MSE across variants that score different errors (e.g. noise and
+    velocity MSE, or two interpolants): their numbers do not compare."""
+    first = next(iter(configs.values()))
+    for (variant, _), cfg in configs.items():
+        differ = sorted(k for k, v in heldout_draws(cfg).items()
+                        if heldout_draws(first)[k] != v)
+        if differ:
+            key = differ[0]
+            raise ConfigError(
+                f"--metrics heldout_mse: variant {variant!r} has diffusion.{key}="
+                f"{getattr(cfg.diffusion, key)!r}, not {getattr(first.diffusion, key)!r}: "
+                "its held-out MSE scores another error and does not compare; drop "
+                "heldout_mse from --metrics")
 
 
 def variant_list(names: list[str], defined: dict[str, tuple[str, ...]]
@@ -144,6 +182,11 @@ class Plan:
     def run_name(self, variant: str, seed: int) -> str:
         return f"{variant}_seed{seed}"
 
+    def what(self, metric: str) -> str:
+        """What `metric` is in this comparison (`metric_what`: the held-out MSE names the
+        objective, which every run shares: `check_heldout_comparable`)."""
+        return metric_what(metric, next(iter(self.configs.values()), self.base))
+
 
 def metric_list(text: str, cfg: Config) -> list[str]:
     """`--metrics`: comma-separated metric names, `quality` for the three quality figures."""
@@ -188,6 +231,8 @@ def make_plan(args: Any) -> Plan:
                 *args.set, *overrides, f"name={name}", f"train.seed={seed}",
                 f"train.output_dir={out / 'runs' / name}",
                 f"train.keep_steps=[{','.join(map(str, keep))}]"])
+    if "heldout_mse" in metrics:
+        check_heldout_comparable(configs)
     return Plan(base, variants, seeds, grid, table_steps(grid, args.table_steps), metrics,
                 configs, out, args.heldout, args.best)
 

@@ -88,7 +88,7 @@ def summarize(plan: Plan, records: dict) -> dict[str, Any]:
                 "variants": {v: iv.as_dict() for v, iv in _intervals(values).items() if iv},
                 "pairs": [p.as_dict() for p in pairs_of(complete)] if len(complete) >= 2 else [],
             }
-        summary[metric] = {"what": METRICS[metric][0], "better": METRICS[metric][1],
+        summary[metric] = {"what": plan.what(metric), "better": METRICS[metric][1],
                            "steps": per_step}
         if plan.best:
             values, steps = best_values(plan, records, metric)
@@ -196,7 +196,7 @@ def plot(plan: Plan, summary: dict[str, Any], path: Path) -> None:
                      if (p["a"], p["b"]) == (first, v)]
             _band(bottom, diffs, "mean", "t_low", "t_high", f"C{i}", f"{v} − {first}")
         bottom.axhline(0.0, color="grey", lw=0.8)
-        top.set_title(metric)
+        top.set_title(metric + (" (velocity)" if "velocity MSE" in s["what"] else ""))
         bottom.set_xlabel("training step")
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
@@ -212,7 +212,11 @@ def plot(plan: Plan, summary: dict[str, Any], path: Path) -> None:
 
 def _band(ax: Any, pts: list[tuple[int, dict[str, Any]]], mid: str, low: str, high: str,
           colour: str, label: str) -> None:
-    if pts:
+    if len(pts) == 1:  # one evaluated step: a band would have no width, draw its bar
+        (t, d), = pts
+        ax.errorbar([t], [d[mid]], yerr=[[d[mid] - d[low]], [d[high] - d[mid]]], marker="o",
+                    color=colour, capsize=4, label=label)
+    elif pts:
         steps = [t for t, _ in pts]
         ax.plot(steps, [d[mid] for _, d in pts], marker="o", color=colour, label=label)
         ax.fill_between(steps, [d[low] for _, d in pts], [d[high] for _, d in pts],
@@ -235,7 +239,7 @@ def write_report(plan: Plan, pairing: dict[str, Any], argv: list[str]) -> list[s
         "command": argv, **git_state(), "versions": versions(),
         "variants": {k: list(v) for k, v in plan.variants.items()}, "seeds": plan.seeds,
         "grid": plan.grid, "table_steps": plan.table_steps,
-        "metrics": {m: {"what": METRICS[m][0], "better": METRICS[m][1]} for m in plan.metrics},
+        "metrics": {m: {"what": plan.what(m), "better": METRICS[m][1]} for m in plan.metrics},
         "protocols": next((r["protocols"] for r in first if "protocols" in r), {}),
         "reference_digests": next((r["reference_digests"] for r in first
                                    if "reference_digests" in r), {}),

@@ -1,7 +1,9 @@
-"""Held-out noise-prediction error: the plain noise MSE of a model (the EMA weights) on
-held-out images, with noise levels and noise drawn from a fixed seed, so two models
-scored with the same seed see exactly the same draws (the quickstart's table and
-`uvic-compare`'s paired seeds).
+"""Held-out error of the training objective: the plain noise MSE of a model (the EMA
+weights) on held-out images, or under flow matching (`diffusion.objective="velocity"`) the
+plain velocity MSE on the interpolant, with times and noise drawn from a fixed seed, so two
+models scored with the same seed see exactly the same draws (the quickstart's table and
+`uvic-compare`'s paired seeds). The two errors have different scales (a velocity target
+e - x0 against the noise e) and never compare with each other.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ def real_images(cfg: Config, split: str, n: int) -> torch.Tensor:
 @torch.no_grad()
 def heldout_loss(model: torch.nn.Module, diffusion: DiffusionConfig, x: torch.Tensor,
                  seed: int = 0) -> float:
-    """Noise-prediction MSE of `model` (the EMA weights) on held-out images `x`, with
-    fixed t and noise (from `seed`) so models are scored on the same draws. Always the
-    plain MSE (no `min_snr_gamma` weighting), so runs with different weightings compare."""
+    """Noise-prediction MSE (objective "velocity": velocity MSE) of `model` (the EMA
+    weights) on held-out images `x`, with fixed t and noise (from `seed`) so models are
+    scored on the same draws. Always the plain MSE (no `min_snr_gamma` weighting), so runs
+    with different weightings compare."""
     plain = Diffusion(dataclasses.replace(diffusion, min_snr_gamma=0.0))
     device = next(model.parameters()).device
     generator = torch.Generator(device).manual_seed(seed)
