@@ -161,17 +161,37 @@ class FitLog:
     l0: list[float]
 
 
+def start_at_mean(block: GatedAttentionBlock, targets: Tensor) -> float:
+    """Set the block's output bias to the mean of the original's ``targets`` (..., d_out)
+    and return their variance (about that mean, over every element): the scale of the
+    reconstruction term.
+
+    The output bias starts at the mean the original writes (the best constant), so the
+    heads fit only what varies; the variance makes the reconstruction term relative (see
+    :func:`fit`).
+    """
+    flat = targets.reshape(-1, targets.shape[-1]).float()
+    mean = flat.mean(dim=0)
+    with torch.no_grad():
+        block.b_O.copy_(mean)
+    return float(((flat - mean) ** 2).mean())
+
+
 def fit(block: GatedAttentionBlock, batches: Callable[[], Iterable[tuple[Tensor, Tensor]]],
         epochs: int, lr: float, coef: float, warmup: float = 0.0,
-        on_epoch: Callable[[int, float, float], None] | None = None) -> FitLog:
-    """Train ``block`` with Adam on ``MSE(block(x), y) + coef * L0.6``; ``batches()`` yields
-    (inputs, teacher outputs) for one epoch.
+        on_epoch: Callable[[int, float, float], None] | None = None,
+        variance: float = 1.0) -> FitLog:
+    """Train ``block`` with Adam on ``MSE(block(x), y) / variance + coef * L0.6``;
+    ``batches()`` yields (inputs, teacher outputs) for one epoch.
 
+    ``variance``: the teacher outputs' variance (:func:`start_at_mean`), so the
+    reconstruction term is relative (1 = predicting the mean) and a coefficient means the
+    same for originals of any output scale; 1 gives the recipe's plain MSE.
     ``warmup``: the share of the epochs over which the coefficient rises linearly from 0
-    (0: the recipe's constant coefficient). A short run with the full coefficient from
-    the start can close gates before the reconstruction has found them (a closed gate
-    gets no gradient through the clamp); long runs need no warm-up.
+    (0: the recipe's constant coefficient). The log holds the plain MSE.
     """
+    if not variance > 0:
+        raise ValueError(f"variance must be > 0, got {variance}")
     opt = torch.optim.Adam(block.parameters(), lr=lr)
     log = FitLog([], [])
     ramp = warmup * epochs
@@ -184,7 +204,7 @@ def fit(block: GatedAttentionBlock, batches: Callable[[], Iterable[tuple[Tensor,
             rec = F.mse_loss(out.reshape(-1, out.shape[-1]), y.reshape(-1, y.shape[-1]))
             l0 = l0_penalty(block.last_gate)
             opt.zero_grad(set_to_none=True)
-            (rec + weight * l0).backward()
+            (rec / variance + weight * l0).backward()
             opt.step()
             rec_sum, l0_sum, count = rec_sum + rec.item(), l0_sum + l0.item(), count + 1
         log.reconstruction.append(rec_sum / max(count, 1))

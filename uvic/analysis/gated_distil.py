@@ -16,7 +16,13 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from uvic.analysis.gated import GatedAttentionBlock, expanded_heads, fit, gate_report
+from uvic.analysis.gated import (
+    GatedAttentionBlock,
+    expanded_heads,
+    fit,
+    gate_report,
+    start_at_mean,
+)
 
 
 def module_attention(module: nn.Module) -> tuple[str, int]:
@@ -81,7 +87,7 @@ def distil_module(module: nn.Module, inputs: Tensor, outputs: Tensor, *, expansi
         if say is not None and (epoch % max(1, epochs // 10) == 0 or epoch == epochs - 1):
             say(f"epoch {epoch}: reconstruction {rec:.4g}, L0.6 {l0:.4g}")
 
-    fit(block, batches, epochs, lr, coef, warmup, progress)
+    fit(block, batches, epochs, lr, coef, warmup, progress, start_at_mean(block, outputs))
     report = gate_report(block, inputs, outputs)
     report.update({"mode": mode, "teacher_heads": heads, "gated_heads": block.num_heads,
                    "samples": len(inputs), "tokens": inputs.shape[1], "epochs": epochs,

@@ -19,7 +19,14 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from uvic.analysis.gated import OPEN_GATE, GatedAttentionBlock, expanded_heads, fit, gate_report
+from uvic.analysis.gated import (
+    OPEN_GATE,
+    GatedAttentionBlock,
+    expanded_heads,
+    fit,
+    gate_report,
+    start_at_mean,
+)
 from uvic.analysis.skip_trigrams import (
     LEARNT,
     ToyAttentionModel,
@@ -42,19 +49,19 @@ class ToySettings:
     batch: int = 128
     lr: float = 1e-2
     eval_prompts: int = 2000
-    gated_epochs: int = 20  # passes over gated_batches batches of gated_batch prompts
+    gated_epochs: int = 60  # passes over gated_batches batches of gated_batch prompts
     gated_batches: int = 16
     gated_batch: int = 64
     gated_lr: float = 1e-2  # the paper's 1e-3 (or 5e-4) is for its 100,000 steps
     coef: float = 3e-1  # L0.6 coefficient
-    warmup: float = 0.0  # share of the gated epochs over which the coefficient ramps up
+    warmup: float = 0.3  # share of the gated epochs over which the coefficient ramps up
     expansion: int = 2
 
 
 # Mathwin et al.'s settings: (heads, trigrams) -> L0.6 coefficient, learning rate; their
 # gated blocks train 1,000 epochs of 100 batches x 1,000 prompts.
 SETTINGS = {"4x5": (4, 5, 3e-1, 1e-3), "2x3": (2, 3, 5e-1, 5e-4), "3x4": (3, 4, 1e-1, 5e-4)}
-PAPER = ToySettings(gated_epochs=1000, gated_batches=100, gated_batch=1000)
+PAPER = ToySettings(gated_epochs=1000, gated_batches=100, gated_batch=1000, warmup=0.0)
 # the hand-built model's gated block: a short run (see `fit`'s warm-up)
 HAND_BUILT = ToySettings(gated_epochs=100, gated_batches=16, gated_lr=1e-2, warmup=0.3)
 # seconds per Adam step on one thread of a shared 2-core CPU (docs/gated_attention.md)
@@ -95,7 +102,9 @@ def distil(model: ToyAttentionModel, held_out: TrigramData, seed: int, cfg: ToyS
         for start in range(0, len(x), cfg.gated_batch):
             yield x[start:start + cfg.gated_batch], y[start:start + cfg.gated_batch]
 
-    log = fit(block, batches, cfg.gated_epochs, cfg.gated_lr, cfg.coef, cfg.warmup, on_epoch)
+    variance = start_at_mean(block, y)
+    log = fit(block, batches, cfg.gated_epochs, cfg.gated_lr, cfg.coef, cfg.warmup, on_epoch,
+              variance)
     with torch.no_grad():
         hx = model.embed(held_out.tokens[:, :-1])
         report = gate_report(block, hx, model.attn(hx))
