@@ -533,6 +533,20 @@ def test_quickstart_fid_column_names_stand_in_features() -> None:
     assert rows == {"U-ViT": "1.23 (projection stand-in: not Inception FID)", "U-ViC": "5.68"}
 
 
+def test_quickstart_heldout_column_names_the_objective() -> None:
+    """A quickstart under flow matching reports a held-out velocity MSE, never a noise MSE."""
+    from uvic.cli import quickstart_report as quickstart
+    from uvic.config import load_config
+
+    eps = load_config("configs/quickstart.py")
+    flow = load_config("configs/quickstart.py", ["diffusion.objective=velocity",
+                                                "diffusion.min_snr_gamma=0"])
+    assert quickstart.heldout_name(eps.diffusion) == "noise MSE"
+    assert quickstart.heldout_name(flow.diffusion) == "velocity MSE"
+    table = quickstart.results_table([], {}, quickstart.heldout_name(flow.diffusion))
+    assert "| held-out velocity MSE (EMA) |" in table and "noise" not in table
+
+
 # --------------------------------------------------------------------------- fid_table input
 
 

@@ -76,9 +76,15 @@ def sampler_note(sample: SampleConfig, rows: list[dict]) -> str:
             f"eps = g + {sample.autoguidance_scale:g} (g - b).")
 
 
-def results_table(rows: list[dict], timing: dict[str, dict]) -> str:
-    """Markdown table of the losses, quality figures and timings of both models."""
-    header = ("| model | attention (per block) | final train loss | held-out noise MSE (EMA) "
+def heldout_name(diffusion: DiffusionConfig) -> str:
+    """What the held-out column measures: the noise MSE, or flow matching's velocity MSE."""
+    return "velocity MSE" if diffusion.objective == "velocity" else "noise MSE"
+
+
+def results_table(rows: list[dict], timing: dict[str, dict], heldout: str = "noise MSE") -> str:
+    """Markdown table of the losses, quality figures and timings of both models (`heldout`:
+    what the held-out column measures, `heldout_name`)."""
+    header = (f"| model | attention (per block) | final train loss | held-out {heldout} (EMA) "
               "| HF energy vs real | palette share | with a shape | FID | ms / step | images / s |")
     lines = [header, "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -125,8 +131,8 @@ def notes(base: Config, rows: list[dict], args: argparse.Namespace, jobs: int,
         "S = softmax block, C = Cog block (in-blocks, mid-block, out-blocks).",
         sampler_note(base.sample, rows),
         f"Final train loss: the training objective ({objective}, mean over the last "
-        f"{base.train.log_every} steps). Held-out noise MSE: plain, EMA weights, "
-        f"{args.heldout} held-out images at fixed noise levels and noise.",
+        f"{base.train.log_every} steps). Held-out {heldout_name(base.diffusion)}: plain, "
+        f"EMA weights, {args.heldout} held-out images at fixed noise levels and noise.",
         "Attention analysis (attention.png, attention/): per block and noise level, "
         "the share of |A| on negative weights, the entropy of |A|, the weight on the time "
         "token and the similarity of patch tokens (scripts/analyze_attention.py).",
@@ -150,8 +156,8 @@ def write_report(base: Config, rows: list[dict], real_quality: dict, analysis: d
                  timing: dict, args: argparse.Namespace, out: Path, fid_note: str) -> str:
     """results.md (tables and notes) and results.json in `out`; returns results.md's text."""
     lines = notes(base, rows, args, timing["jobs"], fid_note)
-    report = (results_table(rows, timing) + "\n\n" + quality_table(rows, real_quality)
-              + "\n\n" + "\n".join(lines) + "\n")
+    report = (results_table(rows, timing, heldout_name(base.diffusion)) + "\n\n"
+              + quality_table(rows, real_quality) + "\n\n" + "\n".join(lines) + "\n")
     (out / "results.md").write_text(report)
     results = {"rows": rows, "real_heldout": real_quality, "notes": lines,
                "attention": attention_summary(analysis), "timing": timing}
