@@ -34,6 +34,8 @@ FT_EMA = "stabilityai/sd-vae-ft-ema"  # its decoder fine-tune: autoencoder_kl_em
 ROWS = {  # config -> (decoding VAE, latent scale factor)
     "mscoco_uvit": (SD, 0.23010), "mscoco_uvic": (SD, 0.23010),
     "imagenet256_uvit_large": (SD, 0.18215), "imagenet256_uvic_large": (SD, 0.18215),
+    # the modern-recipe twins train on the same latents (plus REPA features)
+    "imagenet256_uvit_large_flow": (SD, 0.18215), "imagenet256_uvic_large_flow": (SD, 0.18215),
     "imagenet512_uvit_large": (SD, 0.18215), "imagenet512_uvic_large": (SD, 0.18215),
     "imagenet256_uvit_huge": (FT_EMA, 0.18215), "imagenet256_uvic_huge": (FT_EMA, 0.18215),
     "imagenet512_uvit_huge": (FT_EMA, 0.18215), "imagenet512_uvic_huge": (FT_EMA, 0.18215),
