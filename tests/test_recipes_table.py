@@ -192,14 +192,9 @@ def test_plan_counts_autoguidance_and_repas_encoder_on_pixels() -> None:
     """With autoguidance beside classifier-free guidance a guided call is 4 passes (the
     weaker network's too), still only inside the interval; on pixel data REPA's encoder
     runs once per training image (steps x batch)."""
-    from uvic.cli.table_runner import interval_note, repa_cost
+    from uvic.cli.table_runner import repa_cost
     from uvic.config import apply_overrides
-    from uvic.diffusion.guidance_interval import sampling_passes
-
-    def fid_calls(cfg):  # (passes per sample, sampler calls, guided calls) as the plan says
-        note = re.search(r"\((\d+) sampler calls, (\d+) of them guided", interval_note(cfg))
-        calls, guided = map(int, note.groups()) if note else (cfg.sample.steps, 0)
-        return sampling_passes(cfg), calls, guided
+    from uvic.diffusion.guidance_interval import sampling_calls as fid_calls
 
     cfg = load_config(CONFIGS / "imagenet256_uvit_large_flow.py")
     s = cfg.sample

@@ -149,20 +149,11 @@ def make_jobs(table: Table, args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
-def interval_note(cfg: Config) -> str:
+def interval_note(calls: int, guided: int) -> str:
     """" (N sampler calls, M of them guided: ...)" where a guidance interval leaves some of
-    a guided sampler's calls unguided, else "" (the count itself: `sampling_passes`)."""
-    from uvic.diffusion.guidance_interval import guided_calls
-    from uvic.diffusion.schedule import Diffusion
-
-    protocol, s = protocol_of(cfg), cfg.sample
-    if not (protocol.guidance or s.autoguidance_scale):
-        return ""
-    inside, calls = guided_calls(Diffusion(cfg.diffusion), protocol.guidance_interval,
-                                 s.scheduler, steps=s.steps, order=s.order,
-                                 scheduler_kwargs=s.scheduler_kwargs)
-    return (f" ({calls} sampler calls, {inside} of them guided: those in the guidance "
-            "interval)" if 0 < inside < calls else "")
+    a guided sampler's calls unguided, else "" (the counts: `sampling_calls`)."""
+    return (f" ({calls} sampler calls, {guided} of them guided: those in the guidance "
+            "interval)" if 0 < guided < calls else "")
 
 
 def repa_cost(cfg: Config) -> str:
@@ -183,7 +174,7 @@ def repa_cost(cfg: Config) -> str:
 def plan(jobs: list[Job]) -> str:
     """The compute each stage needs: training images (and REPA's encoder) and network calls
     for sampling, with times from this run's measured step time where one exists."""
-    from uvic.diffusion.guidance_interval import sampling_passes
+    from uvic.diffusion.guidance_interval import sampling_calls
 
     lines = ["Plan (train -> FID -> table):"]
     for job in jobs:
@@ -196,7 +187,8 @@ def plan(jobs: list[Job]) -> str:
             hours = remaining * step_time / 3600
             train_time = f"~{hours:.1f} h at the measured {step_time:.3f} s/step"
         protocol = protocol_of(job.cfg)
-        evals, how = sampling_passes(job.cfg), interval_note(job.cfg)
+        evals, calls, guided = sampling_calls(job.cfg)
+        how = interval_note(calls, guided)
         n = job.cfg.eval.n_samples
         lines += [f"- {job.label}: train {remaining:,} of {t.max_steps:,} steps "
                   f"x {t.batch_size} images; {train_time}",

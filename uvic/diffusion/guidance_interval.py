@@ -128,6 +128,19 @@ def guided_calls(diffusion: Diffusion, interval: Sequence[float],
     return int(inside(sigma, interval).sum()), len(times)
 
 
+def _guided_of(diffusion: Diffusion, interval: Sequence[float], scheduler: str, steps: int,
+               order: int, scheduler_kwargs: dict[str, Any] | None,
+               per_eval: int) -> tuple[int, int]:
+    """(the solver's calls, those that are guided) of one sampler run: all of them for an
+    empty interval, none without guidance (`per_eval` 1)."""
+    kw = {"steps": steps, "order": order, "scheduler_kwargs": scheduler_kwargs}
+    if per_eval > 1 and interval:
+        inside_n, calls = guided_calls(diffusion, interval, scheduler, **kw)
+        return calls, inside_n
+    calls = model_calls(diffusion, scheduler, **kw)
+    return calls, calls if per_eval > 1 else 0
+
+
 def network_passes(diffusion: Diffusion, interval: Sequence[float],
                    scheduler: str = "dpm_solver++", steps: int = 50, order: int = 2,
                    scheduler_kwargs: dict[str, Any] | None = None, *, cfg_guided: bool = False,
@@ -136,18 +149,22 @@ def network_passes(diffusion: Diffusion, interval: Sequence[float],
     solver's calls (`model_calls`: e.g. 2 steps - 1 for Heun), each of those inside the
     guidance `interval` (every one for an empty interval) costing `passes_per_eval`."""
     per_eval = passes_per_eval(cfg_guided, autoguided)
-    kw = {"steps": steps, "order": order, "scheduler_kwargs": scheduler_kwargs}
-    if per_eval == 1 or not interval:
-        return model_calls(diffusion, scheduler, **kw) * per_eval
-    inside_n, calls = guided_calls(diffusion, interval, scheduler, **kw)
-    return calls + inside_n * (per_eval - 1)
+    calls, guided = _guided_of(diffusion, interval, scheduler, steps, order, scheduler_kwargs,
+                               per_eval)
+    return calls + guided * (per_eval - 1)
+
+
+def sampling_calls(cfg: Config, diffusion: Diffusion | None = None) -> tuple[int, int, int]:
+    """Per image of the config's own sampling (`sample.*`, guidance as `generate` applies
+    it): (network passes, the sampler's calls, those of them guided)."""
+    s = cfg.sample
+    per_eval = passes_per_eval(effective_cfg_scale(cfg) != 0, s.autoguidance_scale != 0)
+    calls, guided = _guided_of(diffusion or Diffusion(cfg.diffusion), guidance_interval(cfg),
+                               s.scheduler, s.steps, s.order, s.scheduler_kwargs, per_eval)
+    return calls + guided * (per_eval - 1), calls, guided
 
 
 def sampling_passes(cfg: Config, diffusion: Diffusion | None = None) -> int:
-    """`network_passes` per image of the config's own sampling (`sample.*`, guidance as
-    `generate` applies it): the one count of every plan and cost estimate."""
-    s = cfg.sample
-    return network_passes(diffusion or Diffusion(cfg.diffusion), guidance_interval(cfg),
-                          s.scheduler, s.steps, s.order, s.scheduler_kwargs,
-                          cfg_guided=effective_cfg_scale(cfg) != 0,
-                          autoguided=s.autoguidance_scale != 0)
+    """`network_passes` per image of the config's own sampling: the one count of every plan
+    and cost estimate."""
+    return sampling_calls(cfg, diffusion)[0]
