@@ -1,8 +1,10 @@
 """Plain PyTorch reference formulas for softmax, Cog, expressive and sigmoid attention
 (test oracles).
 
-All five functions take (..., N, D) tensors, build the full N x N score matrix
-and are differentiated by autograd; run them in float64 to check the kernels.
+Every function takes (..., N, D) tensors, builds the full N x N score matrix and is
+differentiated by autograd; run them in float64 to check the kernels.
+``attention_weights`` gives a mode's weights ``A`` (optionally causal, for analysis and
+toy language models); each ``<mode>_attention_reference`` is ``A @ v``.
 
 Cog attention has two published forms (Lv et al., eq. 3 and Figure 3) that agree
 everywhere except at scores that are exactly zero:
@@ -38,11 +40,69 @@ def _scores(q: torch.Tensor, k: torch.Tensor, scale: float | None) -> torch.Tens
     return scale * (q @ k.transpose(-2, -1))
 
 
+def sigmoid_bias_default(n_kv: int) -> float:
+    """Sigmoid attention's default bias, ``-log(N)`` for ``N`` keys: at initialisation
+    (scores near 0) every weight is about ``1 / (1 + N)``, so a row sums to about 1."""
+    return -math.log(n_kv)
+
+
+def _masked(x: torch.Tensor, keep: torch.Tensor | None, fill: float) -> torch.Tensor:
+    return x if keep is None else x.masked_fill(~keep, fill)
+
+
+def attention_weights(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    mode: str,
+    scale: float | None = None,
+    bias: float | torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """The attention weights ``A`` (..., Nq, Nk) of ``mode``: each ``<mode>_attention_reference``
+    below is ``A @ v``.
+
+    ``causal``: query i sees keys 0..i only (Nq == Nk). A masked key gets weight exactly 0
+    and no share of a normalised row's denominator, so each row is the mode's formula
+    over the keys it sees; sigmoid attention's default bias is then ``-log(i + 1)`` for
+    row i (its own key count). ``bias``: sigmoid attention's (see
+    :func:`sigmoid_attention_reference`); other modes take none.
+    """
+    s = _scores(q, k, scale)
+    n_q, n_k = s.shape[-2:]
+    keep = None
+    if causal:
+        if n_q != n_k:
+            raise ValueError(f"causal attention needs as many keys as queries, got {n_k} "
+                             f"and {n_q}")
+        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).tril()
+    if bias is not None and mode != "sigmoid":
+        raise ValueError(f"only sigmoid attention takes a bias, not {mode!r}")
+    if mode == "softmax":
+        return torch.softmax(_masked(s, keep, -math.inf), dim=-1)
+    if mode == "cog":
+        # sign(S) * softmax(|S|): a masked key's sign is finite and its softmax share 0
+        return torch.sign(s) * torch.softmax(_masked(s.abs(), keep, -math.inf), dim=-1)
+    if mode == "expressive":
+        e = _masked(s * s / (1 + s * s), keep, 0.0)
+        n = e.sum(dim=-1, keepdim=True)
+        return torch.where(n > 0, e / torch.where(n > 0, n, torch.ones_like(n)), 0.0)
+    if mode == "sigmoid":
+        if bias is None and causal:  # row i sees i + 1 keys
+            bias = -torch.arange(1, n_q + 1, dtype=s.dtype, device=s.device).log().unsqueeze(-1)
+        elif bias is None:
+            bias = sigmoid_bias_default(n_k)
+        elif isinstance(bias, torch.Tensor):
+            bias = bias.to(s.dtype).reshape(-1, 1, 1)  # (H, 1, 1) or (1, 1, 1)
+        return _masked(torch.sigmoid(s + bias), keep, 0.0)
+    raise ValueError(f"unknown attention mode {mode!r}; known: softmax, cog, expressive, "
+                     "sigmoid")
+
+
 def softmax_attention_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
 ) -> torch.Tensor:
     """``softmax(scale * q k^T) v`` (scale defaults to ``D ** -0.5``)."""
-    return torch.softmax(_scores(q, k, scale), dim=-1) @ v
+    return attention_weights(q, k, "softmax", scale) @ v
 
 
 def cog_attention_reference(
@@ -53,8 +113,7 @@ def cog_attention_reference(
     A score of exactly 0 gets weight 0 but still counts ``exp(-max|S|)`` in the
     denominator; this is the definition the fused kernels follow.
     """
-    s = _scores(q, k, scale)
-    return (torch.sign(s) * torch.softmax(s.abs(), dim=-1)) @ v
+    return attention_weights(q, k, "cog", scale) @ v
 
 
 def cog_attention_eq3(
@@ -84,16 +143,7 @@ def expressive_attention_reference(
     exactly 0 has ``rowsum(E) = 0``: its weights are defined as 0 (output 0, and, since
     ``dE/dS = 0`` at ``S = 0``, gradient 0), not 0 / 0.
     """
-    s = _scores(q, k, scale)
-    e = s * s / (1 + s * s)
-    n = e.sum(dim=-1, keepdim=True)
-    return torch.where(n > 0, e / torch.where(n > 0, n, torch.ones_like(n)), 0.0) @ v
-
-
-def sigmoid_bias_default(n_kv: int) -> float:
-    """Sigmoid attention's default bias, ``-log(N)`` for ``N`` keys: at initialisation
-    (scores near 0) every weight is about ``1 / (1 + N)``, so a row sums to about 1."""
-    return -math.log(n_kv)
+    return attention_weights(q, k, "expressive", scale) @ v
 
 
 def sigmoid_attention_reference(
@@ -105,14 +155,9 @@ def sigmoid_attention_reference(
 ) -> torch.Tensor:
     """Sigmoid attention without normalisation: ``sigmoid(S + b) @ v``.
 
-    Seed 002 (Table 15; Ramapuram et al. 2024).  Every weight lies in (0, 1) and no row
-    is normalised.  ``bias`` defaults to ``-log(N)`` (N keys); a tensor is one bias per
-    head (shape (H,), broadcast over batch, queries and keys) or a single value (shape
-    () or (1,)), and gets its gradient from autograd.
+    Ramapuram et al. (2024); Gu et al. (2024), Table 15.  Every weight lies in (0, 1)
+    and no row is normalised.  ``bias`` defaults to ``-log(N)`` (N keys); a tensor is one
+    bias per head (shape (H,), broadcast over batch, queries and keys) or a single value
+    (shape () or (1,)), and gets its gradient from autograd.
     """
-    s = _scores(q, k, scale)
-    if bias is None:
-        bias = sigmoid_bias_default(k.shape[-2])
-    if isinstance(bias, torch.Tensor):
-        bias = bias.to(s.dtype).reshape(-1, 1, 1)  # (H, 1, 1) or (1, 1, 1)
-    return torch.sigmoid(s + bias) @ v
+    return attention_weights(q, k, "sigmoid", scale, bias) @ v

@@ -74,7 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"attention of the model ({', '.join(ATTENTION_MODES)})")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--paper", action="store_true",
-                   help="the paper's gated training: 1,000 epochs of 100 x 1,000 prompts")
+                   help="the paper's gated training (1,000 epochs of 100 x 1,000 prompts, "
+                        "compiled), of the first model from --seed on that learnt every "
+                        "trigram with one in superposition")
     _toy_options(t)
     c = sub.add_parser("capacity", help="the capacity table of every mode")
     c.add_argument("--modes", type=_modes, default=list(ATTENTION_MODES))
@@ -119,7 +121,8 @@ def _trigrams(args: argparse.Namespace) -> dict:
     heads, trigrams, coef, lr = te.SETTINGS[args.setting]
     base = te.PAPER if args.paper else te.ToySettings()
     base = replace(base, coef=coef, gated_lr=lr) if args.paper else replace(base, coef=coef)
-    return te.reproduce(args.mode, heads, trigrams, args.seed, _settings(args, base))
+    return te.reproduce(args.mode, heads, trigrams, args.seed, _settings(args, base),
+                        superposed=args.paper)
 
 
 def _capacity(args: argparse.Namespace, out: Path) -> None:
