@@ -78,6 +78,22 @@ def test_causal_weights_have_exact_gradients(mode):
     assert torch.autograd.gradcheck(weights, args)
 
 
+def test_share_of_models_resolved_over_seeds(tmp_path, capsys):
+    """``--models N`` distils N different models in superposition (seeds from --seed on,
+    none twice) and reports the share whose gated block holds each trigram in one head,
+    with its exact interval; the hand-built setting (one model) is refused."""
+    cfg = E.ToySettings(eval_prompts=500, gated_epochs=1, gated_batches=1, gated_batch=16)
+    summary = E.reproduce_models("softmax", 2, 2, 0, cfg, 2, say=lambda _: None)
+    seeds = summary["seeds"]
+    assert len(set(seeds)) == 2 and seeds == sorted(seeds)
+    assert summary["resolved"] == sum(m["each_trigram_in_one_head"] for m in summary["models"])
+    low, high = summary["interval_95"]
+    assert 0 <= low <= summary["share"] <= high <= 1
+    with pytest.raises(SystemExit):
+        main(["trigrams", "--setting", "hand-built", "--models", "2", "--out", str(tmp_path)])
+    assert "hand-built setting is one model" in capsys.readouterr().err
+
+
 def test_attention_weights_refuses_bad_input():
     q = torch.randn(1, 1, 3, 2)
     with pytest.raises(ValueError, match="as many keys as queries"):

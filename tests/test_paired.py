@@ -22,6 +22,7 @@ from uvic.evaluation.paired import (
     format_interval,
     paired_difference,
     pairs_of,
+    proportion_interval,
     resample_means,
     t_interval,
 )
@@ -126,3 +127,19 @@ def test_pairs_best_step_and_format() -> None:
     assert best_step(by_step, "one") == (400, 1.1)  # |log 1.1| < |log 0.5|
     assert format_interval(Interval(3.2712, 0.0456, 3, 0.1)) == "3.271 ± 0.046"
     assert format_interval(Interval(3.2712, 0.456, 3, 0.1), latex=True) == r"$3.27 \pm 0.46$"
+
+
+def test_proportion_interval_closed_forms():
+    """Clopper-Pearson's closed forms: 0 of n -> [0, 1 - (alpha/2)^(1/n)], n of n ->
+    [(alpha/2)^(1/n), 1]; k of n holds k/n and, by the binomial sums that define it, the
+    ends give tail probabilities of exactly alpha/2."""
+    from scipy import stats
+
+    assert proportion_interval(0, 8) == (0.0, pytest.approx(1 - 0.025 ** (1 / 8)))
+    assert proportion_interval(8, 8) == (pytest.approx(0.025 ** (1 / 8)), 1.0)
+    low, high = proportion_interval(4, 8)
+    assert low < 0.5 < high
+    assert stats.binom.sf(3, 8, low) == pytest.approx(0.025)  # P(X >= 4 | low)
+    assert stats.binom.cdf(4, 8, high) == pytest.approx(0.025)  # P(X <= 4 | high)
+    with pytest.raises(ValueError, match="3 of 2"):
+        proportion_interval(3, 2)

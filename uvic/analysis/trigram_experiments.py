@@ -62,7 +62,8 @@ class ToySettings:
 
 # Mathwin et al.'s settings: (heads, trigrams) -> L0.6 coefficient, learning rate; their
 # gated blocks train 1,000 epochs of 100 batches x 1,000 prompts.
-SETTINGS = {"4x5": (4, 5, 3e-1, 1e-3), "2x3": (2, 3, 5e-1, 5e-4), "3x4": (3, 4, 1e-1, 5e-4)}
+SETTINGS = {"4x5": (4, 5, 3e-1, 1e-3), "2x3": (2, 3, 5e-1, 5e-4), "3x4": (3, 4, 1e-1, 5e-4),
+            "2x2": (2, 2, 3e-1, 1e-3)}  # 2x2: ours, the smallest case of superposition
 PAPER = ToySettings(steps=1500, gated_epochs=1000, gated_batches=100, gated_batch=1000,
                     warmup=0.0, compile=True, report_every=50)
 # the hand-built model's gated block: a short run (see `fit`'s warm-up)
@@ -181,6 +182,27 @@ def reproduce(mode: str, heads: int, trigrams: int, seed: int, cfg: ToySettings,
     result = _gate_model(model, held_out, acc, candidate, cfg, say, start)
     result["skipped_seeds"] = skipped
     return result
+
+
+def reproduce_models(mode: str, heads: int, trigrams: int, seed: int, cfg: ToySettings,
+                     models: int, say: Callable[[str], None] = print) -> dict:
+    """:func:`reproduce` on ``models`` different models in superposition (seeds from
+    ``seed`` on), and how many of their gated blocks hold each trigram in one head: the
+    share, with its exact 95% interval. JSON-ready."""
+    from uvic.evaluation.paired import proportion_interval
+
+    results, next_seed = [], seed
+    for _ in range(models):
+        result = reproduce(mode, heads, trigrams, next_seed, cfg, say, superposed=True)
+        results.append(result)
+        next_seed = result["seed"] + 1
+    resolved = sum(r["each_trigram_in_one_head"] for r in results)
+    low, high = proportion_interval(resolved, models)
+    say(f"each trigram in one gated head: {resolved} of {models} models (seeds "
+        f"{[r['seed'] for r in results]}; exact 95% interval {low:.2f} to {high:.2f})")
+    return {"mode": mode, "heads": heads, "trigrams": trigrams, "settings": asdict(cfg),
+            "seeds": [r["seed"] for r in results], "resolved": resolved, "models": results,
+            "share": resolved / models, "interval_95": [low, high]}
 
 
 def reproduce_hand_built(seed: int, cfg: ToySettings,

@@ -89,6 +89,22 @@ def t_interval(values: Sequence[float], confidence: float = CONFIDENCE,
                     len(x), sd)
 
 
+def proportion_interval(successes: int, trials: int,
+                        confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) interval of a share, ``successes`` of ``trials``: e.g.
+    how many trained models show an effect. Never narrower than its confidence promises."""
+    from scipy import stats
+
+    if trials < 1 or not 0 <= successes <= trials:
+        raise ValueError(f"need 0 <= successes <= trials and trials >= 1, got {successes} "
+                         f"of {trials}")
+    alpha = 1 - confidence
+    low = float(stats.beta.ppf(alpha / 2, successes, trials - successes + 1)) if successes else 0.0
+    high = (float(stats.beta.ppf(1 - alpha / 2, successes + 1, trials - successes))
+            if successes < trials else 1.0)
+    return low, high
+
+
 def t_test_p(d: np.ndarray) -> float:
     """Two-sided p-value of the one-sample t-test of mean(d) = 0 (a paired t-test on
     differences); sd 0: 1 if every difference is 0, else 0."""
