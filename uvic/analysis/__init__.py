@@ -8,7 +8,7 @@
 block's attention matrix with hooks, `core` runs the models, `figures` draws.
 """
 
-from uvic.analysis.capture import HEAD_METRICS, REFERENCE_ATTENTION, attention_weights
+from uvic.analysis.capture import HEAD_METRICS, attention_weights
 from uvic.analysis.core import (
     SCHEMA_VERSION,
     analyze,
@@ -21,7 +21,6 @@ from uvic.analysis.figures import save_figures
 
 __all__ = [
     "HEAD_METRICS",
-    "REFERENCE_ATTENTION",
     "SCHEMA_VERSION",
     "analyze",
     "attention_weights",
