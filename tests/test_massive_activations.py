@@ -143,6 +143,10 @@ def test_every_mode_runs(tmp_path):
     table = massive_table(result).splitlines()
     assert len(table) == 2 + 4 * 3 and all(mode in table[2 + 3 * i]
                                            for i, mode in enumerate(modes))
+    long_label = "uvic-seed1234-step2100"  # a long label keeps the columns aligned
+    renamed = dict(result, models={long_label: result["models"]["cog"]})
+    head, row = massive_table(renamed).splitlines()[1:3]
+    assert row.startswith(long_label + " ") and head.index("block") == row.index("in_blocks")
     paths = save_figures(result, tmp_path, map_levels=[])
     assert paths["massive_activations"].read_bytes()[:4] == b"\x89PNG"
     assert "heatmap_massive_ratio" in paths

@@ -104,16 +104,17 @@ def massive_table(result: dict) -> str:
     """Plain-text table: per model and block, the mean sink share and the massive-activation
     ratio (mean +- standard deviation over images and levels) with its largest token."""
     levels = len(result["noise_levels"])
+    width = max([5, *map(len, result["models"])]) + 1  # model labels stay in their column
     lines = [f"massive activations (largest token's L2 norm / mean norm of the others) "
              f"beside the sink share; {result['num_images']} image(s) x {levels} noise level(s)",
-             f"{'model':<14} {'block':<13} {'mode':<10} {'sink share':>10} "
+             f"{'model':<{width}} {'block':<13} {'mode':<10} {'sink share':>10} "
              f"{'ratio':>16}  largest token"]
     for label, entry in result["models"].items():
         for blk in entry["blocks"]:
             mean, std = pooled(blk)
             index, share = top_token(blk)
             sink = sum(blk["sink_share"]) / len(blk["sink_share"])
-            lines.append(f"{label:<14} {blk['name']:<13} {blk['mode']:<10} {sink:>10.2f} "
+            lines.append(f"{label:<{width}} {blk['name']:<13} {blk['mode']:<10} {sink:>10.2f} "
                          f"{mean:>8.2f} +- {std:<5.2f}  "
                          f"{token_name(index, result['layout'])} ({share:.0%})")
     return "\n".join(lines)
