@@ -459,3 +459,21 @@ def test_trained_gated_block_takes_a_trigram_out_of_superposition():
     assert [len(heads) for heads in gated["encodings"]["single"]] == [1, 1]
     assert gated["encodings"]["shared"] == [] and gated["encodings"]["bias"] == []
     assert result["each_trigram_in_one_head"]
+
+
+def test_capacity_differences_are_paired_by_seed():
+    """Each mode minus softmax, seed by seed: differences (1, 0, 2) give mean +1, t
+    interval 4.303 * 1 / sqrt(3) = 2.48 and paired p 0.225; a mode at the trigram limit is
+    marked as a lower bound; one seed gives no table."""
+    def cell(mode, caps, hit_max=False):
+        return {"mode": mode, "heads": 2, "seeds": [0, 1, 2], "capacity": caps, "mean": 0,
+                "std": 0, "min": 0, "max": 0, "hit_max": hit_max}
+
+    table = {"seeds": [0, 1, 2], "cells": [cell("softmax", [1, 2, 3]), cell("cog", [2, 2, 5]),
+                                           cell("sigmoid", [4, 4, 4], hit_max=True)]}
+    rows = E.paired_table(table).splitlines()
+    assert rows[0] == "| mode - softmax | 2 heads |"
+    assert rows[2] == "| cog | +1.00 ± 2.48 (p 0.23) |"
+    assert rows[3].startswith("| sigmoid | >= +2.00 ± ")  # (3, 2, 1)
+    assert E.paired_table(dict(table, seeds=[0])) == ""
+    assert "| mode - softmax |" in E.markdown_table(table)

@@ -334,4 +334,36 @@ def markdown_table(table: dict) -> str:
                     f"{count(d['gated_single'])} / {len(d['gated_shared'])} | "
                     f"{d['gated_relative_error']:.3g} |")
         lines.append(f"| {mode} | " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n\n" + "\n".join(detail) + "\n"
+    paired = paired_table(table)
+    return ("\n".join(lines) + "\n\n" + "\n".join(detail) + "\n"
+            + (f"\n{paired}" if paired else ""))
+
+
+def paired_table(table: dict, base: str = "softmax") -> str:
+    """Each mode's capacity minus ``base``'s, seed by seed (a seed's models of every mode
+    see the same prompts): mean with its 95% Student-t interval and the paired t-test p.
+    ``>=`` marks a difference whose mode reached the trigram limit in some seed (its
+    capacity there is a lower bound). Empty with one seed or without ``base``."""
+    from uvic.evaluation.paired import paired_difference
+
+    cells = {(c["mode"], c["heads"]): c for c in table["cells"]}
+    head_counts = sorted({h for _, h in cells})
+    modes = [m for m in dict.fromkeys(m for m, _ in cells) if m != base]
+    if len(table["seeds"]) < 2 or not modes or any((base, h) not in cells for h in head_counts):
+        return ""
+    lines = [f"| mode - {base} | " + " | ".join(f"{h} head{'s' * (h > 1)}"
+                                               for h in head_counts) + " |",
+             "|---" * (len(head_counts) + 1) + "|"]
+    for mode in modes:
+        row = []
+        for h in head_counts:
+            a, b = cells[(base, h)], cells.get((mode, h))
+            if b is None:
+                row.append("")
+                continue
+            d = paired_difference(dict(zip(a["seeds"], a["capacity"])),
+                                  dict(zip(b["seeds"], b["capacity"])), (base, mode))
+            bound = ">= " if b["hit_max"] else ""
+            row.append(f"{bound}{d.mean:+.2f} ± {d.t_half_width:.2f} (p {d.t_p:.2g})")
+        lines.append(f"| {mode} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
