@@ -377,6 +377,10 @@ def test_gating_prefers_one_head_per_trigram():
             found[resolved] = (G.l0_penalty(block.last_gate).item(),
                                S.head_encodings(block.head_outputs(x), x + block.b_O, data),
                                S.trigram_gates(block.last_gate, data, G.OPEN_GATE))
+            # the paper's test (the heads' outputs alone) sees the same: one head writes
+            # C1 + 0.6 C3 at B3, both together C1 + C2 + 1.2 C3
+            alone = S.head_encodings(block.head_outputs(x), torch.zeros_like(x), data)
+            assert alone == found[resolved][1]
     assert found[True][0] < found[False][0]
     assert found[False][1] == {"single": [[0], [1], []], "shared": [2], "bias": []}
     assert found[True][1] == {"single": [[0], [1], [2]], "shared": [], "bias": []}

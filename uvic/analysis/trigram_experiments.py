@@ -134,6 +134,8 @@ def distil(model: ToyAttentionModel, held_out: TrigramData, seed: int, cfg: ToyS
         heads = block.head_outputs(hx)
         gates = trigram_gates(block.last_gate, held_out, OPEN_GATE)
         report["encodings"] = head_encodings(heads, hx + block.b_O, held_out)
+        # the paper's test: the heads' summed outputs alone, without embedding or bias
+        report["encodings_heads_only"] = head_encodings(heads, torch.zeros_like(hx), held_out)
         report["open_heads_b_to_a"] = gates
         report["final_loss"] = {"reconstruction": log.reconstruction[-1], "l0_6": log.l0[-1]}
         logits = hx + block(hx)
@@ -229,11 +231,19 @@ def _gate_model(model: ToyAttentionModel, held_out: TrigramData, acc: list[float
         f"{report['relative_error']:.3g}, L0.6 {report['l0_6']:.3g}): "
         f"alone {enc['single']}, shared {enc['shared']}, open heads B->A "
         f"{[round(g, 2) for g in report['open_heads_b_to_a']]}")
-    one_head = all(len(e) >= 1 for e in enc["single"]) and not enc["shared"]
+    alone = report["encodings_heads_only"]
+    say(f"  gated, the paper's test (heads' outputs alone): alone {alone['single']}, "
+        f"shared {alone['shared']}")
     return {"mode": model.mode, "heads": heads, "trigrams": trigrams, "seed": seed,
             "settings": asdict(cfg), "original_accuracy": acc, "original_encodings": orig,
-            "gated": report, "each_trigram_in_one_head": one_head,
+            "gated": report, "each_trigram_in_one_head": _one_head_each(enc),
+            "each_trigram_in_one_head_heads_only": _one_head_each(alone),
             "seconds": time.perf_counter() - start}
+
+
+def _one_head_each(encodings: dict) -> bool:
+    """Every trigram encoded by some head alone, and none only by several together."""
+    return all(len(e) >= 1 for e in encodings["single"]) and not encodings["shared"]
 
 
 def capacity_cell(mode: str, heads: int, seeds: list[int], max_trigrams: int,
