@@ -31,6 +31,16 @@ TINY = ["model.img_size=8", "model.patch_size=2", "model.embed_dim=16", "model.d
         "model.num_heads=2", "model.attention_backend=torch", "data.num_images=4"]
 
 
+def hand_built_io(num_prompts: int) -> tuple[S.TrigramData, torch.Tensor, torch.Tensor]:
+    """Prompts of the hand-built model's 3 trigrams, its inputs (one-hot) and the outputs
+    of its attention block: what a gated block is fitted to."""
+    teacher = S.hand_built_model()
+    data = S.make_prompts(3, num_prompts, seed=5)
+    x = teacher.embed(data.tokens[:, :-1])
+    with torch.no_grad():
+        return data, x, teacher.attn(x)
+
+
 def reference_of(mode: str):
     """The plain formula of a mode (``<mode>_attention_reference``), independent of the
     kernel's torch path that ``attention_pattern`` runs."""
@@ -107,11 +117,7 @@ def test_attention_weights_refuses_bad_input():
 def test_compiled_fit_is_the_same_fit():
     """``fit(compile=True)`` runs the same losses and steps as the eager fit (to float
     rounding), with the coefficient's warm-up changing every epoch (no recompiling)."""
-    teacher = S.hand_built_model()
-    data = S.make_prompts(3, 64, seed=5)
-    x = teacher.embed(data.tokens[:, :-1])
-    with torch.no_grad():
-        y = teacher.attn(x)
+    _, x, y = hand_built_io(64)
     logs = {}
     for compiled in (False, True):
         torch.manual_seed(0)
@@ -365,11 +371,8 @@ def test_gating_prefers_one_head_per_trigram():
     heads) or with each trigram in one head; both reconstruct equally (error ~0), and the
     L0.6 penalty is lower for the single-head block, so the recipe's loss prefers it for
     every coefficient > 0. The head-ablation test tells the two apart."""
-    teacher = S.hand_built_model()
-    data = S.make_prompts(3, 1500, seed=5)
-    x = teacher.embed(data.tokens[:, :-1])
+    data, x, y = hand_built_io(1500)
     with torch.no_grad():
-        y = teacher.attn(x)
         found = {}
         for resolved in (False, True):
             block = gated_copy_of_hand_built(resolved)
@@ -424,11 +427,7 @@ def test_fit_is_relative_to_the_originals_scale():
     error < 1); the plain recipe at the same budget (lr 1e-3, 160 steps of 32 prompts) is still far
     above 1, as the output bias has not reached the mean (the hand-built model writes -1
     on every B: a mean square of 0.38 against a variance of 0.033)."""
-    teacher = S.hand_built_model()
-    data = S.make_prompts(3, 256, seed=5)
-    x = teacher.embed(data.tokens[:, :-1])
-    with torch.no_grad():
-        y = teacher.attn(x)
+    _, x, y = hand_built_io(256)
     flat = y.reshape(-1, 8).double()
     errors = {}
     for relative in (False, True):
