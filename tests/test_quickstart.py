@@ -101,13 +101,17 @@ def test_quickstart_end_to_end(first_run: Path) -> None:
         assert r["final_step"] == 20
         assert r["guide"] == {"ckpt": f"{r['run_dir']}/checkpoints/step_000008/ema.safetensors",
                               "step": 8, "scale": 1.0}
-    assert "skipped" in (out / "results.md").read_text()
+    report = (out / "results.md").read_text()
+    assert "skipped" in report and "| U-ViC | 1 |" in report and "massive ratio" in report
     # the attention analysis of both models: Cog blocks carry negative mass, softmax none
     attention = results["attention"]
     assert set(attention) == {"U-ViT", "U-ViC"}
     assert attention["U-ViT"]["negative_mass"] == [0.0, 0.0, 0.0]
     uvic = attention["U-ViC"]["negative_mass"]
     assert uvic[0] == uvic[2] == 0.0 and uvic[1] > 0.0
+    for model in attention.values():  # a largest token's norm is at least the others' mean
+        assert len(model["massive_ratio"]) == 3 and min(model["massive_ratio"]) >= 1.0
+        assert all(0.0 <= share <= 1.0 for share in model["sink_share"])
     assert (out / "attention.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "attention" / "attention.json").is_file()
 

@@ -118,8 +118,20 @@ def attention_summary(analysis: dict) -> dict[str, dict[str, list[float]]]:
 
     return {label: {metric: [mean(blk["mean"][metric]) for blk in model["blocks"]]
                     for metric in ("negative_mass", "entropy", "time_weight")}
-            | {"collapse": [mean(blk["collapse"]) for blk in model["blocks"]]}
+            | {key: [mean(blk[key]) for blk in model["blocks"]]
+               for key in ("collapse", "sink_share", "massive_ratio")}
             for label, model in analysis["models"].items()}
+
+
+def attention_table(summary: dict[str, dict[str, list[float]]]) -> str:
+    """Markdown table of :func:`attention_summary`: one row per model and block."""
+    lines = ["| model | block | negative mass | entropy | sink share | massive ratio |",
+             "|---|---|---|---|---|---|"]
+    for label, m in summary.items():
+        for i, neg in enumerate(m["negative_mass"]):
+            lines.append(f"| {label} | {i} | {neg:.3f} | {m['entropy'][i]:.2f} "
+                         f"| {m['sink_share'][i]:.2f} | {m['massive_ratio'][i]:.2f} |")
+    return "\n".join(lines)
 
 
 def notes(base: Config, rows: list[dict], args: argparse.Namespace, jobs: int,
@@ -135,7 +147,9 @@ def notes(base: Config, rows: list[dict], args: argparse.Namespace, jobs: int,
         f"EMA weights, {args.heldout} held-out images at fixed noise levels and noise.",
         "Attention analysis (attention.png, attention/): per block and noise level, "
         "the share of |A| on negative weights, the entropy of |A|, the weight on the time "
-        "token and the similarity of patch tokens (scripts/analyze_attention.py).",
+        "token, the similarity of patch tokens, the share of heads sinking into the first "
+        "token and the massive-activation ratio (the largest token's norm over the mean of "
+        "the others; scripts/analyze_attention.py).",
         f"HF energy vs real: mean |Laplacian| of {args.n_quality} samples over that of "
         f"{args.n_quality} training images (1 is ideal; held-out real images give about 1). "
         "Palette share: pixels within 0.1 of one of their image's 3 dominant colours. "
@@ -156,10 +170,12 @@ def write_report(base: Config, rows: list[dict], real_quality: dict, analysis: d
                  timing: dict, args: argparse.Namespace, out: Path, fid_note: str) -> str:
     """results.md (tables and notes) and results.json in `out`; returns results.md's text."""
     lines = notes(base, rows, args, timing["jobs"], fid_note)
+    summary = attention_summary(analysis)
     report = (results_table(rows, timing, heldout_name(base.diffusion)) + "\n\n"
-              + quality_table(rows, real_quality) + "\n\n" + "\n".join(lines) + "\n")
+              + quality_table(rows, real_quality) + "\n\n" + attention_table(summary)
+              + "\n\n" + "\n".join(lines) + "\n")
     (out / "results.md").write_text(report)
     results = {"rows": rows, "real_heldout": real_quality, "notes": lines,
-               "attention": attention_summary(analysis), "timing": timing}
+               "attention": summary, "timing": timing}
     write_json(out / "results.json", results)
     return report
