@@ -60,7 +60,7 @@ class Protocol:
     """Everything besides the model that determines an FID."""
 
     sampler: str  # sample.scheduler (with its kwargs, if any)
-    steps: int  # model calls per sample (guided calls count once)
+    steps: int  # sample.steps: the sampler's steps (flow_heun makes 2 steps - 1 model calls)
     guidance: float  # s in eps = c + s (c - u); 0 for unconditional models
     n_samples: int
     fid_mode: str  # clean-fid mode
