@@ -544,7 +544,7 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
             ("cifar10", "cifar10 runs"), check=writes("runs/analysis/cifar10/attention.json")),
     "python scripts/gated_attention.py capacity --dry-run --out runs/gated/capacity":
         Run(check=states_the_gated_compute),
-    "python scripts/gated_attention.py capacity --seeds 3 --max-trigrams 8 --workers 2 "
+    "python scripts/gated_attention.py capacity --seeds 5 --max-trigrams 10 "
     "--out runs/gated/capacity":
         Run(("--modes", "softmax", "--heads", "1", "--seeds", "1", "--max-trigrams", "1",
              "--steps", "2", "--gated-epochs", "1", "--workers", "1"),
