@@ -449,7 +449,7 @@ def test_fit_is_relative_to_the_originals_scale():
 
 def test_trained_gated_block_takes_a_trigram_out_of_superposition():
     """Trained end to end at reduced size (the capacity table's softmax cell with 2 heads,
-    seed 1: 300 steps for the model, 960 for its gated block): the model learns both
+    seed 1: 300 steps for the model, 960 for its gated block; 6 s): the model learns both
     trigrams, the first only in its two heads together (superposition); its trained gated
     block (4 heads) reconstructs it (relative error < 0.05) with each trigram in exactly
     one gated head and none shared. One seed: other seeds' models learnt one trigram

@@ -359,7 +359,8 @@ def paired_table(table: dict, base: str = "softmax") -> str:
     cells = {(c["mode"], c["heads"]): c for c in table["cells"]}
     head_counts = sorted({h for _, h in cells})
     modes = [m for m in dict.fromkeys(m for m, _ in cells) if m != base]
-    if len(table["seeds"]) < 2 or not modes or any((base, h) not in cells for h in head_counts):
+    if (len(table.get("seeds", ())) < 2 or not modes
+            or any((base, h) not in cells for h in head_counts)):
         return ""
     lines = [f"| mode - {base} | " + " | ".join(f"{h} head{'s' * (h > 1)}"
                                                for h in head_counts) + " |",
