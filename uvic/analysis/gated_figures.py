@@ -27,7 +27,8 @@ def gate_figure(report: dict, path: str | Path, title: str = "") -> Path:
     opened = np.asarray(report["open_heads"], dtype=float)
     image = axes[heads].imshow(opened, vmin=0, vmax=max(1.0, opened.max()), cmap="magma")
     axes[heads].set_title(f"open heads (> {report['threshold']:g})", fontsize=8)
-    fig.colorbar(image, ax=axes[heads], shrink=0.8)
+    # beside the whole grid: one beside the panel would widen that panel's grid column
+    fig.colorbar(image, ax=list(axes), shrink=0.8, label="open heads")
     for ax in axes:
         ax.set_xticks([])
         ax.set_yticks([])
