@@ -146,7 +146,13 @@ def trigram_sites(data: TrigramData) -> tuple[Tensor, Tensor, Tensor]:
 @torch.no_grad()
 def trigram_accuracy(model: ToyAttentionModel, data: TrigramData) -> list[float]:
     """Per trigram, the share of its B's at which the model's top prediction is its C."""
-    logits = model(data.tokens[:, :-1])
+    return logit_accuracy(model(data.tokens[:, :-1]), data)
+
+
+@torch.no_grad()
+def logit_accuracy(logits: Tensor, data: TrigramData) -> list[float]:
+    """:func:`trigram_accuracy` of logits (P, N, vocab) on ``data``'s inputs, whatever
+    computed them (a model, or a gated block in a model's place)."""
     prompt, pos, tri = trigram_sites(data)
     right = (logits[prompt, pos].argmax(-1) == tri + 1 + data.num_trigrams).double()
     hits = torch.zeros(data.num_trigrams, dtype=torch.double).index_add_(0, tri, right)

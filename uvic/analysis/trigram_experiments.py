@@ -33,11 +33,11 @@ from uvic.analysis.skip_trigrams import (
     TrigramData,
     hand_built_model,
     head_encodings,
+    logit_accuracy,
     make_prompts,
     train_toy,
     trigram_accuracy,
     trigram_gates,
-    trigram_sites,
 )
 
 
@@ -113,12 +113,15 @@ def distil(model: ToyAttentionModel, held_out: TrigramData, seed: int, cfg: ToyS
         hx = model.embed(held_out.tokens[:, :-1])
     progress = []
 
+    def encodings(heads: torch.Tensor) -> dict:  # the block in the model's place
+        return head_encodings(heads, hx + block.b_O, held_out)
+
     def epoch_done(epoch: int, rec: float, l0: float) -> None:
         if on_epoch is not None:
             on_epoch(epoch, rec, l0)
         if cfg.report_every and (epoch + 1) % cfg.report_every == 0:
             with torch.no_grad():
-                enc = head_encodings(block.head_outputs(hx), hx + block.b_O, held_out)
+                enc = encodings(block.head_outputs(hx))
             progress.append({"epoch": epoch + 1, "reconstruction": rec, "l0_6": l0,
                              "single": enc["single"], "shared": enc["shared"]})
             say(f"  gated epoch {epoch + 1}: reconstruction {rec:.3g}, L0.6 {l0:.3g}, "
@@ -133,21 +136,14 @@ def distil(model: ToyAttentionModel, held_out: TrigramData, seed: int, cfg: ToyS
         report["gated_heads"] = block.num_heads
         heads = block.head_outputs(hx)
         gates = trigram_gates(block.last_gate, held_out, OPEN_GATE)
-        report["encodings"] = head_encodings(heads, hx + block.b_O, held_out)
+        report["encodings"] = encodings(heads)
         # the paper's test: the heads' summed outputs alone, without embedding or bias
         report["encodings_heads_only"] = head_encodings(heads, torch.zeros_like(hx), held_out)
         report["open_heads_b_to_a"] = gates
         report["final_loss"] = {"reconstruction": log.reconstruction[-1], "l0_6": log.l0[-1]}
-        logits = hx + block(hx)
-        report["accuracy"] = _accuracy_of(logits, held_out)
+        # the model's logits with the block in its attention's place (= hx + block(hx))
+        report["accuracy"] = logit_accuracy(hx + heads.sum(dim=2) + block.b_O, held_out)
     return block, report
-
-
-def _accuracy_of(logits: torch.Tensor, data: TrigramData) -> list[float]:
-    prompt, pos, tri = trigram_sites(data)
-    right = (logits[prompt, pos].argmax(-1) == tri + 1 + data.num_trigrams).double()
-    hits = torch.zeros(data.num_trigrams, dtype=torch.double).index_add_(0, tri, right)
-    return (hits / torch.bincount(tri, minlength=data.num_trigrams).clamp_min(1)).tolist()
 
 
 def original_encodings(model: ToyAttentionModel, held_out: TrigramData) -> dict:
@@ -170,12 +166,13 @@ def reproduce(mode: str, heads: int, trigrams: int, seed: int, cfg: ToySettings,
     skipped = []
     for candidate in range(seed, seed + (tries if superposed else 1)):
         model, held_out, acc = train_original(mode, heads, trigrams, candidate, cfg)
-        if not superposed or (min(acc) >= LEARNT
-                              and original_encodings(model, held_out)["shared"]):
+        if not superposed:
             break
-        say(f"seed {candidate}: accuracy {[round(a, 3) for a in acc]}, shared "
-            f"{original_encodings(model, held_out)['shared']}: not a model with every "
-            "trigram learnt and one in superposition; next seed")
+        shared = original_encodings(model, held_out)["shared"]
+        if min(acc) >= LEARNT and shared:
+            break
+        say(f"seed {candidate}: accuracy {[round(a, 3) for a in acc]}, shared {shared}: not "
+            "a model with every trigram learnt and one in superposition; next seed")
         skipped.append(candidate)
     else:
         raise ValueError(f"no seed in {seed}..{seed + tries - 1} gave a {heads}-head {mode} "

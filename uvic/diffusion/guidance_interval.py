@@ -128,17 +128,19 @@ def guided_calls(diffusion: Diffusion, interval: Sequence[float],
     return int(inside(sigma, interval).sum()), len(times)
 
 
-def _guided_of(diffusion: Diffusion, interval: Sequence[float], scheduler: str, steps: int,
+def _passes_of(diffusion: Diffusion, interval: Sequence[float], scheduler: str, steps: int,
                order: int, scheduler_kwargs: dict[str, Any] | None,
-               per_eval: int) -> tuple[int, int]:
-    """(the solver's calls, those that are guided) of one sampler run: all of them for an
-    empty interval, none without guidance (`per_eval` 1)."""
+               per_eval: int) -> tuple[int, int, int]:
+    """(network passes, the solver's calls, those that are guided) of one sampler run: a
+    guided call costs `per_eval` passes; every call is guided for an empty interval, none
+    without guidance (`per_eval` 1)."""
     kw = {"steps": steps, "order": order, "scheduler_kwargs": scheduler_kwargs}
     if per_eval > 1 and interval:
-        inside_n, calls = guided_calls(diffusion, interval, scheduler, **kw)
-        return calls, inside_n
-    calls = model_calls(diffusion, scheduler, **kw)
-    return calls, calls if per_eval > 1 else 0
+        guided, calls = guided_calls(diffusion, interval, scheduler, **kw)
+    else:
+        calls = model_calls(diffusion, scheduler, **kw)
+        guided = calls if per_eval > 1 else 0
+    return calls + guided * (per_eval - 1), calls, guided
 
 
 def network_passes(diffusion: Diffusion, interval: Sequence[float],
@@ -148,10 +150,8 @@ def network_passes(diffusion: Diffusion, interval: Sequence[float],
     """Network passes per image of one sampler run (what its cost is counted in): the
     solver's calls (`model_calls`: e.g. 2 steps - 1 for Heun), each of those inside the
     guidance `interval` (every one for an empty interval) costing `passes_per_eval`."""
-    per_eval = passes_per_eval(cfg_guided, autoguided)
-    calls, guided = _guided_of(diffusion, interval, scheduler, steps, order, scheduler_kwargs,
-                               per_eval)
-    return calls + guided * (per_eval - 1)
+    return _passes_of(diffusion, interval, scheduler, steps, order, scheduler_kwargs,
+                      passes_per_eval(cfg_guided, autoguided))[0]
 
 
 def sampling_calls(cfg: Config, diffusion: Diffusion | None = None) -> tuple[int, int, int]:
@@ -159,9 +159,8 @@ def sampling_calls(cfg: Config, diffusion: Diffusion | None = None) -> tuple[int
     it): (network passes, the sampler's calls, those of them guided)."""
     s = cfg.sample
     per_eval = passes_per_eval(effective_cfg_scale(cfg) != 0, s.autoguidance_scale != 0)
-    calls, guided = _guided_of(diffusion or Diffusion(cfg.diffusion), guidance_interval(cfg),
-                               s.scheduler, s.steps, s.order, s.scheduler_kwargs, per_eval)
-    return calls + guided * (per_eval - 1), calls, guided
+    return _passes_of(diffusion or Diffusion(cfg.diffusion), guidance_interval(cfg),
+                      s.scheduler, s.steps, s.order, s.scheduler_kwargs, per_eval)
 
 
 def sampling_passes(cfg: Config, diffusion: Diffusion | None = None) -> int:
