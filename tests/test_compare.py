@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from readme_commands import argv
 
-from uvic.cli import compare, compare_plan
+from uvic.cli import compare, compare_plan, compare_report
 
 T1 = math.tan(math.pi * 0.475)  # t(0.975) with 1 degree of freedom (2 seeds)
+T2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)  # t(0.975) with 2 degrees of freedom (3 seeds)
 TINY = ["train.max_steps=6", "train.batch_size=4", "model.embed_dim=16", "model.depth=2",
         "model.num_heads=2", "eval.n_samples=4", "sample.steps=2", "train.keep_steps=[]",
         "sample.autoguidance_scale=0", "data.num_images=32", "train.log_every=3",
@@ -75,8 +78,15 @@ def test_compare_end_to_end(tmp_path: Path, capsys) -> None:
             assert pair["mean"] == pytest.approx(sum(d) / 2, abs=1e-12)
             assert pair["t_half_width"] == pytest.approx(T1 * abs(d[0] - d[1]) / 2,
                                                          rel=1e-9, abs=1e-12)
-            assert pair["bootstrap_low"] == pytest.approx(min(d), abs=1e-12)
-            assert pair["bootstrap_high"] == pytest.approx(max(d), abs=1e-12)
+            # 2 seeds: the MDE by the closed forms of t with 1 degree of freedom; the
+            # bootstrap (4 resamples) is not read: nulled, and said so
+            assert pair["mde"] == pytest.approx((T1 + math.tan(math.pi * 0.3)) *
+                                                abs(d[0] - d[1]) / 2, rel=1e-9, abs=1e-12)
+            assert pair["verdict"] in ("B higher", "B lower") or \
+                pair["verdict"].startswith("inconclusive: MDE ")
+            assert pair["bootstrap_valid"] is False and pair["bootstrap_p"] is None
+            assert pair["bootstrap_low"] is None and pair["bootstrap_high"] is None
+            assert pair["bootstrap_note"] == "needs >= 6 seeds"
         best = report["summary"][metric]["best"]["variants"]["uvit"]
         assert set(best["steps"].values()) <= {3, 6}
     assert report["protocols"]["standin_fid"].endswith("NOT comparable with Inception FID)")
@@ -87,6 +97,7 @@ def test_compare_end_to_end(tmp_path: Path, capsys) -> None:
     assert h["uvit"]["mean"] != h["uvic"]["mean"]
     text = (out / "compare.md").read_text()
     assert "| uvic − uvit | 6 |" in text and "best step (selected on this metric itself)" in text
+    assert "| needs >= 6 seeds | needs >= 6 seeds |" in text
     assert r"\pm" in (out / "compare.tex").read_text() and (out / "compare.png").stat().st_size
 
     # resumes: nothing is redone; a lost evaluation is redone, bit for bit
@@ -111,6 +122,12 @@ def test_compare_end_to_end(tmp_path: Path, capsys) -> None:
      "--metrics heldout_mse: variant 'v' has diffusion.objective='velocity', not 'eps'"),
     (["--metrics", "fid", "--set", "eval.inception_path=/nowhere/inception.pt"],
      "FID Inception weights not found at /nowhere/inception.pt"),
+    (["--margin", "heldout_mse=-0.1"],
+     "--margin 'heldout_mse=-0.1': expected METRIC=VALUE with a number > 0"),
+    (["--margin", "heldout_mse=abc"], "--margin 'heldout_mse=abc': expected METRIC=VALUE"),
+    (["--margin", "heldout_mse"], "--margin 'heldout_mse': expected METRIC=VALUE"),
+    (["--margin", "fid=1"], "--margin 'fid=1': 'fid' is not a compared metric (heldout_mse, "),
+    (["--margin", "nope=1"], "--margin 'nope=1': 'nope' is not a compared metric"),
 ])
 def test_bad_input_is_one_line(tmp_path: Path, capsys, extra: list[str], message: str) -> None:
     assert run(tmp_path, "--dry-run", *extra) == 2
@@ -168,3 +185,130 @@ def test_attention_variants_must_keep_the_parameters(tmp_path: Path, capsys,
     # a variant that asks for another model is compared as asked
     assert run(tmp_path, "--dry-run", "--variant", "wide:model.attention=uvic;model.qkv_bias=true",
                "--variants", "uvit,wide") == 0
+
+
+def hand_report(tmp_path: Path, diffs: list[float], *extra: str) -> tuple[dict, str]:
+    """The summary and markdown of a comparison whose evaluation files are written by hand:
+    held-out MSE uvit 1 + seed index / 10 and uvic that plus `diffs`, at steps 3 and 6."""
+    plan = compare_plan.make_plan(compare.parse_args(
+        [*ARGS, "--seeds", str(len(diffs)), "--out", str(tmp_path), *extra]))
+    records = {}
+    for k, seed in enumerate(plan.seeds):
+        base = 1 + k / 10
+        for v, value in (("uvit", base), ("uvic", base + diffs[k])):
+            records[f"{v}_seed{seed}"] = {t: {"metrics": {"heldout_mse": value}}
+                                          for t in plan.grid}
+    summary = compare_report.summarize(plan, records)
+    return summary, compare_report.markdown(plan, summary, [])
+
+
+def test_report_states_mde_verdict_and_bootstrap_validity(tmp_path: Path) -> None:
+    """2 seeds: MDE (T1 + t(0.8, 1)) |d1 - d2| / 2, an inconclusive verdict, and "needs >= 6
+    seeds" where the bootstrap would say p 0; 6 seeds: the exact bootstrap and its p; a
+    margin: the TOST p column and the equivalence verdict."""
+    summary, text = hand_report(tmp_path, [0.02, -0.01])
+    (pair,) = summary["heldout_mse"]["steps"][6]["pairs"]
+    mde = (T1 + math.tan(math.pi * 0.3)) * 0.03 / 2
+    assert pair["mde"] == pytest.approx(mde, rel=1e-9)
+    line = next(x for x in text.splitlines() if x.startswith("| uvic − uvit | 6 |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[4:] == [f"{mde:.3g}", f"inconclusive: MDE {mde:.3g} at 80% power",
+                         "needs >= 6 seeds", "needs >= 6 seeds"]
+    assert "| MDE (80% power) | verdict | bootstrap interval | bootstrap p |" in text
+    assert pair["bootstrap_p"] is None and "TOST" not in line
+
+    diffs = [0.02, -0.01, 0.015, 0.0, 0.005, -0.005]
+    summary, text = hand_report(tmp_path, diffs, "--margin", "heldout_mse=0.05")
+    (pair,) = summary["heldout_mse"]["steps"][6]["pairs"]
+    assert pair["bootstrap_valid"] and pair["bootstrap_resamples"] == 6 ** 6
+    assert summary["heldout_mse"]["margin"] == 0.05 and pair["tost_p"] < 0.05
+    line = next(x for x in text.splitlines() if x.startswith("| uvic − uvit | 6 |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[5] == f"equivalent within ±0.05 (TOST p {pair['tost_p']:.2g})"
+    assert cells[6] == f"{pair['tost_p']:.3g}" and cells[8] == f"{pair['bootstrap_p']:.3g}"
+    assert cells[7].endswith("(exact, 46656)") and "needs" not in line
+    assert "| TOST p (±0.05) |" in text
+
+
+def pilot(tmp_path: Path, pairs: list[dict], **extra) -> Path:
+    path = tmp_path / "pilot" / "compare.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"seeds": [1, 2, 3], "grid": [5, 10], "table_steps": [10],
+                                "summary": {"heldout_mse": {
+                                    "what": "held-out noise MSE", "better": "lower",
+                                    "steps": {"10": {"pairs": pairs}}}}, **extra}))
+    return path
+
+
+def seeds_needed(sd: float, target: float) -> int:
+    """The fewest seeds whose MDE, by scipy's t quantiles, is at most `target`."""
+    from scipy import stats
+
+    n = 2
+    while (stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.8, n - 1)) * sd / math.sqrt(n) > target:
+        n += 1
+    return n
+
+
+def test_plan_from_a_pilot(tmp_path: Path, capsys) -> None:
+    """--plan on a hand-written compare.json: per pair the sd, the MDE at the pilot's 3 seeds
+    ((T2 + t(0.8, 2)) sd / sqrt 3) and the seeds for the observed difference or --target; a
+    report without sd gives it from the t half-width."""
+    t80 = 0.6 / math.sqrt(2 * 0.8 * 0.2)
+    half = T2 * 0.004 / math.sqrt(3)
+    path = pilot(tmp_path, [{"a": "uvit", "b": "uvic", "n": 3, "mean": 0.002, "sd": 0.004,
+                             "t_half_width": half},
+                            {"a": "uvit", "b": "uvie", "n": 3, "mean": -0.01,
+                             "t_half_width": half}])
+    assert compare.main(["--plan", str(path.parent)]) == 0
+    out = capsys.readouterr().out
+    mde = (T2 + t80) * 0.004 / math.sqrt(3)
+    assert f"| uvic − uvit | 3 | +0.002 | 0.004 | {mde:.3g} | 0.002 (observed) | " \
+           f"{seeds_needed(0.004, 0.002)} |" in out
+    assert f"| uvie − uvit | 3 | -0.01 | 0.004 | {mde:.3g} | 0.01 (observed) | " \
+           f"{seeds_needed(0.004, 0.01)} |" in out
+    assert "## held-out noise MSE (lower is better), step 10" in out
+    assert compare.main(["--plan", "--out", str(path.parent), "--target",
+                         "heldout_mse=0.0005"]) == 0
+    out = capsys.readouterr().out
+    assert f"| 0.0005 | {seeds_needed(0.004, 0.0005)} |" in out and "observed" not in out
+    assert seeds_needed(0.004, 0.0005) > 100
+
+
+@pytest.mark.parametrize("content, extra, message", [
+    (None, [], "No such file"),
+    ("{not json", [], "Expecting property name"),
+    ('{"seeds": [1, 2]}', [], "not the compare.json of a finished uvic-compare run"),
+    ('{"grid": [10], "summary": {"heldout_mse": {"steps": {"10": {"pairs": '
+     '[{"n": 3, "mean": "x", "sd": 1}]}}}}}', [], "not the compare.json of a finished"),
+    ('{"grid": [10], "summary": {"heldout_mse": {"steps": {"10": {"pairs": []}}}}}', [],
+     "no paired differences in it"),
+    ("pilot", ["--target", "fid=1"], "--target 'fid=1': 'fid' is not a compared metric "
+                                     "(heldout_mse)"),
+    ("pilot", ["--target", "heldout_mse=0"], "--target 'heldout_mse=0': expected METRIC="),
+])
+def test_plan_refuses_in_one_line(tmp_path: Path, capsys, content: str | None,
+                                  extra: list[str], message: str) -> None:
+    path = tmp_path / "compare.json"
+    if content == "pilot":
+        path = pilot(tmp_path, [{"a": "x", "b": "y", "n": 3, "mean": 0.1, "sd": 0.1,
+                                 "t_half_width": 0.2}])
+    elif content is not None:
+        path.write_text(content)
+    assert compare.main(["--plan", str(path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --") and message in err and err.count("\n") == 1, err
+
+
+def test_plan_and_margin_check_before_torch(tmp_path: Path) -> None:
+    """--plan and a bad --margin are answered without importing torch."""
+    path = pilot(tmp_path, [{"a": "x", "b": "y", "n": 3, "mean": 0.1, "sd": 0.1,
+                             "t_half_width": 0.2}])
+    code = ("import sys; from uvic.cli import compare; rc = compare.main(sys.argv[1:]); "
+            "assert 'torch' not in sys.modules, 'torch loaded'; sys.exit(rc)")
+    for words, rc in ((["--plan", str(path)], 0), (["--margin", "heldout_mse=0"], 2)):
+        done = subprocess.run([sys.executable, "-c", code, *words, "--out", str(tmp_path)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == rc, done.stderr
+        assert "torch loaded" not in done.stderr
+    assert done.stderr.startswith("error: --margin 'heldout_mse=0'")

@@ -4,6 +4,7 @@ confidence intervals.
     uvic-compare --dry-run --steps 1500,2100 --set eval.n_samples=128  # runs x steps x evals
     uvic-compare --steps 1500,2100 --best --set eval.n_samples=128  # presets, Shapes, 3 seeds
     uvic-compare --variant-file variants.json --seeds 5 --every 500
+    uvic-compare --plan runs/compare/compare.json --target heldout_mse=0.001  # seeds needed
 
 (`python scripts/compare.py` runs the same program.) Variants (default: every attention
 preset, `uvic.config.models.ATTENTION_PRESETS`) x seeds (default 3: train.seed, +1, +2):
@@ -22,6 +23,9 @@ step), compare.md, compare.tex, compare.json and compare.png. Every stage resume
 same command again after an interruption. One seed is refused (no interval); so are an
 unknown variant, a table step off the grid and variants that differ in attention only but
 not in their parameters or initial weights. The stages are in `uvic.cli.compare_run`.
+Each pair states the difference it could detect (MDE at 80% power) and, with `--margin
+METRIC=VALUE`, whether it is equivalent within it (TOST); `--plan` reads a pilot's
+compare.json and says how many seeds a target difference needs.
 """
 
 from __future__ import annotations
@@ -68,6 +72,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stage", choices=["all", "train", "report"], default="all",
                    help="train only; or the report from the evaluations on disk")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("--margin", action="append", default=[], metavar="METRIC=VALUE",
+                   help="equivalence margin of a metric (repeatable): each pair's TOST "
+                        "p-value of |B - A| < VALUE")
+    p.add_argument("--plan", nargs="?", const="", metavar="FILE",
+                   help="plan the seeds from a finished pilot's compare.json (default "
+                        "<--out>/compare.json): sd, MDE and seeds per pair; trains nothing")
+    p.add_argument("--target", action="append", default=[], metavar="METRIC=VALUE",
+                   help="with --plan: the difference to detect (repeatable; default the "
+                        "pilot's mean difference)")
     return p.parse_args(argv)
 
 
@@ -77,6 +90,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads < 1 or (args.jobs is not None and args.jobs < 1):
         print(f"error: --threads {args.threads} and --jobs {args.jobs} must be >= 1",
               file=sys.stderr)
+        return 2
+    from uvic.cli.compare_plan import metric_names, metric_values, power_plan
+    from uvic.config import ConfigError
+
+    try:  # no torch for these
+        if args.plan is not None:
+            print(power_plan(args.plan, args.out, args.target))
+            return 0
+        metric_values(args.margin, "--margin", metric_names(args.metrics))
+    except (ConfigError, ValueError) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
     from uvic.cli.compare_run import run  # torch, the training loop: after the arguments
 

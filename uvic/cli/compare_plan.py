@@ -13,8 +13,9 @@ seed. No torch at import (`--help`).
 from __future__ import annotations
 
 import json
+import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,7 @@ class Plan:
     out: Path
     heldout: int  # held-out images of the held-out MSE
     best: bool  # also report each run's best step, selected on the metric itself
+    margins: dict[str, float] = field(default_factory=dict)  # metric -> equivalence margin
 
     def run_name(self, variant: str, seed: int) -> str:
         return f"{variant}_seed{seed}"
@@ -188,19 +190,45 @@ class Plan:
         return metric_what(metric, next(iter(self.configs.values()), self.base))
 
 
-def metric_list(text: str, cfg: Config) -> list[str]:
-    """`--metrics`: comma-separated metric names, `quality` for the three quality figures."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
+def metric_names(text: str) -> list[str]:
+    """`--metrics`' names in order, `quality` expanded to the three quality figures."""
     out: list[str] = []
-    for name in names:
-        expanded = QUALITY if name == "quality" else (name,)
-        for m in expanded:
+    for name in (n.strip() for n in text.split(",") if n.strip()):
+        for m in QUALITY if name == "quality" else (name,):
             if m not in METRICS:
                 raise ConfigError(f"--metrics {name!r}: choose from "
                                   f"{', '.join(['quality', *METRICS])}")
             out += [m] if m not in out else []
     if not out:
         raise ConfigError("--metrics: name at least one metric")
+    return out
+
+
+def metric_values(flags: list[str], option: str, metrics: list[str] | None = None
+                  ) -> dict[str, float]:
+    """`--margin`/`--target METRIC=VALUE` flags: metric -> a finite number > 0, each metric
+    known (and among `metrics` where given); else a ConfigError naming the flag."""
+    out: dict[str, float] = {}
+    for flag in flags:
+        metric, _, text = flag.partition("=")
+        metric = metric.strip()
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if metric not in METRICS or (metrics is not None and metric not in metrics):
+            known = ", ".join(metrics if metrics is not None else METRICS)
+            raise ConfigError(f"{option} {flag!r}: {metric!r} is not a compared metric "
+                              f"({known})")
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{option} {flag!r}: expected METRIC=VALUE with a number > 0")
+        out[metric] = value
+    return out
+
+
+def metric_list(text: str, cfg: Config) -> list[str]:
+    """`--metrics`: comma-separated metric names, `quality` for the three quality figures."""
+    out = metric_names(text)
     if any(m in QUALITY for m in out) and cfg.data.name != "shapes":
         raise ConfigError(f"--metrics quality: the quality figures are for the Shapes data, "
                           f"not data.name={cfg.data.name!r}")
@@ -234,7 +262,8 @@ def make_plan(args: Any) -> Plan:
     if "heldout_mse" in metrics:
         check_heldout_comparable(configs)
     return Plan(base, variants, seeds, grid, table_steps(grid, args.table_steps), metrics,
-                configs, out, args.heldout, args.best)
+                configs, out, args.heldout, args.best,
+                metric_values(args.margin, "--margin", metrics))
 
 
 def describe(plan: Plan, step_times: dict[tuple[str, int], float | None],
@@ -273,3 +302,75 @@ def describe(plan: Plan, step_times: dict[tuple[str, int], float | None],
     lines.append(f"- tables at step(s) {', '.join(map(str, plan.table_steps))}")
     return "\n".join(lines)
 
+
+
+def pilot_file(plan_arg: str, out: str) -> Path:
+    """The compare.json that `--plan [FILE]` reads: FILE, FILE/compare.json for a folder,
+    or <--out>/compare.json."""
+    path = Path(plan_arg or out)
+    return path / "compare.json" if path.is_dir() or not plan_arg else path
+
+
+def _pilot_pairs(path: Path) -> tuple[dict[str, Any], list[tuple[str, dict, str, list]]]:
+    """The pilot's report and, per metric and table step, its pairs; ConfigError naming
+    the file where it is missing or not a `uvic-compare` report."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"--plan {path}: {err}") from err
+    try:
+        steps = data.get("table_steps") or data["grid"][-1:]
+        found = [(metric, s, str(step), s["steps"][str(step)]["pairs"])
+                 for metric, s in data["summary"].items() for step in steps]
+        for p in (p for *_, pairs in found for p in pairs):
+            int(p["n"]), float(p["mean"]), float(p.get("sd", p["t_half_width"]))
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError) as err:
+        raise ConfigError(f"--plan {path}: not the compare.json of a finished uvic-compare "
+                          f"run (bad or missing {err})") from None
+    if not any(pairs for *_, pairs in found):
+        raise ConfigError(f"--plan {path}: no paired differences in it (a finished run of "
+                          "2 or more variants with 2 or more seeds)")
+    return data, found
+
+
+def power_plan(plan_arg: str, out: str, targets: list[str]) -> str:
+    """Seeds to plan from a pilot's compare.json: per metric, table step and pair, the sd
+    of the paired differences, the MDE at the pilot's seeds and the seeds that find the
+    target difference (`--target`, default the pilot's mean difference) at 80% power."""
+    from uvic.evaluation.paired import (
+        CONFIDENCE,
+        POWER,
+        minimum_detectable_difference,
+        seeds_for_difference,
+        t_quantile,
+    )
+
+    path = pilot_file(plan_arg, out)
+    data, found = _pilot_pairs(path)
+    wanted = metric_values(targets, "--target", list(data["summary"]))
+    lines = [f"Seeds to plan from the pilot {path} ({len(data.get('seeds', []))} seeds per "
+             f"variant): paired t-test, {CONFIDENCE:.0%} confidence, {POWER:.0%} power"]
+    for metric, s, step, pairs in found:
+        if not pairs:
+            continue
+        better = BETTER_TEXT.get(s.get("better", ""), "")
+        lines += ["", f"## {s.get('what', metric)} ({better}), step {step}", "",
+                  "| Pair (B − A) | seeds | mean difference | sd of differences | MDE at these "
+                  "seeds | target difference | seeds for the target |", "|---" * 7 + "|"]
+        for p in pairs:
+            n, mean = int(p["n"]), float(p["mean"])
+            sd = float(p["sd"]) if "sd" in p else (  # a report without sd: from the interval
+                float(p["t_half_width"]) * math.sqrt(n) / t_quantile(n))
+            mde = minimum_detectable_difference(sd, n)  # checks n and sd
+            target = wanted.get(metric, abs(mean))
+            label = f"{target:.3g}" + ("" if metric in wanted else " (observed)")
+            if target == 0:
+                need = "— (no difference observed: give --target)"
+            else:
+                try:
+                    need = str(seeds_for_difference(sd, target))
+                except ValueError:
+                    need = "> 10,000"
+            lines.append(f"| {p.get('b', 'B')} − {p.get('a', 'A')} | {n} | {mean:+.3g} | "
+                         f"{sd:.3g} | {mde:.3g} | {label} | {need} |")
+    return "\n".join(lines)

@@ -3,8 +3,10 @@
 compare.png (each metric against the step, the variants' means with their 95% bands).
 
 Statistics: `uvic.evaluation.paired` (Student-t intervals over seeds; per pair of
-variants the paired difference with its t interval, paired t-test p-value, percentile
-bootstrap interval and bootstrap p-value). "Best step" figures, with `--best`, take each
+variants the paired difference with its t interval, paired t-test p-value, the difference
+it could detect (MDE at 80% power), its verdict, the TOST p-value where `--margin` gives
+the metric a margin, and the percentile bootstrap interval and p-value, replaced by "needs
+>= N seeds" below `bootstrap_min_seeds`). "Best step" figures, with `--best`, take each
 run's best step on the metric itself: selected on the evaluation metric, so optimistic,
 and marked so in every table.
 """
@@ -16,15 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from uvic.cli.bench_records import git_state
-from uvic.cli.compare_eval import eval_file
 from uvic.cli.compare_plan import BETTER_TEXT, METRICS, Plan
 from uvic.config import to_dict
 from uvic.evaluation.paired import (
+    POWER,
     Interval,
+    PairedDifference,
     best_step,
+    bootstrap_min_seeds,
     format_interval,
     pairs_of,
     t_interval,
+    verdict,
 )
 from uvic.files import write_json
 
@@ -34,6 +39,8 @@ BEST = "best step (selected on this metric itself)"
 
 def load_evaluations(plan: Plan) -> tuple[dict[str, dict[int, dict[str, Any]]], list[str]]:
     """run name -> step -> evaluation record, and the evaluations still missing."""
+    from uvic.cli.compare_eval import eval_file  # torch: only where evaluations are read
+
     records: dict[str, dict[int, dict[str, Any]]] = {}
     missing = []
     for cfg in plan.configs.values():
@@ -75,21 +82,38 @@ def _intervals(values: Values) -> dict[str, Interval | None]:
             for v, by_seed in values.items()}
 
 
+def needs_seeds() -> str:
+    """What a report shows in place of a bootstrap figure too few seeds cannot back."""
+    return f"needs >= {bootstrap_min_seeds()} seeds"
+
+
+def pair_record(p: PairedDifference) -> dict[str, Any]:
+    """A pair as the report keeps it: its figures and verdict; the bootstrap's figures
+    null, and a note saying why, where too few seeds make them unreadable."""
+    out = {**p.as_dict(), "verdict": verdict(p)}
+    if not p.bootstrap_valid:
+        out.update(bootstrap_low=None, bootstrap_high=None, bootstrap_p=None,
+                   bootstrap_note=needs_seeds())
+    return out
+
+
 def summarize(plan: Plan, records: dict) -> dict[str, Any]:
     """Per metric: per evaluated step, each variant's interval and every pair's paired
     difference; with --best, the best-step figures."""
     summary: dict[str, Any] = {}
     for metric in plan.metrics:
+        margin = plan.margins.get(metric)
         per_step = {}
         for step in plan.grid:
             values = values_at(plan, records, metric, step)
             complete = {v: s for v, s in values.items() if len(s) >= 2}
             per_step[step] = {
                 "variants": {v: iv.as_dict() for v, iv in _intervals(values).items() if iv},
-                "pairs": [p.as_dict() for p in pairs_of(complete)] if len(complete) >= 2 else [],
+                "pairs": [pair_record(p) for p in pairs_of(complete, margin=margin)]
+                if len(complete) >= 2 else [],
             }
         summary[metric] = {"what": plan.what(metric), "better": METRICS[metric][1],
-                           "steps": per_step}
+                           "margin": margin, "steps": per_step}
         if plan.best:
             values, steps = best_values(plan, records, metric)
             summary[metric]["best"] = {
@@ -112,10 +136,14 @@ def _diff(p: dict[str, Any], latex: bool = False) -> str:
     return text.replace("$", "$" + sign, 1) if latex else sign + text
 
 
-def _boot(p: dict[str, Any]) -> str:
+def _boot(p: dict[str, Any]) -> list[str]:
+    """The bootstrap interval and p-value cells, or "needs >= N seeds" in both."""
+    if p.get("bootstrap_low") is None:
+        return [p.get("bootstrap_note") or needs_seeds()] * 2
     kind = f"exact, {p['bootstrap_resamples']}" if p["bootstrap_exact"] else \
         f"{p['bootstrap_resamples']} draws"
-    return f"[{p['bootstrap_low']:.4g}, {p['bootstrap_high']:.4g}] ({kind})"
+    return [f"[{p['bootstrap_low']:.4g}, {p['bootstrap_high']:.4g}] ({kind})",
+            f"{p['bootstrap_p']:.3g}"]
 
 
 def markdown(plan: Plan, summary: dict[str, Any], missing: list[str]) -> str:
@@ -128,8 +156,14 @@ def markdown(plan: Plan, summary: dict[str, Any], missing: list[str]) -> str:
              f"({', '.join(map(str, plan.grid))}). Cells: mean ± half-width of the 95% "
              "Student-t interval over seeds. Pairs: B − A seed by seed (seed s of every "
              "variant starts from the same initial weights, data order and noise); t "
-             "interval and paired t-test p-value, then the percentile bootstrap interval "
-             "and bootstrap p-value of the mean difference.", ""]
+             "interval and paired t-test p-value; the MDE, the true difference the "
+             f"paired t-test finds with {POWER:.0%} power at these seeds and this spread "
+             "(a t interval that contains 0 is inconclusive: differences below about the "
+             "MDE mostly go unseen); the verdict (\"equivalent\" only from a TOST within "
+             "a `--margin`); then the percentile bootstrap interval and "
+             "bootstrap p-value of the mean difference, which no fewer than "
+             f"{bootstrap_min_seeds()} seeds can back (its interval lies within the "
+             "differences' range, which misses the mean with probability 2/2^n).", ""]
     for key, (name, overrides) in enumerate(plan.variants.items()):
         lines.append(f"{'Variants: ' if key == 0 else ''}`{name}` = {'; '.join(overrides)}")
     for s in summary.values():
@@ -143,12 +177,18 @@ def markdown(plan: Plan, summary: dict[str, Any], missing: list[str]) -> str:
                 cells.append(_iv(b) + (f" (steps {', '.join(map(str, b['steps'].values()))})"
                                        if b else ""))
             lines.append(f"| {v} | " + " | ".join(cells) + " |")
-        lines += ["", "| Pair (B − A) | step | mean difference ± t half-width | paired t p "
-                  "| bootstrap interval | bootstrap p |", "|---|---|---|---|---|---|"]
+        margin = s.get("margin")
+        tost = [f"TOST p (±{margin:.3g})"] if margin is not None else []
+        head = ["Pair (B − A)", "step", "mean difference ± t half-width", "paired t p",
+                f"MDE ({POWER:.0%} power)", "verdict", *tost, "bootstrap interval",
+                "bootstrap p"]
+        lines += ["", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
         for t in plan.table_steps:
             for p in s["steps"][t]["pairs"]:
-                lines.append(f"| {p['b']} − {p['a']} | {t} | {_diff(p)} | {p['t_p']:.3g} | "
-                             f"{_boot(p)} | {p['bootstrap_p']:.3g} |")
+                cells = [f"{p['b']} − {p['a']}", str(t), _diff(p), f"{p['t_p']:.3g}",
+                         f"{p['mde']:.3g}", p["verdict"],
+                         *([f"{p['tost_p']:.3g}"] if tost else []), *_boot(p)]
+                lines.append("| " + " | ".join(cells) + " |")
     if missing:
         lines += ["", f"Missing evaluations ({len(missing)}): {', '.join(missing[:8])}"
                   f"{' ...' if len(missing) > 8 else ''}: run the command again."]
