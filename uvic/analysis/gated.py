@@ -19,7 +19,8 @@ input, unit rows of W_O over the output) in every forward pass, so that the pena
 cannot be dodged by small gates and large weights; Q, K, V, O start Xavier-normal, the
 gate weights random orthogonal. This is the recipe of Mathwin et al. (2024), "Gated
 Attention Blocks: Preliminary Progress toward Removing Attention Head Superposition",
-with an output bias added so that blocks whose projection has one can be matched.
+with an output bias added so that blocks whose projection has one can be matched
+(``output_bias=False`` and ``fit(..., variance=None)``: the recipe exactly).
 
 The attention pattern of every mode comes from the kernel family's reference formulas
 (``uvic_kernels.reference.attention_weights``, the oracle every kernel is tested
@@ -67,11 +68,13 @@ class GatedAttentionBlock(nn.Module):
     (language-style toy models), ``kernel`` holds further arguments of the mode for
     the reference formula. ``forward`` returns the output; ``last_gate`` and
     ``last_pattern`` hold the (B, h, N, N) gate and gated pattern of the last call.
+    ``output_bias=False`` (the paper's block): ``b_O`` is a fixed zero buffer, not trained.
     """
 
     def __init__(self, d_in: int, d_out: int, num_heads: int, head_dim: int,
                  mode: str = "softmax", causal: bool = False, d_gate: int = 1,
-                 scale: float | None = None, kernel: dict | None = None) -> None:
+                 scale: float | None = None, kernel: dict | None = None,
+                 output_bias: bool = True) -> None:
         super().__init__()
         self.kernel = dict(kernel or {})  # the mode's own settings (sigmoid: bias)
         self.num_heads, self.head_dim, self.mode, self.causal = num_heads, head_dim, mode, causal
@@ -81,7 +84,11 @@ class GatedAttentionBlock(nn.Module):
                                         for _ in range(3))
         self.b_Q, self.b_K, self.b_V = (nn.Parameter(torch.empty(h, head_dim)) for _ in range(3))
         self.W_O = nn.Parameter(torch.empty(h, head_dim, d_out))
-        self.b_O = nn.Parameter(torch.zeros(d_out))
+        self.output_bias = output_bias
+        if output_bias:
+            self.b_O = nn.Parameter(torch.zeros(d_out))
+        else:  # zeros that are neither trained nor saved
+            self.register_buffer("b_O", torch.zeros(d_out), persistent=False)
         self.W_gate_Q, self.W_gate_K = (nn.Parameter(torch.empty(h, d_in, d_gate))
                                         for _ in range(2))
         self.b_gate_Q, self.b_gate_K = (nn.Parameter(torch.zeros(h, d_gate)) for _ in range(2))
@@ -136,30 +143,33 @@ def start_at_mean(block: GatedAttentionBlock, targets: Tensor) -> float:
 
     The output bias starts at the mean the original writes (the best constant), so the
     heads fit only what varies; the variance makes the reconstruction term relative (see
-    :func:`fit`).
+    :func:`fit`). A block without output bias is left as it is.
     """
     flat = targets.reshape(-1, targets.shape[-1]).float()
     mean = flat.mean(dim=0)
-    with torch.no_grad():
-        block.b_O.copy_(mean)
+    if block.output_bias:
+        with torch.no_grad():
+            block.b_O.copy_(mean)
     return float(((flat - mean) ** 2).mean())
 
 
 def fit(block: GatedAttentionBlock, batches: Callable[[], Iterable[tuple[Tensor, Tensor]]],
         epochs: int, lr: float, coef: float, warmup: float = 0.0,
         on_epoch: Callable[[int, float, float], None] | None = None,
-        variance: float = 1.0, compile: bool = False) -> FitLog:
+        variance: float | None = 1.0, compile: bool = False) -> FitLog:
     """Train ``block`` with Adam on ``MSE(block(x), y) / variance + coef * L0.6``;
     ``batches()`` yields (inputs, teacher outputs) for one epoch.
 
     ``variance``: the teacher outputs' variance (:func:`start_at_mean`), so the
     reconstruction term is relative (1 = predicting the mean) and a coefficient means the
-    same for originals of any output scale; 1 gives the recipe's plain MSE.
+    same for originals of any output scale; 1 or None gives the recipe's plain MSE.
     ``warmup``: the share of the epochs over which the coefficient rises linearly from 0
     (0: the recipe's constant coefficient). ``compile``: run the forward and backward
     through ``torch.compile`` (the same maths, fused: about 2.4x faster for the toy
     blocks on a CPU, after about 10 s of compiling). The log holds the plain MSE.
     """
+    if variance is None:
+        variance = 1.0
     if not variance > 0:
         raise ValueError(f"variance must be > 0, got {variance}")
 

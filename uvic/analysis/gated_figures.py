@@ -2,7 +2,7 @@
 
 * :func:`gate_figure`: the mean gate pattern of every head (query rows, key columns),
   one panel per head, and the mean number of open heads per (query, key) pair.
-* :func:`capacity_figure`: capacity (mean and spread over seeds) per mode and head count.
+* :func:`capacity_figure`: per head count, the share of seeds that learnt n trigrams.
 """
 
 from __future__ import annotations
@@ -43,38 +43,25 @@ def gate_figure(report: dict, path: str | Path, title: str = "") -> Path:
 
 
 def capacity_figure(table: dict, path: str | Path) -> Path:
-    """Bars: per mode, capacity for each head count (mean over seeds, min-max whiskers,
-    every seed a dot); a second panel gives, for each cell's distilled (largest learnt)
-    model, the share of its trigrams that no head holds alone (superposition)."""
+    """One panel per head count: the share of seeds that learnt all n trigrams against n,
+    per mode, with exact 95% intervals."""
     cells = table["cells"]
-    modes = list(dict.fromkeys(c["mode"] for c in cells))
     head_counts = sorted({c["heads"] for c in cells})
-    width = 0.8 / len(head_counts)
-    fig = Figure(figsize=(8, 3.4), layout="constrained")
-    ax, ax2 = fig.subplots(1, 2)
-    for j, heads in enumerate(head_counts):
-        xs, means, lo, hi, gated = [], [], [], [], []
-        for i, mode in enumerate(modes):
-            cell = next((c for c in cells if c["mode"] == mode and c["heads"] == heads), None)
-            if cell is None:
-                continue
-            x = i + (j - (len(head_counts) - 1) / 2) * width
-            xs.append(x)
-            means.append(cell["mean"])
-            lo.append(cell["mean"] - cell["min"])
-            hi.append(cell["max"] - cell["mean"])
-            ax.scatter([x] * len(cell["capacity"]), cell["capacity"], s=8, color="k", zorder=3)
-            dist = cell.get("distilled")
-            gated.append(len(dist["original_shared"]) / dist["trigrams"] if dist else np.nan)
-        ax.bar(xs, means, width, yerr=[lo, hi], capsize=2, label=f"{heads} head(s)")
-        ax2.bar(xs, gated, width, label=f"{heads} head(s)")
-    for a, label in ((ax, "trigrams learnt to >= 99%"),
-                     (ax2, "share of trigrams shared by heads")):
-        a.set_xticks(range(len(modes)), modes)
-        a.set_ylabel(label, fontsize=8)
-        a.legend(fontsize=7)
-    ax.set_title("capacity of one attention layer (mean, min-max, seeds)", fontsize=9)
-    ax2.set_title("superposition in the largest learnt model", fontsize=9)
+    fig = Figure(figsize=(3.2 * len(head_counts), 3.0), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(head_counts), sharey=True))
+    for ax, heads in zip(axes, head_counts):
+        for cell in (c for c in cells if c["heads"] == heads):
+            n = np.array([s["n"] for s in cell["success"]], dtype=float)
+            share = np.array([s["learnt"] / s["of"] for s in cell["success"]])
+            low = np.array([s["interval_95"][0] for s in cell["success"]])
+            high = np.array([s["interval_95"][1] for s in cell["success"]])
+            ax.errorbar(n, share, yerr=[share - low, high - share], marker="o", ms=3,
+                        capsize=2, label=cell["mode"])
+        ax.set_title(f"{heads} head{'s' * (heads > 1)}", fontsize=9)
+        ax.set_xlabel("trigrams n", fontsize=8)
+        ax.set_ylim(-0.05, 1.05)
+    axes[0].set_ylabel("seeds that learnt all n", fontsize=8)
+    axes[-1].legend(fontsize=7)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -34,11 +34,13 @@ LEARNT = 0.99  # a trigram counts as learnt at this accuracy
 @dataclass(frozen=True)
 class TrigramData:
     """Prompts (P, length) int64 and ``forced`` (P, length): True where the token is a C
-    forced by its B (the positions whose prediction the task is about)."""
+    forced by its B (the positions whose prediction the task is about). ``scored``
+    restricts the B positions that the accuracy and "learnt" read (balanced sites)."""
 
     tokens: Tensor
     forced: Tensor
     num_trigrams: int
+    scored: Tensor | None = None  # (P, length - 1): the B input positions scored; None: all
 
     @property
     def vocab(self) -> int:
@@ -81,17 +83,33 @@ class ToyAttentionModel(nn.Module):
     """
 
     def __init__(self, vocab: int, num_heads: int, mode: str, head_dim: int = 1,
-                 init_std: float = 0.02) -> None:
+                 init_std: float = 0.02, output_bias: bool = True,
+                 init: str = "normal") -> None:
+        """``init``: "normal" (weights N(0, init_std), biases 0) or "xavier" (Mathwin et
+        al.'s: Xavier-normal weights and Q, K, V biases). ``output_bias=False`` (theirs):
+        ``b_O`` is a fixed zero buffer, neither trained nor saved."""
         super().__init__()
+        if init not in ("normal", "xavier"):
+            raise ValueError(f"init={init!r}: choose 'normal' or 'xavier'")
         self.vocab, self.num_heads, self.mode, self.head_dim = vocab, num_heads, mode, head_dim
         self.scale = head_dim ** -0.5
-        shape = (num_heads, vocab, head_dim)
-        self.W_Q, self.W_K, self.W_V = (nn.Parameter(torch.randn(shape) * init_std)
-                                        for _ in range(3))
-        self.b_Q, self.b_K, self.b_V = (nn.Parameter(torch.zeros(num_heads, head_dim))
-                                        for _ in range(3))
-        self.W_O = nn.Parameter(torch.randn(num_heads, head_dim, vocab) * init_std)
-        self.b_O = nn.Parameter(torch.zeros(vocab))
+        shape, out_shape, bias_shape = ((num_heads, vocab, head_dim),
+                                        (num_heads, head_dim, vocab), (num_heads, head_dim))
+        if init == "xavier":  # their draws in their order: W_Q, W_K, W_V, W_O, b_Q, b_K, b_V
+            values = [nn.init.xavier_normal_(torch.empty(s))
+                      for s in (shape, shape, shape, out_shape) + (bias_shape,) * 3]
+        else:
+            values = ([torch.randn(shape) * init_std for _ in range(3)]
+                      + [torch.randn(out_shape) * init_std]
+                      + [torch.zeros(bias_shape) for _ in range(3)])
+        w_q, w_k, w_v, w_o, b_q, b_k, b_v = (nn.Parameter(v) for v in values)
+        self.W_Q, self.W_K, self.W_V, self.b_Q, self.b_K, self.b_V = w_q, w_k, w_v, b_q, b_k, b_v
+        self.W_O = w_o
+        self.output_bias = output_bias
+        if output_bias:
+            self.b_O = nn.Parameter(torch.zeros(vocab))
+        else:
+            self.register_buffer("b_O", torch.zeros(vocab), persistent=False)
 
     def embed(self, tokens: Tensor) -> Tensor:
         """One-hot residual stream (P, N, vocab)."""
@@ -113,6 +131,35 @@ class ToyAttentionModel(nn.Module):
     def forward(self, tokens: Tensor) -> Tensor:
         x = self.embed(tokens)
         return x + self.attn(x)
+
+
+class StackedToyModel(nn.Module):
+    """Attention-only layers on the one-hot residual stream, softmax in the first and last
+    (as U-ViC keeps them) and ``mode`` between: ``x <- x + layer.attn(x)`` per layer."""
+
+    def __init__(self, vocab: int, num_heads: int, mode: str, depth: int, head_dim: int = 1,
+                 init_std: float = 0.02) -> None:
+        super().__init__()
+        if depth < 3:
+            raise ValueError(f"depth={depth}: a stack needs >= 3 layers (softmax first and last)")
+        self.vocab, self.num_heads, self.mode, self.head_dim = vocab, num_heads, mode, head_dim
+        modes = ["softmax"] + [mode] * (depth - 2) + ["softmax"]
+        self.layers = nn.ModuleList(ToyAttentionModel(vocab, num_heads, m, head_dim, init_std)
+                                    for m in modes)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = F.one_hot(tokens, self.vocab).float()
+        for layer in self.layers:
+            x = x + layer.attn(x)
+        return x
+
+
+def toy_model(vocab: int, num_heads: int, mode: str, head_dim: int = 1,
+              init_std: float = 0.02, depth: int = 1) -> nn.Module:
+    """One layer of ``mode`` (depth 1), or a stack with softmax first and last."""
+    if depth == 1:
+        return ToyAttentionModel(vocab, num_heads, mode, head_dim, init_std)
+    return StackedToyModel(vocab, num_heads, mode, depth, head_dim, init_std)
 
 
 def train_toy(model: ToyAttentionModel, data: TrigramData, epochs: int, batch_size: int,
@@ -137,16 +184,81 @@ def train_toy(model: ToyAttentionModel, data: TrigramData, epochs: int, batch_si
     return losses
 
 
+def _b_sites(data: TrigramData, forced: bool) -> tuple[Tensor, Tensor, Tensor]:
+    inputs = data.tokens[:, :-1]
+    is_b = (inputs >= 1) & (inputs <= data.num_trigrams)
+    no_a_yet = torch.cumsum(inputs == 0, dim=1) == 0
+    mask = is_b & (data.forced[:, 1:] if forced else no_a_yet)
+    if data.scored is not None:
+        mask = mask & data.scored
+    prompt, pos = torch.nonzero(mask, as_tuple=True)
+    return prompt, pos, data.tokens[prompt, pos] - 1
+
+
 def trigram_sites(data: TrigramData) -> tuple[Tensor, Tensor, Tensor]:
     """(prompt, position, trigram index 0..n-1) of every B whose C follows (input positions)."""
-    prompt, pos = torch.nonzero(data.forced[:, 1:], as_tuple=True)
-    return prompt, pos, data.tokens[prompt, pos] - 1
+    return _b_sites(data, forced=True)
+
+
+def free_sites(data: TrigramData) -> tuple[Tensor, Tensor, Tensor]:
+    """(prompt, position, trigram index) of every B with no A before it: its C is not
+    forced there, so a model that predicts it anyway ignores A."""
+    return _b_sites(data, forced=False)
+
+
+def balanced_prompts(num_trigrams: int, sites_per_trigram: int, seed: int,
+                     length: int = PROMPT_LENGTH) -> TrigramData:
+    """Prompts whose ``scored`` mask holds exactly ``sites_per_trigram`` forced and as many
+    free B positions of every trigram, so that "learnt" means the same at every n."""
+    chunk, parts = max(256, 8 * sites_per_trigram * num_trigrams), []
+    while True:
+        parts.append(make_prompts(num_trigrams, chunk, seed * 7919 + len(parts), length))
+        data = TrigramData(torch.cat([d.tokens for d in parts]),
+                           torch.cat([d.forced for d in parts]), num_trigrams)
+        scored = torch.zeros(data.tokens.shape[0], length - 1, dtype=torch.bool)
+        enough = True
+        for sites in (trigram_sites(data), free_sites(data)):
+            prompt, pos, tri = sites
+            for t in range(num_trigrams):
+                pick = (tri == t).nonzero().flatten()[:sites_per_trigram]
+                enough &= len(pick) == sites_per_trigram
+                scored[prompt[pick], pos[pick]] = True
+        if enough:
+            return TrigramData(data.tokens, data.forced, num_trigrams, scored)
 
 
 @torch.no_grad()
 def trigram_accuracy(model: ToyAttentionModel, data: TrigramData) -> list[float]:
     """Per trigram, the share of its B's at which the model's top prediction is its C."""
     return logit_accuracy(model(data.tokens[:, :-1]), data)
+
+
+def c_probability(logits: Tensor, data: TrigramData,
+                  sites: tuple[Tensor, Tensor, Tensor]) -> list[float]:
+    """Per trigram, the model's mean probability of its C at ``sites`` (its B's)."""
+    prompt, pos, tri = sites
+    prob = logits[prompt, pos].float().softmax(-1)
+    p_c = prob.gather(1, (tri + 1 + data.num_trigrams)[:, None])[:, 0].double()
+    sums = torch.zeros(data.num_trigrams, dtype=torch.double).index_add_(0, tri, p_c)
+    seen = torch.bincount(tri, minlength=data.num_trigrams).double()
+    return (sums / seen.clamp_min(1)).tolist()
+
+
+@torch.no_grad()
+def learnt_trigrams(model: nn.Module, prompts: TrigramData) -> list[bool]:
+    """Per trigram, whether ``model`` holds it as a skip trigram (one rule everywhere).
+
+    Its C must be the top prediction at >= LEARNT of its forced B's, and at its B's with no
+    A before them the C's probability must lie nearer the task's own (1 / (2n + 1)) than
+    the model's at forced B's: a rule that ignores A predicts C alike at both and fails.
+    """
+    logits = model(prompts.tokens[:, :-1])
+    chance = 1 / (2 * prompts.num_trigrams + 1)
+    accuracy = logit_accuracy(logits, prompts)
+    forced = c_probability(logits, prompts, trigram_sites(prompts))
+    free = c_probability(logits, prompts, free_sites(prompts))
+    return [hit >= LEARNT and p_free < (chance + p_forced) / 2
+            for hit, p_forced, p_free in zip(accuracy, forced, free)]
 
 
 @torch.no_grad()

@@ -1,21 +1,16 @@
-"""Skip-trigram experiments: the gated-block reproduction and the capacity table per mode.
+"""The gated-block reproduction on skip trigrams, in any attention mode.
 
-* :func:`reproduce`: train a one-layer model with ``heads`` heads on ``trigrams``
-  OV-incoherent skip trigrams, then a gated block (``expansion`` x the heads) on its
-  attention block; report, for both, which trigrams one head encodes alone and which
-  need several heads together (superposition), and the gated block's gates from each
-  trigram's B to its A. :data:`SETTINGS` holds Mathwin et al.'s three settings.
-* :func:`capacity_cell`: for one attention mode and head count, train models on 1, 2, ...
-  trigrams (each seed its own init and prompts) and find per seed the largest number all
-  learnt to >= 99% accuracy; then distil the largest such model into a gated block.
+:func:`reproduce` trains a one-layer model with ``heads`` heads on ``trigrams``
+OV-incoherent skip trigrams, then a gated block (``expansion`` x the heads) on its
+attention block, and reports for both which trigrams one head encodes alone and which
+need several heads together (superposition). :data:`SETTINGS` holds Mathwin et al.'s.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -27,12 +22,13 @@ from uvic.analysis.gated import (
     gate_report,
     start_at_mean,
 )
+from uvic.analysis.gated_paper import paper_head_test
 from uvic.analysis.skip_trigrams import (
-    LEARNT,
     ToyAttentionModel,
     TrigramData,
     hand_built_model,
     head_encodings,
+    learnt_trigrams,
     logit_accuracy,
     make_prompts,
     train_toy,
@@ -58,6 +54,11 @@ class ToySettings:
     expansion: int = 2
     compile: bool = False  # the gated fit through torch.compile (long runs)
     report_every: int = 0  # every so many gated epochs, which heads encode each trigram
+    # where uvic's recipe departs from the paper's (True/"normal": uvic's)
+    init: str = "normal"  # the original's init: N(0, 0.02) weights, or "xavier" (the paper)
+    output_bias: bool = True  # a trained output bias in the original
+    gated_output_bias: bool = True  # and in the gated block
+    relative_fit: bool = True  # the gated MSE divided by the teacher's variance
 
 
 # Mathwin et al.'s settings: (heads, trigrams) -> L0.6 coefficient, learning rate; their
@@ -66,17 +67,13 @@ SETTINGS = {"4x5": (4, 5, 3e-1, 1e-3), "2x3": (2, 3, 5e-1, 5e-4), "3x4": (3, 4, 
             "2x2": (2, 2, 3e-1, 1e-3)}  # 2x2: ours, the smallest case of superposition
 PAPER = ToySettings(steps=1500, gated_epochs=1000, gated_batches=100, gated_batch=1000,
                     warmup=0.0, compile=True, report_every=50)
+PROMPTS_UP_FRONT = 2**21  # longer runs draw fresh prompts as they train
+# the paper's recipe in full: originals of 100,000 Adam steps x 1,000 fresh prompts at
+# 1e-3 from Xavier-normal weights and biases, no output bias anywhere, plain MSE
+EXACT = replace(PAPER, steps=100_000, batch=1000, lr=1e-3, init="xavier", output_bias=False,
+                gated_output_bias=False, relative_fit=False)
 # the hand-built model's gated block: a short run (see `fit`'s warm-up)
 HAND_BUILT = ToySettings(gated_epochs=100, gated_batches=16, gated_lr=1e-2, warmup=0.3)
-# seconds per Adam step on one thread of a 2-core CPU (docs/gated_attention.md): a
-# 4-head model, batch 128; an 8-head gated block, batch 64 (compiled, batch 1,000: 0.03)
-STEP_SECONDS = {"toy": 0.005, "gated": 0.01}
-
-
-def estimate_seconds(cfg: ToySettings, models: int, gated: int) -> float:
-    """Rough single-thread time of ``models`` one-layer models and ``gated`` gated blocks."""
-    return (models * cfg.steps * STEP_SECONDS["toy"]
-            + gated * cfg.gated_epochs * cfg.gated_batches * STEP_SECONDS["gated"])
 
 
 def train_original(mode: str, heads: int, trigrams: int, seed: int,
@@ -84,10 +81,18 @@ def train_original(mode: str, heads: int, trigrams: int, seed: int,
     """A one-layer model trained on ``trigrams`` trigrams; returns it, held-out prompts and
     the per-trigram accuracy on them."""
     torch.manual_seed(seed)
-    data = make_prompts(trigrams, cfg.steps * cfg.batch, seed=2 * seed)
     held_out = make_prompts(trigrams, cfg.eval_prompts, seed=2 * seed + 1)
-    model = ToyAttentionModel(data.vocab, heads, mode)
-    train_toy(model, data, epochs=1, batch_size=cfg.batch, lr=cfg.lr, seed=seed)
+    model = ToyAttentionModel(2 * trigrams + 2, heads, mode, output_bias=cfg.output_bias,
+                              init=cfg.init)
+    if cfg.steps * cfg.batch <= PROMPTS_UP_FRONT:  # one pass over prompts drawn up front
+        data = make_prompts(trigrams, cfg.steps * cfg.batch, seed=2 * seed)
+        train_toy(model, data, epochs=1, batch_size=cfg.batch, lr=cfg.lr, seed=seed)
+    else:  # long runs: fresh prompts drawn as they go, no early stop
+        from uvic.analysis.capacity import ToyRecipe, TrigramTask, train_to_plateau
+
+        recipe = ToyRecipe(lr=cfg.lr, batch=cfg.batch, max_steps=cfg.steps,
+                           check_every=1000, patience=cfg.steps)
+        train_to_plateau(model, TrigramTask(trigrams), 2 * seed, recipe)
     return model, held_out, trigram_accuracy(model, held_out)
 
 
@@ -103,7 +108,8 @@ def distil(model: ToyAttentionModel, held_out: TrigramData, seed: int, cfg: ToyS
         x = model.embed(data.tokens[:, :-1])
         y = model.attn(x)
     block = GatedAttentionBlock(model.vocab, model.vocab, expanded_heads(model.num_heads,
-                                cfg.expansion), model.head_dim, mode=model.mode, causal=True)
+                                cfg.expansion), model.head_dim, mode=model.mode, causal=True,
+                                output_bias=cfg.gated_output_bias)
 
     def batches():
         for start in range(0, len(x), cfg.gated_batch):
@@ -127,7 +133,7 @@ def distil(model: ToyAttentionModel, held_out: TrigramData, seed: int, cfg: ToyS
             say(f"  gated epoch {epoch + 1}: reconstruction {rec:.3g}, L0.6 {l0:.3g}, "
                 f"alone {enc['single']}, shared {enc['shared']}")
 
-    variance = start_at_mean(block, y)
+    variance = start_at_mean(block, y) if cfg.relative_fit else None
     log = fit(block, batches, cfg.gated_epochs, cfg.gated_lr, cfg.coef, cfg.warmup,
               epoch_done, variance, cfg.compile)
     with torch.no_grad():
@@ -137,8 +143,9 @@ def distil(model: ToyAttentionModel, held_out: TrigramData, seed: int, cfg: ToyS
         heads = block.head_outputs(hx)
         gates = trigram_gates(block.last_gate, held_out, OPEN_GATE)
         report["encodings"] = encodings(heads)
-        # the paper's test: the heads' summed outputs alone, without embedding or bias
+        # uvic's test on the heads' summed outputs alone, without embedding or bias
         report["encodings_heads_only"] = head_encodings(heads, torch.zeros_like(hx), held_out)
+        report["paper_test"] = paper_head_test(heads, held_out)  # one-trigram prompts
         report["open_heads_b_to_a"] = gates
         report["final_loss"] = {"reconstruction": log.reconstruction[-1], "l0_6": log.l0[-1]}
         # the model's logits with the block in its attention's place (= hx + block(hx))
@@ -169,7 +176,7 @@ def reproduce(mode: str, heads: int, trigrams: int, seed: int, cfg: ToySettings,
         if not superposed:
             break
         shared = original_encodings(model, held_out)["shared"]
-        if min(acc) >= LEARNT and shared:
+        if all(learnt_trigrams(model, held_out)) and shared:
             break
         say(f"seed {candidate}: accuracy {[round(a, 3) for a in acc]}, shared {shared}: not "
             "a model with every trigram learnt and one in superposition; next seed")
@@ -220,8 +227,13 @@ def _gate_model(model: ToyAttentionModel, held_out: TrigramData, acc: list[float
     say(f"{model.mode} {heads} heads, {trigrams} trigrams: accuracy "
         f"{[round(a, 3) for a in acc]}")
     orig = original_encodings(model, held_out)
+    if heads > 1:
+        with torch.no_grad():
+            orig["paper_test"] = paper_head_test(
+                model.attn_heads(model.embed(held_out.tokens[:, :-1])), held_out)
     say(f"  original: heads encoding each trigram alone {orig['single']}, "
-        f"shared by several heads {orig['shared']}")
+        f"shared by several heads {orig['shared']}, the paper's test "
+        f"{orig.get('paper_test', 'needs >= 2 heads')}")
     _, report = distil(model, held_out, seed, cfg, say=say)
     enc = report["encodings"]
     say(f"  gated, {report['gated_heads']} heads (relative error "
@@ -229,8 +241,8 @@ def _gate_model(model: ToyAttentionModel, held_out: TrigramData, acc: list[float
         f"alone {enc['single']}, shared {enc['shared']}, open heads B->A "
         f"{[round(g, 2) for g in report['open_heads_b_to_a']]}")
     alone = report["encodings_heads_only"]
-    say(f"  gated, the paper's test (heads' outputs alone): alone {alone['single']}, "
-        f"shared {alone['shared']}")
+    say(f"  gated, heads' outputs alone: alone {alone['single']}, shared {alone['shared']}; "
+        f"the paper's test: {report['paper_test']}")
     return {"mode": model.mode, "heads": heads, "trigrams": trigrams, "seed": seed,
             "settings": asdict(cfg), "original_accuracy": acc, "original_encodings": orig,
             "gated": report, "each_trigram_in_one_head": _one_head_each(enc),
@@ -241,137 +253,3 @@ def _gate_model(model: ToyAttentionModel, held_out: TrigramData, acc: list[float
 def _one_head_each(encodings: dict) -> bool:
     """Every trigram encoded by some head alone, and none only by several together."""
     return all(len(e) >= 1 for e in encodings["single"]) and not encodings["shared"]
-
-
-def capacity_cell(mode: str, heads: int, seeds: list[int], max_trigrams: int,
-                  cfg: ToySettings, say: Callable[[str], None] = print) -> dict:
-    """Largest number of trigrams learnt to >= 99% (per seed), and the gated head counts.
-
-    For each seed, n = 1, 2, ... until a model fails or ``max_trigrams`` is reached; a
-    seed's capacity is the last n whose model learnt every trigram (0 if n = 1 fails).
-    The largest such model of the first seed reaching the best capacity is distilled.
-    """
-    start = time.perf_counter()
-    caps, best = [], None
-    for seed in seeds:
-        cap = 0
-        for n in range(1, max_trigrams + 1):
-            model, held_out, acc = train_original(mode, heads, n, seed, cfg)
-            if min(acc) < LEARNT:
-                break
-            cap = n
-            if best is None or n > best[0]:
-                best = (n, model, held_out, seed)
-        caps.append(cap)
-        say(f"{mode:>10} {heads} heads seed {seed}: capacity {cap}")
-    cell = {"mode": mode, "heads": heads, "seeds": seeds, "capacity": caps,
-            "mean": statistics.fmean(caps),
-            "std": statistics.stdev(caps) if len(caps) > 1 else 0.0,
-            "min": min(caps), "max": max(caps), "hit_max": max(caps) == max_trigrams}
-    if best is not None:
-        n, model, held_out, seed = best
-        orig = original_encodings(model, held_out)
-        _, report = distil(model, held_out, seed, cfg)
-        cell["distilled"] = {
-            "trigrams": n, "seed": seed, "original_single": orig["single"],
-            "original_shared": orig["shared"], "gated_single": report["encodings"]["single"],
-            "gated_shared": report["encodings"]["shared"],
-            "gated_open_heads_b_to_a": report["open_heads_b_to_a"],
-            "gated_relative_error": report["relative_error"], "gated_l0_6": report["l0_6"]}
-    cell["seconds"] = time.perf_counter() - start
-    return cell
-
-
-def _cell_job(job: tuple) -> dict:
-    """One cell in a worker process (one thread each: the workers share the cores)."""
-    torch.set_num_threads(1)
-    mode, heads, seeds, max_trigrams, cfg = job
-    return capacity_cell(mode, heads, seeds, max_trigrams, cfg)
-
-
-def capacity_table(modes: list[str], head_counts: list[int], seeds: list[int],
-                   max_trigrams: int, cfg: ToySettings, workers: int = 1,
-                   say: Callable[[str], None] = print) -> dict:
-    """Every (mode, heads) cell of the capacity table, ``workers`` cells at a time;
-    JSON-ready. Each cell's result depends only on its seeds, not on the workers."""
-    jobs = [(mode, heads, seeds, max_trigrams, cfg) for mode in modes for heads in head_counts]
-    if workers > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            cells = list(pool.map(_cell_job, jobs))
-    else:
-        cells = [capacity_cell(*job, say=say) for job in jobs]
-    return {"settings": asdict(cfg), "seeds": seeds, "max_trigrams": max_trigrams,
-            "learnt_at": LEARNT, "cells": cells}
-
-
-def trainings_bound(head_counts: list[int], seeds: list[int], max_trigrams: int) -> int:
-    """At most how many one-layer models one mode trains (a seed stops at its first failure)."""
-    return len(head_counts) * len(seeds) * max_trigrams
-
-
-def markdown_table(table: dict) -> str:
-    """The capacity table as markdown: capacity mean ± std [min, max] per mode and head
-    count; then, for each cell's distilled model, its trigrams held by one head or shared
-    by several, and its gated block's open heads per trigram and relative error."""
-    head_counts = sorted({c["heads"] for c in table["cells"]})
-    modes = list(dict.fromkeys(c["mode"] for c in table["cells"]))
-    lines = ["| mode | " + " | ".join(f"{h} head{'s' * (h > 1)}" for h in head_counts) + " |",
-             "|---" * (len(head_counts) + 1) + "|"]
-    detail = ["| mode | heads | trigrams | original: one head / shared | gated: open heads "
-              "B->A per trigram | gated: one head / shared | gated relative error |",
-              "|---|---|---|---|---|---|---|"]
-    for mode in modes:
-        row = []
-        for h in head_counts:
-            c = next(c for c in table["cells"] if c["mode"] == mode and c["heads"] == h)
-            more = "+" if c["hit_max"] else ""
-            row.append(f"{c['mean']:.2f} ± {c['std']:.2f} [{c['min']}, {c['max']}{more}]")
-            d = c.get("distilled")
-            if d:
-                def count(encoders: list) -> int:
-                    return sum(len(e) > 0 for e in encoders)
-                detail.append(
-                    f"| {mode} | {h} | {d['trigrams']} | {count(d['original_single'])} / "
-                    f"{len(d['original_shared'])} | "
-                    f"{statistics.fmean(d['gated_open_heads_b_to_a']):.2f} | "
-                    f"{count(d['gated_single'])} / {len(d['gated_shared'])} | "
-                    f"{d['gated_relative_error']:.3g} |")
-        lines.append(f"| {mode} | " + " | ".join(row) + " |")
-    paired = paired_table(table)
-    return ("\n".join(lines) + "\n\n" + "\n".join(detail) + "\n"
-            + (f"\n{paired}" if paired else ""))
-
-
-def paired_table(table: dict, base: str = "softmax") -> str:
-    """Each mode's capacity minus ``base``'s, seed by seed (a seed's models of every mode
-    see the same prompts): mean with its 95% Student-t interval and the paired t-test p.
-    ``>=`` marks a difference whose mode reached the trigram limit in some seed (its
-    capacity there is a lower bound). Empty with one seed or without ``base``."""
-    from uvic.evaluation.paired import paired_difference
-
-    cells = {(c["mode"], c["heads"]): c for c in table["cells"]}
-    head_counts = sorted({h for _, h in cells})
-    modes = [m for m in dict.fromkeys(m for m, _ in cells) if m != base]
-    if (len(table.get("seeds", ())) < 2 or not modes
-            or any((base, h) not in cells for h in head_counts)):
-        return ""
-    lines = [f"| mode - {base} | " + " | ".join(f"{h} head{'s' * (h > 1)}"
-                                               for h in head_counts) + " |",
-             "|---" * (len(head_counts) + 1) + "|"]
-    for mode in modes:
-        row = []
-        for h in head_counts:
-            a, b = cells[(base, h)], cells.get((mode, h))
-            if b is None:
-                row.append("")
-                continue
-            d = paired_difference(dict(zip(a["seeds"], a["capacity"])),
-                                  dict(zip(b["seeds"], b["capacity"])), (base, mode))
-            bound = ">= " if b["hit_max"] else ""
-            row.append(f"{bound}{d.mean:+.2f} ± {d.t_half_width:.2f} (p {d.t_p:.2g})")
-        lines.append(f"| {mode} | " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"

@@ -2,11 +2,17 @@
 
     # a one-layer softmax model on 5 skip trigrams, 4 heads -> gated block with 8 heads
     uvic-gated-attention trigrams --setting 4x5 --out gated/4x5
-    # the capacity table: trigrams learnt per mode and head count, over seeds
+    # the capacity table: trigrams learnt per mode and head count, every mode tuned alike
     uvic-gated-attention capacity --out gated/capacity --dry-run
+    # the same modes when lr, init, head width or depth changes for all alike
+    uvic-gated-attention sensitivity --out gated/sensitivity --dry-run
+    # a task that needs negative weights, per mode and head count
+    uvic-gated-attention copy-suppress --out gated/copy_suppress
     # a block of a trained U-ViT / U-ViC checkpoint, on noised images of its data
     uvic-gated-attention distil --config cifar10_uvic --checkpoint ema.safetensors \
         --block mid_block --out gated/cifar10
+    # the control: the paper's published models (its saved_models folder) through uvic
+    uvic-gated-attention control --models-dir gated-attn/saved_models --out gated/control
 
 Writes JSON results and PNG figures to --out. See docs/gated_attention.md.
 """
@@ -64,6 +70,53 @@ def _toy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder")
 
 
+def _float_list(text: str) -> list[float]:
+    return [_positive_float(v) for v in text.split(",")]
+
+
+def _depth(text: str) -> int:
+    value = positive_int(text)
+    if value == 2:
+        raise argparse.ArgumentTypeError("2: use 1, or >= 3 (softmax first and last leaves "
+                                         "no middle layer at 2)")
+    return value
+
+
+def _at_least_two(text: str) -> int:
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 2")
+    return value
+
+
+def _capacity_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--modes", type=_modes, default=list(ATTENTION_MODES),
+                   help=f"attention modes, comma-separated ({','.join(ATTENTION_MODES)})")
+    p.add_argument("--heads", type=_int_list, default=[1, 2, 4], help="head counts (1,2,4)")
+    p.add_argument("--seeds", type=positive_int, default=5, help="reported seeds per cell (5)")
+    p.add_argument("--max-trigrams", type=positive_int, default=8,
+                   help="every n from 1 to this is trained for every seed (8)")
+    p.add_argument("--head-dim", type=positive_int, default=1, help="head width (1)")
+    p.add_argument("--depth", type=_depth, default=1,
+                   help="layers: 1, or >= 3 with softmax in the first and last (1)")
+    p.add_argument("--max-steps", type=positive_int, default=4000,
+                   help="bound on Adam steps; training stops earlier at a plateau (4000)")
+    p.add_argument("--patience", type=positive_int, default=5,
+                   help="held-out checks (every 100 steps) without a 0.1%% gain that end "
+                        "training (5)")
+    p.add_argument("--sites", type=positive_int, default=200,
+                   help="scored forced and free B's per trigram, the same at every n (200)")
+    p.add_argument("--margin", type=_positive_float, default=1.0,
+                   help="equivalence margin in trigrams: 'no difference' needs both "
+                        "one-sided tests to reject it (1)")
+    p.add_argument("--workers", type=positive_int, default=1,
+                   help="models trained at once, one thread each (1)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="time one model, state the compute, write nothing")
+    p.add_argument("--out", required=True,
+                   help="output folder; a run stopped there resumes from its models.jsonl")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -82,16 +135,49 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the paper's gated training (1,000 epochs of 100 x 1,000 prompts, "
                         "compiled), of the first model from --seed on that learnt every "
                         "trigram with one in superposition")
+    t.add_argument("--exact", action="store_true",
+                   help="the paper's recipe in full: --paper with originals of 100,000 steps "
+                        "x 1,000 prompts at lr 1e-3 from Xavier-normal weights and biases, "
+                        "no output bias in the original or the gated block, plain MSE "
+                        "(about an hour of CPU per setting)")
     _toy_options(t)
-    c = sub.add_parser("capacity", help="the capacity table of every mode")
-    c.add_argument("--modes", type=_modes, default=list(ATTENTION_MODES))
-    c.add_argument("--heads", type=_int_list, default=[1, 2, 4], help="head counts (1,2,4)")
-    c.add_argument("--seeds", type=positive_int, default=2, help="seeds per cell (2)")
-    c.add_argument("--workers", type=positive_int, default=1,
-                   help="cells run at once, one thread each (1)")
-    c.add_argument("--max-trigrams", type=positive_int, default=6)
-    c.add_argument("--dry-run", action="store_true", help="state the compute, run nothing")
-    _toy_options(c)
+    c = sub.add_parser("capacity", help="skip trigrams learnt per mode and head count, "
+                                         "every mode tuned alike")
+    _capacity_options(c)
+    c.add_argument("--lr", type=_float_list, default=[1e-2, 1e-1],
+                   help="Adam learning rates of the tuning grid (1e-2,1e-1)")
+    c.add_argument("--init-std", type=_float_list, default=[0.02, 0.5],
+                   help="initial weight scales of the tuning grid (0.02,0.5)")
+    c.add_argument("--tune-seeds", type=positive_int, default=1,
+                   help="seeds (never reported) that choose each cell's recipe (1)")
+    s = sub.add_parser("sensitivity", help="the mode ordering when lr, init, head width or "
+                                           "depth changes for every mode alike")
+    _capacity_options(s)
+    s.add_argument("--lr", type=_positive_float, default=1e-2, help="base learning rate")
+    s.add_argument("--init-std", type=_positive_float, default=0.02, help="base init scale")
+    k = sub.add_parser("copy-suppress", help="a task that needs negative weights: raise one "
+                                             "token and lower another by the query")
+    k.add_argument("--modes", type=_modes, default=list(ATTENTION_MODES),
+                   help=f"attention modes, comma-separated ({','.join(ATTENTION_MODES)})")
+    k.add_argument("--heads", type=_int_list, default=[1, 2], help="head counts (1,2)")
+    k.add_argument("--seeds", type=positive_int, default=5, help="reported seeds per cell (5)")
+    k.add_argument("--group", type=_at_least_two, default=4,
+                   help="tokens per group: the raised and lowered tokens are drawn from two "
+                        "groups of this size (4)")
+    k.add_argument("--head-dim", type=positive_int,
+                   help="head width (default 2 x group: a head must copy a token's identity)")
+    k.add_argument("--lr", type=_float_list, default=[1e-2, 1e-1],
+                   help="Adam learning rates of the tuning grid (1e-2,1e-1)")
+    k.add_argument("--init-std", type=_float_list, default=[0.02, 0.5],
+                   help="initial weight scales of the tuning grid (0.02,0.5)")
+    k.add_argument("--tune-seeds", type=positive_int, default=1,
+                   help="seeds (never reported) that choose each cell's recipe (1)")
+    k.add_argument("--max-steps", type=positive_int, default=4000,
+                   help="bound on Adam steps; training stops earlier at a plateau (4000)")
+    k.add_argument("--workers", type=positive_int, default=1,
+                   help="models trained at once, one thread each (1)")
+    k.add_argument("--out", required=True,
+                   help="output folder; a run stopped there resumes from its models.jsonl")
     d = sub.add_parser("distil", help="a block of a trained U-ViT / U-ViC checkpoint")
     add_config_options(d, model_from_config=True)
     d.add_argument("--checkpoint", required=True, help=".safetensors or .pth checkpoint")
@@ -104,6 +190,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--device", default="cpu")
     d.add_argument("--out", required=True, help="output folder")
+    k = sub.add_parser("control", help="the paper's published models through uvic's and "
+                                       "the paper's head tests")
+    k.add_argument("--models-dir", required=True,
+                   help="the paper's gated_attention/experiments/saved_models folder")
+    k.add_argument("--prompts", type=positive_int, default=10_000,
+                   help="prompts per setting, uvic's and the paper's kind each (10000)")
+    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--out", required=True, help="output folder")
     args = p.parse_args(argv)
     if args.command == "trigrams" and args.models > 1 and args.setting == "hand-built":
         p.error("--models: the hand-built setting is one model; use a trained setting")
@@ -126,37 +220,72 @@ def _trigrams(args: argparse.Namespace) -> dict:
     if args.setting == "hand-built":
         return te.reproduce_hand_built(args.seed, _settings(args, te.HAND_BUILT))
     heads, trigrams, coef, lr = te.SETTINGS[args.setting]
-    base = te.PAPER if args.paper else te.ToySettings()
-    base = replace(base, coef=coef, gated_lr=lr) if args.paper else replace(base, coef=coef)
+    paper = args.paper or args.exact
+    base = te.EXACT if args.exact else te.PAPER if args.paper else te.ToySettings()
+    base = replace(base, coef=coef, gated_lr=lr) if paper else replace(base, coef=coef)
     cfg = _settings(args, base)
     if args.models > 1:
         return te.reproduce_models(args.mode, heads, trigrams, args.seed, cfg, args.models)
-    return te.reproduce(args.mode, heads, trigrams, args.seed, cfg, superposed=args.paper)
+    return te.reproduce(args.mode, heads, trigrams, args.seed, cfg, superposed=paper)
 
 
 def _capacity(args: argparse.Namespace, out: Path) -> None:
-    from uvic.analysis import trigram_experiments as te
+    """The tuned capacity table, or the sensitivity table; resumable, figures and JSON."""
+    import time
+
+    from uvic.analysis import capacity as C
     from uvic.analysis.gated_figures import capacity_figure
     from uvic.files import write_json
 
-    cfg = _settings(args, te.ToySettings())
+    base = C.ToyRecipe(head_dim=args.head_dim, depth=args.depth, max_steps=args.max_steps,
+                       patience=args.patience, sites=args.sites)
     seeds = list(range(args.seeds))
-    bound = te.trainings_bound(args.heads, seeds, args.max_trigrams) * len(args.modes)
-    print(f"compute: {len(args.modes)} modes x {len(args.heads)} head counts x {len(seeds)} "
-          f"seeds; at most {bound} one-layer models of {cfg.steps} steps (batch {cfg.batch}) "
-          f"and {len(args.modes) * len(args.heads)} gated blocks of "
-          f"{cfg.gated_epochs * cfg.gated_batches} steps; about "
-          f"{te.estimate_seconds(cfg, bound, len(args.modes) * len(args.heads)) / 60:.0f} "
-          f"min of one thread at most, on {args.workers} worker(s) (docs/gated_attention.md)")
+    per_seed = len(args.modes) * len(args.heads) * args.max_trigrams
+    if args.command == "capacity":
+        grid = C.Grid(tuple(args.lr), tuple(args.init_std), args.tune_seeds)
+        models = per_seed * (len(seeds) + len(grid.recipes(base)) * grid.seeds)
+    else:
+        base = C.replace(base, lr=args.lr, init_std=args.init_std)
+        models = per_seed * len(seeds) * len(C.SENSITIVITY)
     if args.dry_run:
+        start = time.perf_counter()
+        C.run_model(args.modes[0], max(args.heads), (args.max_trigrams + 1) // 2, 0, base)
+        took = time.perf_counter() - start
+        print(f"compute: {models} models; one ({args.modes[0]}, {max(args.heads)} heads, "
+              f"n = {(args.max_trigrams + 1) // 2}) took {took:.1f} s here, so about "
+              f"{models * took / args.workers / 60:.0f} min on {args.workers} worker(s)")
         return
-    table = te.capacity_table(args.modes, args.heads, seeds, args.max_trigrams, cfg,
-                              workers=args.workers)
-    print(f"json: {write_json(out / 'capacity.json', table, indent=1)}")
-    (out / "capacity.md").write_text(te.markdown_table(table))
-    print(f"table: {out / 'capacity.md'}")
-    print(f"figure: {capacity_figure(table, out / 'capacity.png')}")
-    print(te.markdown_table(table))
+    if args.command == "capacity":
+        table = C.capacity_experiment(out, args.modes, args.heads, seeds, args.max_trigrams,
+                                      base, grid, args.workers, args.margin)
+        text = C.capacity_markdown(table)
+        print(f"figure: {capacity_figure(table, out / 'capacity.png')}")
+    else:
+        table = C.sensitivity_experiment(out, args.modes, args.heads, seeds,
+                                         args.max_trigrams, base, None, args.workers,
+                                         args.margin)
+        text = C.sensitivity_markdown(table)
+    print(f"json: {write_json(out / f'{args.command}.json', table, indent=1)}")
+    (out / f"{args.command}.md").write_text(text)
+    print(f"table: {out / f'{args.command}.md'}")
+    print(text)
+
+
+def _copy_suppress(args: argparse.Namespace, out: Path) -> None:
+    """Seeds that solve copy-and-suppress per mode and head count, every mode tuned alike."""
+    from uvic.analysis import copy_suppress as CS
+    from uvic.analysis.capacity import Grid, ToyRecipe
+    from uvic.files import write_json
+
+    base = ToyRecipe(head_dim=args.head_dim or 2 * args.group, max_steps=args.max_steps)
+    table = CS.copy_suppress_experiment(
+        out, args.modes, args.heads, list(range(args.seeds)), base,
+        Grid(tuple(args.lr), tuple(args.init_std), args.tune_seeds),
+        CS.CopySuppressTask(group=args.group), args.workers)
+    print(f"json: {write_json(out / 'copy_suppress.json', table, indent=1)}")
+    text = CS.markdown(table)
+    (out / "copy_suppress.md").write_text(text)
+    print(text)
 
 
 def _distil(args: argparse.Namespace, out: Path) -> dict:
@@ -185,16 +314,50 @@ def _distil(args: argparse.Namespace, out: Path) -> dict:
     return report
 
 
+# the paper's published files, per setting (heads x trigrams; gated blocks: twice the heads)
+PAPER_FILES = tuple(name for h, n in ((2, 3), (3, 4), (4, 5))
+                    for name in (f"toy_model_{h}H_{n}ST.st", f"gated_block_{2 * h}H_{n}ST.st"))
+
+
+def _control(args: argparse.Namespace, out: Path) -> int:
+    """The control; a missing folder or file is refused in one line before torch loads."""
+    folder = Path(args.models_dir)
+    if not folder.is_dir():
+        print(f"error: {folder}: no such folder (the paper's saved_models)", file=sys.stderr)
+        return 2
+    for name in PAPER_FILES:
+        if not (folder / name).is_file():
+            print(f"error: {folder / name}: no such file (one of the paper's saved models)",
+                  file=sys.stderr)
+            return 2
+    from uvic.analysis.gated_paper import control, control_markdown
+    from uvic.files import write_json, write_text
+
+    try:
+        result = control(folder, args.prompts, args.seed)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"json: {write_json(out / 'control.json', result, indent=1)}")
+    print(f"table: {write_text(out / 'control.md', control_markdown(result))}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the program; returns the exit status."""
     args = parse_args(argv)
     out = Path(args.out)
+    if args.command == "control":
+        return _control(args, out)
     from uvic.files import write_json  # light; the heavy imports follow per command
     from uvic.run.weights import CheckpointError
 
     try:
-        if args.command == "capacity":
+        if args.command in ("capacity", "sensitivity"):
             _capacity(args, out)
+            return 0
+        if args.command == "copy-suppress":
+            _copy_suppress(args, out)
             return 0
         from uvic.analysis.gated_figures import gate_figure
 
