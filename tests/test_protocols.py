@@ -222,6 +222,25 @@ def test_cells_of_several_seeds_carry_their_interval() -> None:
     assert table.count("- U-ViT / CIFAR-10") == 3  # each seed's result shown
 
 
+def test_table3_pairs_the_twins_by_seed() -> None:
+    """Table 3 with 3 seeds of both twins: U-ViC − U-ViT FID paired by training seed under
+    it, with the difference it could detect; one shared seed gives no such line."""
+    from uvic.evaluation.paired import paired_difference
+
+    def seeded(model: str, fid: float, seed: int) -> dict:
+        return {**result(model, "cifar10", fid, RELEASE["cifar10"]),
+                "config": {"train": {"seed": seed}}}
+
+    uvit, uvic = {1: 3.0, 2: 3.2, 3: 3.7}, {1: 2.9, 2: 3.25, 3: 3.5}
+    table = protocol_table([*(seeded("U-ViT", f, s) for s, f in uvit.items()),
+                            *(seeded("U-ViC", f, s) for s, f in uvic.items())])
+    d = paired_difference(uvit, uvic, ("U-ViT", "U-ViC"))
+    assert (f"- CIFAR-10, P1: {d.mean:+.3f} ± {d.t_half_width:.3f} over 3 seeds (paired t p "
+            f"{d.t_p:.2g}): inconclusive: MDE {d.mde:.3g} at 80% power") in table
+    one = protocol_table([seeded("U-ViT", 3.0, 1), seeded("U-ViC", 2.9, 1)])
+    assert "paired by training seed" not in one
+
+
 def test_protocol_records_autoguidance_and_older_results_still_read(tmp_path: Path) -> None:
     """Two results differing only in their autoguidance never share a label; without it
     the record has no autoguidance keys (results before them read back the same)."""

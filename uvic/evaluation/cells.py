@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from uvic.evaluation.paired import format_interval, t_interval
+from uvic.evaluation.paired import format_interval, paired_difference, t_interval, verdict
+
+TWINS = ("U-ViT", "U-ViC")  # the pair every table compares, baseline first
 
 # result keys beside FID -> column title (and which way is better, for the note)
 METRIC_COLUMNS = {"fd_dinov2": "FD-DINOv2", "precision": "precision", "recall": "recall"}
@@ -80,3 +82,21 @@ def metric_note(keys: Iterable[str]) -> list[str]:
           if keys & {"precision", "recall"} else "")
     return ["", f"Beside FID: {', '.join(shown)}, of the same result as the FID cell (each "
             f"seed's lowest FID){pr}; blank where a result does not record it."]
+
+
+def paired_note(lines: list[tuple[str, dict[str, list[dict[str, Any]]]]]) -> list[str]:
+    """Under a table whose lines (or columns) hold both twins over 2 or more shared training
+    seeds: U-ViC − U-ViT FID paired by seed, its verdict and what it could detect."""
+    out = []
+    for title, cell in lines:
+        fids = [{seed_of(r): r["fid"] for r in best_per_seed(cell.get(m, []))
+                 if seed_of(r) is not None} for m in TWINS]
+        if len(set(fids[0]) & set(fids[1])) >= 2:
+            d = paired_difference(fids[0], fids[1], TWINS)
+            out.append(f"- {title}: {d.mean:+.3f} ± {d.t_half_width:.3f} over {d.n} seeds "
+                       f"(paired t p {d.t_p:.2g}): {verdict(d)}")
+    if not out:
+        return []
+    return ["", "U-ViC − U-ViT FID, each seed's best paired by training seed (B − A: mean ± "
+                "95% t half-width; MDE: the difference found with 80% power):", "", *out]
+

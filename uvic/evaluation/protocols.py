@@ -41,6 +41,7 @@ from uvic.evaluation.cells import (
     metric_cell,
     metric_keys,
     metric_note,
+    paired_note,
     seeds_note,
 )
 from uvic.evaluation.reference_split import ReferenceSplit, digest_order
@@ -320,6 +321,9 @@ def protocol_table(results: list[dict[str, Any]]) -> str:
 
     lines += metric_note({k for keys in extra.values() for k in keys})
     lines += protocol_notes(names, "Columns", mark) + seeds_note(cells.values())
+    lines += paired_note([(f"{DATASET_TITLES.get(d, d)}, {tags[d, p, g]}",
+                           {m: cells.get((m, d, p, g), []) for m in models})
+                          for d, p, g in columns if p])
     lines += split.notes({(d, p): f"{DATASET_TITLES.get(d, d)}, {names[p]}"
                           for d, p, _ in columns if p}, "column")
     number = {p: i for i, p in enumerate(names)}  # P2 before P10

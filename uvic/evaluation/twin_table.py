@@ -17,8 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from uvic.evaluation.cells import seed_of
-from uvic.evaluation.paired import paired_difference, verdict
+from uvic.evaluation.cells import TWINS, paired_note
 from uvic.evaluation.protocols import (
     Protocol,
     best_per_seed,
@@ -29,7 +28,7 @@ from uvic.evaluation.protocols import (
 )
 from uvic.evaluation.reference_split import ReferenceSplit, digest_order
 
-MODELS = ("U-ViT", "U-ViC")
+MODELS = TWINS
 
 
 class TwinRow(typing.Protocol):
@@ -48,23 +47,6 @@ class TwinRow(typing.Protocol):
 R = TypeVar("R", bound=TwinRow)
 Cell = dict[str, list[dict[str, Any]]]  # a line's results by model
 Line = tuple[Any, Protocol, str, Cell]  # (row, protocol, reference tag, cell)
-
-
-def paired_note(lines: list[tuple[str, Cell]]) -> list[str]:
-    """Under a table whose lines hold both twins over 2 or more shared training seeds: the
-    U-ViC − U-ViT FID paired by seed, with its verdict and the difference it could detect."""
-    out = []
-    for title, cell in lines:
-        fids = [{seed_of(r): r["fid"] for r in best_per_seed(cell.get(m, []))
-                 if seed_of(r) is not None} for m in MODELS]
-        if len(set(fids[0]) & set(fids[1])) >= 2:
-            d = paired_difference(fids[0], fids[1], MODELS)
-            out.append(f"- {title}: {d.mean:+.3f} ± {d.t_half_width:.3f} over {d.n} seeds "
-                       f"(paired t p {d.t_p:.2g}): {verdict(d)}")
-    if not out:
-        return []
-    return ["", "U-ViC − U-ViT FID, each seed's best paired by training seed (B − A: mean ± "
-                "95% t half-width; MDE: the difference found with 80% power):", "", *out]
 
 
 def row_of(rows: Mapping[str, R], result: dict[str, Any], kind: str) -> R:
