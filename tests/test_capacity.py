@@ -130,19 +130,39 @@ def test_experiment_tunes_alike_and_resumes_without_redoing_models(tmp_path, mon
 
 
 def test_paired_rows_state_the_mde_and_read_equivalence_only_from_tost():
-    """Differences (1, 0, 2): mean +1, t half-width 4.303 / sqrt(3) = 2.48, inconclusive with
-    its MDE; differences of 0 and +-0.1 within a margin of 1 read as equivalent; a mode at
-    the trigram limit is a lower bound."""
+    """Differences (1, 0, 2, 0): mean +0.75, t half-width 3.182 * 0.957 / 2 = 1.52,
+    inconclusive with its MDE, sign test 2 of 2 non-ties: p 0.5; differences of 0 within a
+    margin of 1 read as equivalent; a mode at the trigram limit is a lower bound that
+    supports no reading; every seed one higher is "more", its sign test p 2 / 2^4."""
     def cell(mode, caps, hit_max=False):
         return {"mode": mode, "heads": 2, "seeds": [0, 1, 2, 3], "capacity": caps,
                 "hit_max": hit_max}
 
     cells = [cell("softmax", [1, 2, 3, 3]), cell("cog", [2, 2, 5, 3]),
-             cell("expressive", [1, 2, 3, 3]), cell("sigmoid", [8, 8, 8, 8], hit_max=True)]
+             cell("expressive", [1, 2, 3, 3]), cell("sigmoid", [8, 8, 8, 8], hit_max=True),
+             cell("other", [2, 3, 4, 4])]
     rows = C.paired_rows(cells, margin=1.0)
-    assert rows[0].startswith("| mode - softmax | heads | mean ± 95% t |")
-    assert rows[2].startswith("| cog | 2 | +0.75 ± 1.52 | 0.22 | ")
+    assert rows[0].startswith("| capacity: mode - softmax | heads | mean ± 95% t | t p |")
+    assert rows[2].startswith("| cog | 2 | +0.75 ± 1.52 | 0.22 | 0.5 | ")
     assert "inconclusive: MDE" in rows[2]
     assert rows[3].startswith("| expressive | 2 | +0.00 ± 0.00 |") and "equivalent" in rows[3]
-    assert rows[4].startswith("| sigmoid | 2 | >= +5.75") and rows[4].endswith("| more |")
+    assert rows[4].startswith("| sigmoid | 2 | >= +5.75") and "trigram limit" in rows[4]
+    assert rows[5].startswith("| other | 2 | +1.00 ± 0.00 | 0 | 0.12 |")
+    assert rows[5].endswith("| more |")
     assert C.paired_rows(cells[:1], margin=1.0) == []
+    assert C.sign_test_p([1, 2], [1, 2]) == 1.0
+
+
+def test_documented_tables_are_what_the_code_renders_from_the_recorded_run():
+    """The README's capacity tables and the docs' full ones come from the recorded run
+    (docs/gated_capacity.json) through the same functions, line for line."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    table = json.loads((root / "docs/gated_capacity.json").read_text())
+    readme = (root / "README.md").read_text()
+    for line in C.summary_markdown(table).splitlines():
+        assert line in readme, line
+    docs = (root / "docs/gated_attention.md").read_text()
+    for line in C.capacity_markdown(table).splitlines():
+        assert line in docs, line

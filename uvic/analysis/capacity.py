@@ -246,8 +246,9 @@ def capacity_experiment(out: Path, modes: list[str], head_counts: list[int], see
 
 def summarise(mode: str, heads: int, seeds: list[int], max_trigrams: int,
               runs: list[list[dict]]) -> dict:
-    """One cell: per n the share of seeds that learnt all n trigrams (exact interval), and
-    per seed its capacity (the largest n learnt in full) with the t interval of the mean.
+    """One cell: per n the share of seeds that learnt all n trigrams (exact interval); per
+    seed its capacity (the largest n learnt in full) and the most trigrams any one of its
+    models held (a lower bound that needs no n learnt in full), each with a t interval.
     ``runs[seed][n - 1]`` is the record of that seed's model on n trigrams."""
     from uvic.evaluation.paired import proportion_interval
 
@@ -259,13 +260,16 @@ def summarise(mode: str, heads: int, seeds: list[int], max_trigrams: int,
                         "not_converged": sum(not r[n - 1]["converged"] for r in runs)})
     capacity = [max([n for n in range(1, max_trigrams + 1) if r[n - 1]["all_learnt"]],
                     default=0) for r in runs]
+    learnt = [[sum(x["learnt"]) for x in r] for r in runs]
+    held = [max(counts) for counts in learnt]
     cell = {"mode": mode, "heads": heads, "seeds": seeds, "capacity": capacity,
-            "success": success, "hit_max": max(capacity) == max_trigrams,
-            "trigrams_learnt": [[sum(x["learnt"]) for x in r] for r in runs]}
+            "most_held": held, "success": success, "hit_max": max(capacity) == max_trigrams,
+            "held_max": max(held) == max_trigrams, "trigrams_learnt": learnt}
     if len(capacity) > 1:
         from uvic.evaluation.paired import t_interval
 
-        cell["capacity_interval"] = t_interval(capacity, what=f"{mode} {heads}").as_dict()
+        for key, values in (("capacity", capacity), ("most_held", held)):
+            cell[f"{key}_interval"] = t_interval(values, what=f"{mode} {heads}").as_dict()
     return cell
 
 
@@ -304,36 +308,50 @@ def _heads(h: int) -> str:
     return f"{h} head{'s' * (h > 1)}"
 
 
-def _capacity_text(cell: dict) -> str:
-    more = "+" if cell["hit_max"] else ""
-    iv = cell.get("capacity_interval")
-    mean = sum(cell["capacity"]) / len(cell["capacity"])
+BOUND = {"capacity": "hit_max", "most_held": "held_max"}  # which flag marks the limit
+
+
+def sign_test_p(a: list[float], b: list[float]) -> float:
+    """Exact two-sided sign test of b - a (ties dropped): no assumption on the spread, so
+    its smallest p is 2 / 2^n (0.0625 with 5 seeds); 1 when every pair ties."""
+    from scipy.stats import binomtest
+
+    d = [y - x for x, y in zip(a, b) if y != x]
+    return float(binomtest(sum(v > 0 for v in d), len(d)).pvalue) if d else 1.0
+
+
+def _capacity_text(cell: dict, key: str = "capacity") -> str:
+    more = "+" if cell[BOUND[key]] else ""
+    iv = cell.get(f"{key}_interval")
+    values = cell[key]
     spread = f" ± {iv['half_width']:.2f}" if iv else ""
-    return f"{mean:.2f}{spread} [{min(cell['capacity'])}, {max(cell['capacity'])}{more}]"
+    return f"{sum(values) / len(values):.2f}{spread} [{min(values)}, {max(values)}{more}]"
 
 
-def paired_rows(cells: list[dict], margin: float, base: str = "softmax") -> list[str]:
-    """Markdown rows: each mode's capacity minus ``base``'s, paired by seed, with its t
-    interval, the minimum detectable difference at 80% power and what it supports
-    (equivalence only by two one-sided tests within ±``margin`` trigrams)."""
+def paired_rows(cells: list[dict], margin: float, base: str = "softmax",
+                key: str = "capacity") -> list[str]:
+    """Markdown rows: each mode's ``key`` (capacity or most_held) minus ``base``'s, paired
+    by seed, with its t interval, the minimum detectable difference at 80% power and what
+    it supports (equivalence only by two one-sided tests within ±``margin`` trigrams)."""
     from uvic.evaluation.paired import paired_difference, verdict
 
     by = {(c["mode"], c["heads"]): c for c in cells}
     head_counts = sorted({h for _, h in by})
-    rows = [f"| mode - {base} | heads | mean ± 95% t | p | MDE (80%) | reads as |",
-            "|---|---|---|---|---|---|"]
+    rows = [f"| {key.replace('_', ' ')}: mode - {base} | heads | mean ± 95% t | t p | "
+            "sign p | MDE (80%) | reads as |", "|---|---|---|---|---|---|---|"]
     for mode in dict.fromkeys(m for m, _ in by):
         for h in head_counts:
             a, b = by.get((base, h)), by.get((mode, h))
             if mode == base or a is None or b is None or len(a["seeds"]) < 2:
                 continue
-            d = paired_difference(dict(zip(a["seeds"], a["capacity"])),
-                                  dict(zip(b["seeds"], b["capacity"])), (base, mode),
-                                  margin=margin)
-            bound = ">= " if b["hit_max"] or a["hit_max"] else ""
-            reads = verdict(d).replace("B higher", "more").replace("B lower", "fewer")
-            rows.append(f"| {mode} | {h} | {bound}{d.mean:+.2f} ± {d.t_half_width:.2f} | "
-                        f"{d.t_p:.2g} | {d.mde:.2f} | {reads} |")
+            d = paired_difference(dict(zip(a["seeds"], a[key])),
+                                  dict(zip(b["seeds"], b[key])), (base, mode), margin=margin)
+            limit = b[BOUND[key]] or a[BOUND[key]]
+            reads = ("a seed at the trigram limit: raise --max-trigrams" if limit else
+                     verdict(d).replace("B higher", "more").replace("B lower", "fewer"))
+            rows.append(f"| {mode} | {h} | {'>= ' * limit}{d.mean:+.2f} ± {d.t_half_width:.2f} "
+                        f"| {d.t_p:.2g} | {sign_test_p(a[key], b[key]):.2g} | {d.mde:.2f} | "
+                        f"{reads} |")
     return rows if len(rows) > 2 else []
 
 
@@ -347,6 +365,11 @@ def capacity_markdown(table: dict) -> str:
            "|---" * (len(head_counts) + 1) + "|"]
     out += [f"| {m} | " + " | ".join(_capacity_text(by[(m, h)]) for h in head_counts) + " |"
             for m in modes]
+    out += ["", "Most trigrams one model held (any n):", "",
+            "| mode | " + " | ".join(_heads(h) for h in head_counts) + " |",
+            "|---" * (len(head_counts) + 1) + "|"]
+    out += [f"| {m} | " + " | ".join(_capacity_text(by[(m, h)], "most_held")
+                                      for h in head_counts) + " |" for m in modes]
     n_max = table["max_trigrams"]
     out += ["", "Seeds that learnt all n trigrams, per n:", "",
             "| mode | heads | recipe | " + " | ".join(f"n={n}" for n in range(1, n_max + 1))
@@ -358,22 +381,55 @@ def capacity_markdown(table: dict) -> str:
             out.append(f"| {m} | {h} | {t['chosen']} | " + " | ".join(
                 f"{s['learnt']}/{s['of']}" + ("*" if s["not_converged"] else "")
                 for s in c["success"]) + " |")
-    paired = paired_rows(cells, table["margin"])
-    return "\n".join(out + (["", *paired] if paired else [])) + "\n"
+    for key in BOUND:
+        paired = paired_rows(cells, table["margin"], key=key)
+        out += ["", *paired] if paired else []
+    return "\n".join(out) + "\n"
 
 
 def sensitivity_markdown(table: dict) -> str:
     """Per setting and head count: the modes ordered by mean capacity, then the paired rows."""
-    out = ["| setting | heads | modes by mean capacity (most first) |", "|---|---|---|"]
+    def order(cells: list[dict], key: str) -> str:
+        mean = {c["mode"]: sum(c[key]) / len(c[key]) for c in cells}
+        return ", ".join(f"{m} {v:.2f}" for m, v in sorted(mean.items(), key=lambda kv: -kv[1]))
+
+    out = ["| setting | heads | capacity, most first | most held, most first |",
+           "|---|---|---|---|"]
     for s in table["settings"]:
         for h in sorted({c["heads"] for c in s["cells"]}):
-            cells = sorted((c for c in s["cells"] if c["heads"] == h),
-                           key=lambda c: -sum(c["capacity"]) / len(c["capacity"]))
-            order = ", ".join(f"{c['mode']} {sum(c['capacity']) / len(c['capacity']):.2f}"
-                              for c in cells)
-            out.append(f"| {s['setting']} | {h} | {order} |")
+            cells = [c for c in s["cells"] if c["heads"] == h]
+            out.append(f"| {s['setting']} | {h} | {order(cells, 'capacity')} | "
+                       f"{order(cells, 'most_held')} |")
     for s in table["settings"]:
-        rows = paired_rows(s["cells"], table["margin"])
-        if rows:
-            out += ["", f"{s['setting']}:", "", *rows]
+        for key in BOUND:
+            rows = paired_rows(s["cells"], table["margin"], key=key)
+            if rows:
+                out += ["", f"{s['setting']}:", "", *rows]
     return "\n".join(out) + "\n"
+
+
+def summary_markdown(table: dict, base: str = "softmax", mode: str = "cog") -> str:
+    """The README's two tables: capacity and most held per mode and head count side by
+    side, then ``mode`` minus ``base`` paired by seed for each, where no seed hit the limit."""
+    from uvic.evaluation.paired import paired_difference
+
+    cells = table["cells"]
+    by = {(c["mode"], c["heads"]): c for c in cells}
+    head_counts = sorted({c["heads"] for c in cells})
+    rows = [f"| {m} | " + " | ".join(_capacity_text(by[(m, h)], key) for key in BOUND
+                                     for h in head_counts) + " |"
+            for m in dict.fromkeys(c["mode"] for c in cells)]
+    shown = [h for h in head_counts if not any(by[(m, h)][BOUND[k]]
+                                               for m in (base, mode) for k in BOUND)]
+    pairs = [f"| {mode} - {base} | " + " | ".join(_heads(h) for h in shown) + " |",
+             "|---" * (len(shown) + 1) + "|"]
+    for key in BOUND:
+        out = []
+        for h in shown:
+            a, b = by[(base, h)], by[(mode, h)]
+            d = paired_difference(dict(zip(a["seeds"], a[key])), dict(zip(b["seeds"], b[key])),
+                                  (base, mode))
+            out.append(f"{d.mean:+.2f} ± {d.t_half_width:.2f} (t p {d.t_p:.2g}, sign p "
+                       f"{sign_test_p(a[key], b[key]):.2g}, MDE {d.mde:.2f})")
+        pairs.append(f"| {key.replace('_', ' ')} | " + " | ".join(out) + " |")
+    return "\n".join(rows) + "\n\n" + "\n".join(pairs) + "\n"

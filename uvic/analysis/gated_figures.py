@@ -49,9 +49,11 @@ def capacity_figure(table: dict, path: str | Path) -> Path:
     head_counts = sorted({c["heads"] for c in cells})
     fig = Figure(figsize=(3.2 * len(head_counts), 3.0), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(head_counts), sharey=True))
+    modes = list(dict.fromkeys(c["mode"] for c in cells))
     for ax, heads in zip(axes, head_counts):
         for cell in (c for c in cells if c["heads"] == heads):
-            n = np.array([s["n"] for s in cell["success"]], dtype=float)
+            shift = 0.08 * (modes.index(cell["mode"]) - (len(modes) - 1) / 2)  # bars apart
+            n = np.array([s["n"] for s in cell["success"]], dtype=float) + shift
             share = np.array([s["learnt"] / s["of"] for s in cell["success"]])
             low = np.array([s["interval_95"][0] for s in cell["success"]])
             high = np.array([s["interval_95"][1] for s in cell["success"]])
