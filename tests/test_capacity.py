@@ -166,3 +166,13 @@ def test_documented_tables_are_what_the_code_renders_from_the_recorded_run():
     docs = (root / "docs/gated_attention.md").read_text()
     for line in C.capacity_markdown(table).splitlines():
         assert line in docs, line
+
+
+def test_documented_sensitivity_table_is_what_the_code_renders():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    table = json.loads((root / "docs/gated_sensitivity.json").read_text())
+    docs = (root / "docs/gated_attention.md").read_text()
+    for line in C.sensitivity_markdown(table).splitlines():
+        assert line in docs, line

@@ -81,3 +81,13 @@ def test_cli_copy_suppress(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["copy-suppress", "--group", "1", "--out", str(out)])
     assert "--group: '1' must be >= 2" in capsys.readouterr().err
+
+
+def test_documented_table_is_what_the_code_renders_from_the_recorded_run():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    table = json.loads((root / "docs/gated_copy_suppress.json").read_text())
+    docs = (root / "docs/gated_attention.md").read_text()
+    for line in CS.markdown(table).splitlines():
+        assert line in docs, line

@@ -404,7 +404,7 @@ def sensitivity_markdown(table: dict) -> str:
         for key in BOUND:
             rows = paired_rows(s["cells"], table["margin"], key=key)
             if rows:
-                out += ["", f"{s['setting']}:", "", *rows]
+                out += ["", *rows] if key != "capacity" else ["", f"{s['setting']}:", "", *rows]
     return "\n".join(out) + "\n"
 
 
