@@ -148,27 +148,7 @@ def paper_prompts(num_trigrams: int, num_prompts: int, seed: int,
     so that a B at the prompt's last position has its C (the paper counts that trigram);
     the inputs ``tokens[:, :-1]`` are the paper's prompts.
     """
-    if num_trigrams < 1 or num_prompts < 1 or length < 3:
-        raise ValueError(f"need num_trigrams >= 1, num_prompts >= 1 and length >= 3; got "
-                         f"{num_trigrams}, {num_prompts}, {length}")
-    n, total = num_trigrams, length + 1
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.empty(num_prompts, total, dtype=torch.long)
-    forced = torch.zeros(num_prompts, total, dtype=torch.bool)
-    tokens[:, 0] = 2 * n + 1
-    pending = torch.zeros(num_prompts, dtype=torch.bool)
-    nxt = torch.full((num_prompts,), -1, dtype=torch.long)
-    for pos in range(1, total):
-        draw = torch.randint(0, 2 * n + 2, (num_prompts,), generator=g)
-        draw_no_a = torch.randint(1, 2 * n + 2, (num_prompts,), generator=g)
-        token = torch.where(pending, draw_no_a, draw)
-        forced[:, pos] = nxt >= 0
-        token = torch.where(nxt >= 0, nxt, token)
-        tokens[:, pos] = token
-        fire = pending & (token >= 1) & (token <= n)
-        nxt = torch.where(fire, token + n, torch.full_like(token, -1))
-        pending = (pending & ~fire) | (token == 0)
-    return TrigramData(tokens, forced, n)
+    return make_prompts(num_trigrams, num_prompts, seed, length + 1, bos_recurs=True)
 
 
 def one_trigram(data: TrigramData) -> Tensor:

@@ -48,8 +48,9 @@ class TrigramData:
 
 
 def make_prompts(num_trigrams: int, num_prompts: int, seed: int,
-                 length: int = PROMPT_LENGTH) -> TrigramData:
-    """``num_prompts`` prompts of ``length`` tokens with ``num_trigrams`` skip trigrams."""
+                 length: int = PROMPT_LENGTH, bos_recurs: bool = False) -> TrigramData:
+    """``num_prompts`` prompts of ``length`` tokens with ``num_trigrams`` skip trigrams;
+    ``bos_recurs``: BOS is drawn among the random tokens too (the original generator)."""
     if num_trigrams < 1 or num_prompts < 1 or length < 3:
         raise ValueError(f"need num_trigrams >= 1, num_prompts >= 1 and length >= 3; got "
                          f"{num_trigrams}, {num_prompts}, {length}")
@@ -62,8 +63,8 @@ def make_prompts(num_trigrams: int, num_prompts: int, seed: int,
     nxt = torch.full((num_prompts,), -1, dtype=torch.long)  # a forced next token, or -1
     for pos in range(1, length):
         # uniform over A, B, C; while an A is pending, over B and C only
-        draw = torch.randint(0, 2 * n + 1, (num_prompts,), generator=g)
-        draw_no_a = torch.randint(1, 2 * n + 1, (num_prompts,), generator=g)
+        draw = torch.randint(0, 2 * n + 1 + bos_recurs, (num_prompts,), generator=g)
+        draw_no_a = torch.randint(1, 2 * n + 1 + bos_recurs, (num_prompts,), generator=g)
         token = torch.where(pending, draw_no_a, draw)
         forced[:, pos] = nxt >= 0
         token = torch.where(nxt >= 0, nxt, token)

@@ -89,6 +89,16 @@ def _at_least_two(text: str) -> int:
     return value
 
 
+def _grid_options(p: argparse.ArgumentParser) -> None:
+    """The tuning grid every mode gets alike, and the seeds that judge it."""
+    p.add_argument("--lr", type=_float_list, default=[1e-2, 1e-1],
+                   help="Adam learning rates of the tuning grid (1e-2,1e-1)")
+    p.add_argument("--init-std", type=_float_list, default=[0.02, 0.5],
+                   help="initial weight scales of the tuning grid (0.02,0.5)")
+    p.add_argument("--tune-seeds", type=positive_int, default=1,
+                   help="seeds (never reported) that choose each cell's recipe (1)")
+
+
 def _capacity_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", type=_modes, default=list(ATTENTION_MODES),
                    help=f"attention modes, comma-separated ({','.join(ATTENTION_MODES)})")
@@ -139,17 +149,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the paper's recipe in full: --paper with originals of 100,000 steps "
                         "x 1,000 prompts at lr 1e-3 from Xavier-normal weights and biases, "
                         "no output bias in the original or the gated block, plain MSE "
-                        "(about an hour of CPU per setting)")
+                        "(100,000 steps for the original and as many for the gated block)")
     _toy_options(t)
     c = sub.add_parser("capacity", help="skip trigrams learnt per mode and head count, "
                                          "every mode tuned alike")
     _capacity_options(c)
-    c.add_argument("--lr", type=_float_list, default=[1e-2, 1e-1],
-                   help="Adam learning rates of the tuning grid (1e-2,1e-1)")
-    c.add_argument("--init-std", type=_float_list, default=[0.02, 0.5],
-                   help="initial weight scales of the tuning grid (0.02,0.5)")
-    c.add_argument("--tune-seeds", type=positive_int, default=1,
-                   help="seeds (never reported) that choose each cell's recipe (1)")
+    _grid_options(c)
     s = sub.add_parser("sensitivity", help="the mode ordering when lr, init, head width or "
                                            "depth changes for every mode alike")
     _capacity_options(s)
@@ -166,12 +171,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "groups of this size (4)")
     k.add_argument("--head-dim", type=positive_int,
                    help="head width (default 2 x group: a head must copy a token's identity)")
-    k.add_argument("--lr", type=_float_list, default=[1e-2, 1e-1],
-                   help="Adam learning rates of the tuning grid (1e-2,1e-1)")
-    k.add_argument("--init-std", type=_float_list, default=[0.02, 0.5],
-                   help="initial weight scales of the tuning grid (0.02,0.5)")
-    k.add_argument("--tune-seeds", type=positive_int, default=1,
-                   help="seeds (never reported) that choose each cell's recipe (1)")
+    _grid_options(k)
     k.add_argument("--max-steps", type=positive_int, default=4000,
                    help="bound on Adam steps; training stops earlier at a plateau (4000)")
     k.add_argument("--workers", type=positive_int, default=1,
