@@ -228,8 +228,8 @@ def writes(*paths: str) -> Callable[[Path, subprocess.CompletedProcess], None]:
 
 
 def states_the_gated_compute(ws: Path, proc: subprocess.CompletedProcess) -> None:
-    """--dry-run states the table's compute (every mode, 3 head counts) and runs nothing."""
-    assert proc.stdout.startswith("compute: ") and "3 head counts" in proc.stdout
+    """--dry-run times one model, states the compute and writes nothing."""
+    assert proc.stdout.startswith("compute: 9 models; one (softmax, 1 heads, n = 1) took")
     assert not (ws / "runs/gated/capacity").exists()
 
 
@@ -543,19 +543,34 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
         Run((*CIFAR10_MODEL, "--num-images", "2", "--levels", "2"),
             ("cifar10", "cifar10 runs"), check=writes("runs/analysis/cifar10/attention.json")),
     "python scripts/gated_attention.py capacity --dry-run --out runs/gated/capacity":
-        Run(check=states_the_gated_compute),
-    "python scripts/gated_attention.py capacity --seeds 5 --max-trigrams 10 "
-    "--out runs/gated/capacity":
-        Run(("--modes", "softmax", "--heads", "1", "--seeds", "1", "--max-trigrams", "1",
-             "--steps", "2", "--gated-epochs", "1", "--workers", "1"),
+        Run(("--modes", "softmax", "--heads", "1", "--max-trigrams", "1", "--max-steps",
+             "100"), check=states_the_gated_compute),
+    "python scripts/gated_attention.py capacity --workers 2 --out runs/gated/capacity":
+        Run(("--modes", "softmax,cog", "--heads", "1", "--seeds", "2", "--max-trigrams", "1",
+             "--max-steps", "100", "--lr", "0.1", "--init-std", "0.02", "--workers", "1"),
             check=writes("runs/gated/capacity/capacity.json", "runs/gated/capacity/capacity.md",
-                         "runs/gated/capacity/capacity.png")),
+                         "runs/gated/capacity/capacity.png",
+                         "runs/gated/capacity/models.jsonl")),
+    "python scripts/gated_attention.py sensitivity --modes softmax,cog --heads 1 "
+    "--max-trigrams 4 --workers 2 --out runs/gated/sensitivity":
+        Run(("--heads", "1", "--seeds", "2", "--max-trigrams", "1", "--max-steps", "100",
+             "--workers", "1"),
+            check=writes("runs/gated/sensitivity/sensitivity.json",
+                         "runs/gated/sensitivity/sensitivity.md")),
+    "python scripts/gated_attention.py copy-suppress --workers 2 --out runs/gated/copy_suppress":
+        Run(("--modes", "cog", "--heads", "1", "--seeds", "1", "--group", "2", "--lr", "0.1",
+             "--init-std", "0.02", "--max-steps", "100", "--workers", "1"),
+            check=writes("runs/gated/copy_suppress/copy_suppress.json",
+                         "runs/gated/copy_suppress/copy_suppress.md")),
     'make test ARGS="tests/test_kernels.py -x"':
         NotHere("a part of the test suite itself (make test runs it all)"),
     "TRITON_INTERPRET=1 .venv/bin/python -m pytest tests/test_kernels.py":
         NotHere("a part of the test suite itself (make test runs it all)"),
     "accelerate config": NotHere("Accelerate's own interactive setup (it asks questions)"),
     "make install": NotHere("it built the environment these tests run in"),
+    "make lock": NotHere("it resolves every dependency afresh from the package index (a new "
+                         "virtual environment, the network); tests/test_lock.py checks what "
+                         "it writes"),
     'make quickstart ARGS="--threads 1"': Elsewhere("tests/test_quickstart.py"),
     'make quickstart ARGS="--set train.max_steps=5400"':
         NotHere("the full-size quickstart with twice the training (about 10 minutes; "
@@ -841,7 +856,8 @@ def script_of(words: list[str]) -> tuple[Callable | None, list[str], list[str]]:
 
 
 # the commands of a program (not make's own, nor the test suite's)
-PROGRAMS = [c for c in COMMANDS if not re.match(r"make (test|install)\b|\w+=\S+ \S+ -m pytest", c)]
+PROGRAMS = [c for c in COMMANDS
+            if not re.match(r"make (test|install|lock)\b|\w+=\S+ \S+ -m pytest", c)]
 
 
 @pytest.mark.parametrize("command", PROGRAMS, ids=short)
