@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install quickstart test lint bench gpu-results gpu-check gpu-wheels gpu-install clean
+.PHONY: install lock quickstart test lint bench gpu-results gpu-check gpu-wheels gpu-install clean
 
 install: $(STAMP)
 
@@ -15,6 +15,27 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install -c constraints.txt -e ".[test]"
 	touch $(STAMP)
+
+# constraints.txt afresh: every package a clean install of this checkout resolves now, in
+# a fresh virtual environment (LOCK_TMP, removed after), torch and torchvision held at
+# their pins. pip's report of that install (a dry run: metadata only, no 6 GB download)
+# gives the pins, the Linux-only CUDA packages and triton with torch's marker; the
+# file's leading comments stay. docs/development.md says when to run it.
+LOCK_TMP ?= /tmp/uvic-lock
+LOCK_PINS = import json, re, sys; report = json.load(open(sys.argv[1])); \
+	pins = [(i["metadata"]["name"], i["metadata"]["version"]) for i in report["install"] if not i.get("is_direct")]; \
+	linux = lambda name: "; platform_system == \"Linux\"" if re.match(r"(nvidia|cuda)-|triton$$", name.lower()) else ""; \
+	print("\n".join(f"{n}=={v}{linux(n)}" for n, v in sorted(pins, key=lambda p: p[0].lower())))
+lock:
+	rm -rf $(LOCK_TMP)
+	$(PYTHON) -m venv $(LOCK_TMP)/venv
+	$(LOCK_TMP)/venv/bin/python -m pip install -q --upgrade pip
+	grep -E '^torch(vision)?==' constraints.txt > $(LOCK_TMP)/held.txt
+	$(LOCK_TMP)/venv/bin/python -m pip install -q --dry-run --ignore-installed -c $(LOCK_TMP)/held.txt --report $(LOCK_TMP)/report.json -e ".[test]"
+	sed '/^[^#]/,$$d' constraints.txt > $(LOCK_TMP)/constraints.txt
+	$(LOCK_TMP)/venv/bin/python -c '$(LOCK_PINS)' $(LOCK_TMP)/report.json >> $(LOCK_TMP)/constraints.txt
+	mv $(LOCK_TMP)/constraints.txt constraints.txt
+	rm -rf $(LOCK_TMP)
 
 quickstart: install
 	$(BIN)/python scripts/quickstart.py $(ARGS)

@@ -36,11 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run the program; returns the exit status (1 when the launches differ)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="2,8,257,64", help="B,H,N,D")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
+                        help="input dtype (default bf16)")
     parser.add_argument("--mode", choices=("cog", "softmax", "expressive", "sigmoid"),
-                        default="cog")
-    parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=7)
+                        default="cog", help="attention mode (default cog)")
+    parser.add_argument("--calls", type=int, default=300,
+                        help="calls per timed run (default 300)")
+    parser.add_argument("--repeats", type=int, default=7,
+                        help="timed runs; the best is kept (default 7)")
     parser.add_argument("--check", action="store_true", help="only compare the launches")
     args = parser.parse_args(argv)
     try:

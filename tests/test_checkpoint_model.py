@@ -150,6 +150,33 @@ def test_model_from_config_builds_the_config_model(tmp_path, capsys):
     assert "(--model-from-config)" in note and "has model.attention='uvic'" in note
 
 
+def test_a_model_that_does_not_fit_names_its_fields_and_a_report(tmp_path, capsys):
+    """--model-from-config with another size: one short line naming the first differing
+    fields (the config's and the checkpoint's values), and a file with all of them and
+    every tensor that differs (not thousands of characters of key names)."""
+    ckpt = fake_run(tmp_path / "run", tiny_cfg("uvic"), seed=1, metadata=True)
+    config = write_config_py(tmp_path / "c.py", "uvic")
+    out = tmp_path / "out"
+    assert sample("--config", str(config), "--ckpt", str(ckpt), "--model-from-config",
+                  "--set", "model.depth=4", "--set", "model.embed_dim=64",
+                  "--set", "model.num_heads=4", "--set", "model.mlp_ratio=2",
+                  "--out", str(out)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and len(err) < 600, err
+    assert err.startswith(f"error: {ckpt} does not fit the model built for it: "
+                          "model.embed_dim=64 (the checkpoint's: 32), model.depth=4 (the "
+                          "checkpoint's: 2), model.num_heads=4 (the checkpoint's: 2) and 2 "
+                          f"more, as recorded in metadata of {ckpt}; "), err
+    report = Path(err.rsplit("(every difference: ", 1)[1].rstrip(")"))
+    lines = report.read_text().splitlines()
+    assert "model.mlp_ratio=2.0 (the checkpoint's: 4.0)" in lines
+    assert "model.attention='uvic' (SCCCS) (the checkpoint's: 'uvic' (SCS))" in lines
+    assert any(line.startswith("shape mismatch: ") for line in lines)
+    assert any(line.startswith("missing keys: ") for line in lines)  # the added blocks
+    report.unlink()
+    assert not out.exists()
+
+
 def test_release_pth_takes_the_config_model(tmp_path, capsys):
     """A released nnet_ema.pth records no config: --config (with --set) gives its model,
     and the note says so."""

@@ -204,17 +204,23 @@ def test_an_autoguidance_model_the_run_does_not_keep_is_refused_before_training(
     assert not (tmp_path / "qs").exists()  # nothing trained, nothing written
 
 
-def test_a_guide_at_the_last_step_is_refused_before_training(tmp_path: Path) -> None:
-    """Step 8 of an 8-step run is the final model: guided by itself it samples as unguided,
-    at twice the cost. Refused in one line before any training; nothing written."""
-    proc = run_quickstart(tmp_path, tmp_path / "qs", "--set", "train.max_steps=8",
-                          check=False)
-    assert proc.returncode == 2
-    assert proc.stderr.startswith("error: sample.autoguidance_ckpt=")
-    assert proc.stderr.count("\n") == 1
-    assert "(step 8) is the final model with train.max_steps=8" in proc.stderr
-    assert "sample.autoguidance_scale=0" in proc.stderr
-    assert not (tmp_path / "qs").exists()
+@pytest.mark.parametrize("steps, when", [(8, "ends at step 8"), (5, "ends before step 8")])
+def test_a_run_that_ends_at_or_before_its_guide_samples_unguided_with_a_note(
+        capsys, steps: int, when: str) -> None:
+    """Step 8 of an 8-step run is the final model (guided by itself it would sample as
+    unguided, at twice the cost); a 5-step run never writes it. Either run samples unguided,
+    and one note says so before any training, and how to keep autoguidance."""
+    from uvic.cli.quickstart import parse_args
+    from uvic.cli.quickstart_steps import build_config
+
+    cfg = build_config(parse_args([
+        "--preset", "cpu", "--set", f"train.max_steps={steps}", "--set", "train.keep_steps=[8]",
+        "--set", "sample.autoguidance_ckpt=checkpoints/step_000008/ema.safetensors"]))
+    assert cfg.sample.autoguidance_scale == 0
+    (note,) = capsys.readouterr().out.splitlines()
+    assert note.startswith(f"note: train.max_steps={steps} {when}, whose EMA is the "
+                           "autoguidance guide (sample.autoguidance_ckpt): sampling unguided")
+    assert "to keep autoguidance, guide with an earlier step" in note
 
 
 def test_loss_plot_names_the_training_objective(tmp_path: Path) -> None:
@@ -230,3 +236,20 @@ def test_loss_plot_names_the_training_objective(tmp_path: Path) -> None:
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
     plain = dataclasses.replace(cfg.diffusion, min_snr_gamma=0.0)
     assert objective_name(plain) == "noise MSE"
+
+
+def test_fid_says_it_is_skipped_before_anything_else(tmp_path: Path, capsys) -> None:
+    """Without Inception weights the quickstart's line says FID is skipped (not "FID (256
+    samples)" and then no FID), and no sample is made for it."""
+    from uvic.cli.quickstart import parse_args
+    from uvic.cli.quickstart_steps import build_config, try_fid
+    from uvic.config import apply_overrides
+
+    absent = tmp_path / "absent" / "inception-2015-12-05.pt"
+    cfg = apply_overrides(build_config(parse_args(["--preset", "cpu"])),
+                          [f"eval.inception_path={absent}"])
+    value, why = try_fid(cfg, tmp_path / "no.safetensors", tmp_path / "run", "U-ViT")
+    assert value is None and str(absent) in why
+    assert capsys.readouterr().out.splitlines() == [
+        "=== U-ViT: FID skipped (no Inception weights: results.md says how to get them) ==="]
+    assert not (tmp_path / "run").exists()

@@ -807,10 +807,15 @@ def test_resume_applies_new_optimizer_settings_and_refuses_a_new_seed(tmp_path, 
                "optim.warmup_steps=8")
     capsys.readouterr()
     trainer = Trainer(shapes_config(out, "train.max_steps=6", *changed), resume="latest")
+    printed = capsys.readouterr().out.splitlines()
     assert ("note: the LR schedule changes at step 3 (optim.lr 0.001 -> 0.0005, "
             "optim.warmup_steps 5 -> 8): LR 0.0006 at step 3 under the old one; from here on "
-            "0.000188 at step 3, warm-up to 0.0005 at step 8, then constant 0.0005"
-            ) in capsys.readouterr().out.splitlines()
+            "0.000188 at step 3, warm-up toward 0.0005 (at step 8) until the run ends: "
+            "0.000375 at step 6") in printed
+    assert ("warning: optim.warmup_steps=8 is not shorter than the run (train.max_steps=6): "
+            "the LR warms up for the whole run, reaching 0.000375 at its last step "
+            "(optim.lr=0.0005 at step 8) (fine for a short check run; for a real one set "
+            "optim.warmup_steps below train.max_steps)") in printed
     group = trainer.optimizer.param_groups[0]
     assert group["lr"] == pytest.approx(5e-4 * 3 / 8)
     assert (group["betas"], group["weight_decay"]) == ((0.9, 0.95), 0.1)
@@ -974,15 +979,15 @@ def poison(path: Path) -> str:
 
 
 @pytest.mark.parametrize("extra, needle", [
-    ([], "(step 1000) would never be written with train.max_steps=6"),
-    (["train.max_steps=1000"], "(step 1000) is the final model with train.max_steps=1000"),
     (["train.keep_steps=[]"], "is neither a checkpoint this run keeps (train.keep_steps=[]"),
+    (["train.keep_steps=[2000]"], "is neither a checkpoint this run keeps (train.keep_steps="
+                                  "[2000]"),
 ])
 def test_a_guide_the_run_will_not_write_is_refused_before_training(tmp_path, capsys, extra,
                                                                    needle):
     """Issue 30: the quickstart preset guides its samples with the step-1000 checkpoint; a
-    shorter run would train, then fail when sampled. uvic-train says so before any step,
-    with the rule of uvic-quickstart (one rule: uvic.run.prepare.check_guide)."""
+    run that does not keep it would train, then fail when sampled. uvic-train says so
+    before any step, with the rule of uvic-quickstart (one rule: uvic.run.prepare.check_guide)."""
     out = tmp_path / "run"
     err = cli_error(capsys, out, "train.max_steps=6", "sample.autoguidance_scale=1.0", *extra)
     assert err.startswith("error: sample.autoguidance_ckpt='checkpoints/step_001000/ema."
@@ -992,6 +997,26 @@ def test_a_guide_the_run_will_not_write_is_refused_before_training(tmp_path, cap
     guide.write_bytes(b"read when the run is sampled")
     train(shapes_config(out, "train.max_steps=1", "sample.autoguidance_scale=1.0",
                         f"sample.autoguidance_ckpt={guide}"))
+
+
+@pytest.mark.parametrize("extra, when", [
+    ([], "ends before step 1000"),  # the preset's guide, never written in 6 steps
+    (["train.keep_steps=[6]", "sample.autoguidance_ckpt=checkpoints/step_000006/ema."
+      "safetensors"], "ends at step 6"),  # the final model: guided by itself
+])
+def test_a_run_that_ends_before_its_guide_samples_unguided_with_a_note(tmp_path, capsys, extra,
+                                                                       when):
+    """A short try of the quickstart's config: trained, its config.json unguided, and one
+    note says so and how to keep autoguidance."""
+    out = tmp_path / "run"
+    trainer = Trainer(shapes_config(out, "train.max_steps=6", "sample.autoguidance_scale=1.0",
+                                    *extra))
+    trainer.lock.release()
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and f"train.max_steps=6 {when}" in notes[0]
+    assert notes[0].endswith("sample.autoguidance_ckpt=checkpoints/step_000002/ema.safetensors")
+    assert trainer.cfg.sample.autoguidance_scale == 0
+    assert load_config(out / "config.json").sample.autoguidance_scale == 0
 
 
 def test_nan_weights_in_a_checkpoint_are_refused_and_skipped(tmp_path, capsys, six_step_run):

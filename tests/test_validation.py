@@ -7,6 +7,10 @@ and the value. They are spelled out here, not built from the code's constants.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -27,6 +31,10 @@ MESSAGES = [
      "('vp_continuous', 'scaled_linear')"),
     ("diffusion.p_uncond=1.0", "diffusion.p_uncond=1.0 must be in [0, 1)"),
     ("diffusion.min_snr_gamma=-1", "diffusion.min_snr_gamma=-1.0 must be >= 0 (0: off)"),
+    ("diffusion.beta_max=0.05", "diffusion.beta_min=0.1, diffusion.beta_max=0.05: the noise "
+     "schedule must not end below its start (0 <= beta_min <= beta_max, beta_max > 0 and "
+     "finite)"),
+    ("diffusion.num_train_timesteps=1", "diffusion.num_train_timesteps=1 must be >= 2"),
     ("train.grad_accum=0", "train.grad_accum=0 must be >= 1"),
     ("train.batch_size=0", "train.batch_size=0 must be >= 1"),
     ("train.max_steps=-1", "train.max_steps=-1 must be >= 0"),
@@ -117,3 +125,58 @@ def test_sdpa_rule_is_the_kernels_table(monkeypatch: pytest.MonkeyPatch) -> None
     check_backend_fits("sdpa", modes)
     check_model(cfg.model)
     fused_attention._check_inputs(q, k, v, "cog", None, "sdpa")
+
+
+def test_a_discrete_schedule_that_ends_below_its_start_is_refused() -> None:
+    cfg = apply_overrides(Config(), ["diffusion.schedule=scaled_linear",
+                                     "diffusion.beta_start=0.012", "diffusion.beta_end=0.00085"])
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert str(err.value) == (
+        "diffusion.beta_start=0.012, diffusion.beta_end=0.00085: the noise schedule must not "
+        "end below its start (0 < beta_start <= beta_end < 1)")
+    validate(apply_overrides(Config(), ["diffusion.schedule=scaled_linear"]))
+
+
+def test_scheduler_names_are_read_without_importing_diffusers() -> None:
+    """A diffusers scheduler named by its class is checked against the names diffusers'
+    source exports, without importing diffusers (which imports torch): a config's rules
+    answer in a fraction of a second."""
+    code = ("import sys\n"
+            "from uvic.config import Config, ConfigError, apply_overrides\n"
+            "from uvic.config.validation import validate\n"
+            "validate(apply_overrides(Config(), ['sample.scheduler=DDPMScheduler']))\n"
+            "try:\n"
+            "    validate(apply_overrides(Config(), ['sample.scheduler=DDPMSchedular']))\n"
+            "except ConfigError as err:\n"
+            "    print(err)\n"
+            "print(sorted(m for m in ('torch', 'diffusers') if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "sample.scheduler='DDPMSchedular' is neither one of ['dpm_solver++', 'dpm_solver', "
+        "'dpm_solver++_fast_time_uniform', 'dpm_solver_fast_logsnr', 'euler_maruyama', "
+        "'flow_euler', 'flow_heun', 'flow_euler_maruyama'] nor a diffusers scheduler class "
+        "name", "[]"]
+
+
+def test_scheduler_names_are_diffusers_scheduler_classes() -> None:
+    """The names read from diffusers' source are exactly its scheduler classes (those
+    `diffusers_class` builds from), the deprecated ones included."""
+    import diffusers
+    from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+    from uvic.config.diffusion import diffusers_class, diffusers_scheduler_names
+
+    names = diffusers_scheduler_names()
+    assert {"DDPMScheduler", "FlowMatchEulerDiscreteScheduler", "ScoreSdeVpScheduler"} <= names
+    exported = {n for n in dir(diffusers) if n.endswith("Scheduler") and not n.startswith("Flax")
+                and isinstance(getattr(diffusers, n), type)
+                and issubclass(getattr(diffusers, n), SchedulerMixin)}
+    assert exported <= names
+    for name in names - exported:  # deprecated, or its optional dependency is missing
+        try:
+            assert issubclass(diffusers_class(name), SchedulerMixin), name
+        except ConfigError:  # diffusers' placeholder for a missing dependency (torchsde)
+            assert hasattr(diffusers, name), name

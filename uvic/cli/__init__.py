@@ -8,13 +8,22 @@ files in `scripts/` and `eval/` run the same `main`.
 A program parses its arguments before it imports torch or the library, so that `--help`
 and a usage error answer at once: this package, and each program's module, import only
 the standard library and light modules of uvic at module level. The argparse types here
-turn a bad number into argparse's one-line usage error."""
+turn a bad number into argparse's one-line usage error; `input_error` says why an input
+path cannot be read, before anything heavy loads; `summary` is a program's description."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
+from pathlib import Path
+
+
+def summary(doc: str | None) -> str:
+    """A module docstring's first paragraph in one line: a program's `--help` description,
+    whole sentences (its first line alone may stop mid-sentence)."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
 def positive_int(text: str) -> int:
@@ -48,3 +57,15 @@ def class_list(text: str) -> list[int | str]:
                                          "id (give ids like 207,360 or n01440764)")
     return [w if w.startswith("n") else int(w) for w in words]
 
+
+def input_error(path: str | Path, option: str) -> str | None:
+    """Why the input file `path` given to `option` cannot be read, in one line (None: it
+    can), so that a mistyped path answers before the heavy imports."""
+    p = Path(path)
+    if not p.exists():
+        return f"{option} {path}: no such file"
+    if p.is_dir():
+        return f"{option} {path}: a folder, not a file"
+    if not os.access(p, os.R_OK):
+        return f"{option} {path}: not readable (permissions)"
+    return None

@@ -29,7 +29,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from uvic.cli import positive_int, unit_float
+from uvic.cli import positive_int, summary, unit_float
 from uvic.cli.config_options import add_config_options, startup_config
 from uvic.config import ConfigError
 
@@ -60,7 +60,7 @@ def _query(text: str) -> tuple[int, int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=summary(__doc__))
     add_config_options(p, model_from_config=True)
     p.add_argument("checkpoints", nargs="*", metavar="[LABEL=]PATH",
                    help="checkpoints (.safetensors or .pth); same as --checkpoint")
@@ -77,7 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="query patch of the maps (repeat; default three on the diagonal)")
     p.add_argument("--sink-threshold", type=unit_float, default=0.3,
                    help="a head is a sink when its mean first-token weight exceeds this")
-    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--batch-size", type=positive_int, default=8,
+                   help="images per forward pass (default 8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data draw and the noise")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--out", required=True, help="output folder")

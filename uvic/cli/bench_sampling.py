@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from uvic.cli import summary
 from uvic.cli.bench_records import environment, peak_mib, write_records
 from uvic.config import Config, ConfigError, load_config
 from uvic.config.sampling import COMPILE_MODES, PRECISIONS
@@ -212,7 +213,7 @@ def dataset_records(dataset: str, args: argparse.Namespace, device: torch.device
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=summary(__doc__))
     p.add_argument("--compile", default="off",
                    help=f"comma-separated sample.compile modes ({', '.join(COMPILE_MODES)})")
     p.add_argument("--datasets", default=",".join(BATCHES), help="comma-separated")
@@ -221,8 +222,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(default: triton on CUDA, torch on the CPU; sdpa runs U-ViT only)")
     p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp16",
                    help="autocast dtype (CUDA only; default fp16 as the release)")
-    p.add_argument("--cifar10-batch", "--cifar-batch", type=int, default=BATCHES["cifar10"])
-    p.add_argument("--mscoco-batch", "--coco-batch", type=int, default=BATCHES["mscoco"])
+    p.add_argument("--cifar10-batch", "--cifar-batch", type=int, default=BATCHES["cifar10"],
+                   help=f"CIFAR-10 images per sampling batch (default {BATCHES['cifar10']})")
+    p.add_argument("--mscoco-batch", "--coco-batch", type=int, default=BATCHES["mscoco"],
+                   help=f"MS-COCO images per sampling batch (default {BATCHES['mscoco']})")
     p.add_argument("--iters", type=int, default=20, help="network calls per timing")
     p.add_argument("--repeats", type=int, default=3, help="timings (the median is kept)")
     p.add_argument("--smoke", action="store_true", help="tiny CPU configuration")

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from uvic.cli import summary
 from uvic.cli.bench_profile import profile_lines, profile_step
 from uvic.cli.bench_records import (
     environment,
@@ -255,7 +256,7 @@ def _choices(given: str, allowed: tuple[str, ...] | list[str], flag: str,
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=summary(__doc__))
     p.add_argument("--steps", type=int, default=20, help="timed steps per row")
     p.add_argument("--warmup", type=int, default=5,
                    help="untimed steps first (compilation, autotuning, CUDA graphs)")

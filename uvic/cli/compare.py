@@ -91,20 +91,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --threads {args.threads} and --jobs {args.jobs} must be >= 1",
               file=sys.stderr)
         return 2
-    from uvic.cli.compare_plan import metric_names, metric_values, power_plan
+    from uvic.cli.compare_plan import make_plan, metric_names, metric_values, power_plan
     from uvic.config import ConfigError
 
-    try:  # no torch for these
+    try:  # no torch for these: the plan, every run's config and its rules
         if args.plan is not None:
             print(power_plan(args.plan, args.out, args.target))
             return 0
         metric_values(args.margin, "--margin", metric_names(args.metrics))
+        plan = make_plan(args)
     except (ConfigError, ValueError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
     from uvic.cli.compare_run import run  # torch, the training loop: after the arguments
 
-    return run(args)
+    return run(args, plan)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ from the checkpoints the run kept (`train.keep_steps` holds the grid).
 Each evaluation is one file, <out>/evals/<run>/step_<N>.json, written once its metrics are
 all there; a rerun skips a step whose file names the same checkpoint (SHA-256), settings
 and metrics, so a killed comparison resumes where it stopped (training from the run's
-newest checkpoint, sampling from the samples on disk: `uvic.evaluation.fid`).
+newest checkpoint, sampling from the samples on disk: `uvic.evaluation.fid`). Each cell
+(the training, each evaluation) is timed for the comparison's progress (`CellTime`).
 
 Paired by seed: the held-out MSE draws its noise levels and noise from the run's seed
 (`uvic.evaluation.heldout`), on the same held-out images; samples are seeded by the run's
@@ -14,6 +15,8 @@ seed too, so seed s of every variant starts from the same sampling noise.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,14 +143,37 @@ def evaluate_step(cfg: Config, run_dir: Path, step: int, settings: EvalSettings,
                                         if m in found)
 
 
-def train_and_evaluate(job: Job, settings: EvalSettings, threads: int | None) -> list[str]:
-    """The run's whole job: train to train.max_steps (resumed), evaluate every grid step.
+@dataclass(frozen=True)
+class CellTime:
+    """A finished cell of a run: its evaluation step (None: the training), its seconds and
+    whether it did work (False: found done and skipped)."""
+
+    step: int | None
+    seconds: float
+    worked: bool
+
+
+def train_and_evaluate(job: Job, settings: EvalSettings, threads: int | None,
+                       on_cell: Callable[[str, CellTime], None] | None = None,
+                       ) -> tuple[list[str], list[CellTime]]:
+    """The run's whole job: train to train.max_steps (resumed), evaluate every grid step;
+    returns its lines and its cells' times, each also given to `on_cell` when done.
     `threads`: a fixed torch thread count and deterministic kernels (None: leave both)."""
     if threads is not None:
         make_deterministic(threads)
     cfg = job.cfg
+    lines: list[str] = []
+    times: list[CellTime] = []
+
+    def done(step: int | None, line: str, start: float) -> None:
+        lines.append(f"{cfg.name}: {line}")
+        times.append(CellTime(step, time.monotonic() - start, "skipped" not in line))
+        if on_cell is not None:
+            on_cell(lines[-1], times[-1])
+
+    start = time.monotonic()
     try:
-        lines = [f"{cfg.name}: {run_train(job)}"]
+        done(None, run_train(job), start)
     except Interrupted as err:
         raise RunStopped(err.signum, str(err)) from None
     heldout = reference = None
@@ -156,6 +182,6 @@ def train_and_evaluate(job: Job, settings: EvalSettings, threads: int | None) ->
     if any(m in QUALITY for m in settings.metrics):
         reference = to_pixels(cfg, real_images(cfg, "train", cfg.eval.n_samples))
     for step in settings.grid:
-        lines.append(f"{cfg.name}: " + evaluate_step(cfg, job.run_dir, step, settings,
-                                                     heldout, reference))
-    return lines
+        start = time.monotonic()
+        done(step, evaluate_step(cfg, job.run_dir, step, settings, heldout, reference), start)
+    return lines, times

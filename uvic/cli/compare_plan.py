@@ -15,13 +15,27 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from uvic.cli.progress import (
+    EVAL,
+    TRAIN,
+    Calibration,
+    Cell,
+    duration,
+    estimate,
+    forward_cost,
+    sampling_cost,
+    train_cost,
+)
 from uvic.cli.table_runner import seeds_from
 from uvic.config import Config, ConfigError, load_config
 from uvic.config.models import ATTENTION_PRESETS
+from uvic.config.sampling import short_run_guide
+from uvic.config.validation import validate
 from uvic.presets import preset_path
 
 # keys a variant may not set: the comparison sets them for every run alike
@@ -180,6 +194,7 @@ class Plan:
     heldout: int  # held-out images of the held-out MSE
     best: bool  # also report each run's best step, selected on the metric itself
     margins: dict[str, float] = field(default_factory=dict)  # metric -> equivalence margin
+    notes: list[str] = field(default_factory=list)  # what the plan changed, said before it
 
     def run_name(self, variant: str, seed: int) -> str:
         return f"{variant}_seed{seed}"
@@ -236,9 +251,11 @@ def metric_list(text: str, cfg: Config) -> list[str]:
 
 
 def make_plan(args: Any) -> Plan:
-    """The comparison that `uvic-compare`'s arguments ask for, checked."""
+    """The comparison that `uvic-compare`'s arguments ask for, checked (every run's config
+    by the rules of `validate` too): no torch, so that a mistake answers at once."""
     config = args.config or preset_path("quickstart")
-    base = load_config(config, list(args.set))
+    # a comparison of runs that end before their own autoguidance guide samples unguided
+    base, guide_note = short_run_guide(validate(load_config(config, list(args.set))))
     variants = variant_list(args.variants, parse_variants(args.variant, args.variant_file))
     seeds = seed_list(base.train.seed, args.seeds)
     grid = step_grid(base.train.max_steps, args.every, args.steps)
@@ -255,21 +272,38 @@ def make_plan(args: Any) -> Plan:
     for variant, overrides in variants.items():
         for seed in seeds:
             name = f"{variant}_seed{seed}"
-            configs[variant, seed] = load_config(config, [
+            configs[variant, seed] = cfg = short_run_guide(load_config(config, [
                 *args.set, *overrides, f"name={name}", f"train.seed={seed}",
                 f"train.output_dir={out / 'runs' / name}",
-                f"train.keep_steps=[{','.join(map(str, keep))}]"])
+                f"train.keep_steps=[{','.join(map(str, keep))}]"]))[0]
+            try:
+                validate(cfg)
+            except ConfigError as err:
+                raise ConfigError(f"variant {variant!r}: {err}") from err
     if "heldout_mse" in metrics:
         check_heldout_comparable(configs)
     return Plan(base, variants, seeds, grid, table_steps(grid, args.table_steps), metrics,
                 configs, out, args.heldout, args.best,
-                metric_values(args.margin, "--margin", metrics))
+                metric_values(args.margin, "--margin", metrics), [*filter(None, [guide_note])])
+
+
+def run_cells(cfg: Config, steps_done: int, grid: Sequence[int], metrics: Sequence[str],
+              heldout: int) -> list[Cell]:
+    """A run's cells: its training (what is left of it) and its evaluation at each step of
+    `grid` (sampling as the run's protocol, the held-out images' forwards)."""
+    sampled = any(m in SAMPLED for m in metrics)
+    per_eval = sampling_cost(cfg, cfg.eval.n_samples) if sampled else 0.0
+    per_eval += forward_cost(cfg, heldout) if "heldout_mse" in metrics else 0.0
+    return [Cell(f"{cfg.name}: train", TRAIN, train_cost(cfg, steps_done)),
+            *[Cell(f"{cfg.name}: step {step}", EVAL, per_eval) for step in grid]]
 
 
 def describe(plan: Plan, step_times: dict[tuple[str, int], float | None],
-             trained: dict[tuple[str, int], int]) -> str:
-    """The compute before anything starts: runs x steps x evaluations, and the time where a
-    run has measured its step time."""
+             trained: dict[tuple[str, int], int], calibration: Calibration | None = None,
+             workers: int = 1) -> str:
+    """The compute before anything starts: runs x steps x evaluations, the time where a
+    run has measured its step time, and with `calibration` (the dry run's) the time of
+    every cell on `workers` workers."""
     from uvic.diffusion.guidance_interval import sampling_passes
 
     cfg = plan.base
@@ -299,7 +333,17 @@ def describe(plan: Plan, step_times: dict[tuple[str, int], float | None],
         left = sum(max(0, cfg.train.max_steps - s) for s in trained.values())
         lines.append(f"- training time left: ~{left * mean / 60:.1f} min of one worker at the "
                      f"measured {mean * 1000:.0f} ms/step (divide by --jobs)")
+    if calibration is not None:
+        cells = [cell for key, run in plan.configs.items() for cell in run_cells(
+            run, trained.get(key, 0), plan.grid, plan.metrics, plan.heldout)]
+        rates = calibration.rates()
+        train = estimate([c for c in cells if c.kind == TRAIN], rates, workers)
+        evals = estimate([c for c in cells if c.kind == EVAL], rates, workers)
+        lines.append(f"- time: ~{duration(train + evals)} on {workers} worker"
+                     f"{'s' * (workers != 1)} (training ~{duration(train)}, evaluations "
+                     f"~{duration(evals)} of network time); {calibration.text()}")
     lines.append(f"- tables at step(s) {', '.join(map(str, plan.table_steps))}")
+    lines += [f"note: {note}" for note in plan.notes]
     return "\n".join(lines)
 
 

@@ -4,7 +4,10 @@ evaluate every run (several at once on a CPU, one process each), then the report
 On a CPU the runs go `--jobs` at a time, each in its own process with `--threads` split
 between them (a small model keeps the cores busier that way, as in the quickstart); each
 worker's output goes to <out>/logs/<run>.log. Under `accelerate launch` with several
-processes the runs go one after another, every process taking part in each.
+processes the runs go one after another, every process taking part in each. Each finished
+cell (a run's training, an evaluation) is saved at once (a rerun skips it) and prints a
+progress line with the time left from the cells measured so far; `--dry-run` times a few
+training steps and forwards of one run's model here and states the time of every cell.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from uvic.cli.compare_eval import EvalSettings, RunStopped, train_and_evaluate
-from uvic.cli.compare_plan import SAMPLED, Plan, describe, make_plan
+from uvic.cli.compare_eval import CellTime, EvalSettings, RunStopped, train_and_evaluate
+from uvic.cli.compare_plan import SAMPLED, Plan, describe, make_plan, run_cells
 from uvic.cli.compare_report import write_report
+from uvic.cli.progress import Calibration, Clock, calibrate, probe_config
 from uvic.cli.quickstart_steps import run_logged
 from uvic.cli.table_runner import Job
 from uvic.config import ConfigError, apply_overrides
@@ -40,10 +44,23 @@ def jobs_of(plan: Plan) -> list[Job]:
 
 def trained_steps(job: Job) -> int:
     """Steps a run has done: its summary's, or its newest checkpoint's (a stopped run)."""
-    from uvic.run.folder import RunFolder
+    return job.steps_done()
 
-    latest = RunFolder(job.run_dir).latest_checkpoint()
-    return max(job.trained_steps(), int(latest.name.rsplit("_", 1)[1]) if latest else 0)
+
+def worker_count(args: argparse.Namespace, runs: int) -> int:
+    """Runs at once: one under a multi-process launch, else `--jobs` (default `--threads`),
+    at most `--threads` and the number of runs."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return 1
+    return max(1, min(args.jobs or args.threads, args.threads, runs))
+
+
+def dry_run_calibration(plan: Plan, args: argparse.Namespace) -> Calibration:
+    """The dry run's rates: a few training steps and forwards of the cheapest run's model,
+    timed here on one worker's share of `--threads`."""
+    cfg = probe_config(list(plan.configs.values()))
+    threads = max(1, args.threads // worker_count(args, len(plan.configs)))
+    return calibrate(cfg, cfg.name, threads=threads)
 
 
 def pairing_check(plan: Plan) -> dict[str, Any]:
@@ -100,13 +117,31 @@ def run_all(jobs: list[Job], settings: EvalSettings, args: argparse.Namespace) -
     """Train and evaluate every run: in this process (one job at a time, or several
     processes under accelerate launch) or in `--jobs` worker processes."""
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    workers = 1 if distributed else max(1, min(args.jobs or args.threads, args.threads,
-                                               len(jobs)))
+    workers = worker_count(args, len(jobs))
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    cells = {job.cfg.name: dict(zip([None, *settings.grid], run_cells(
+        job.cfg, trained_steps(job), settings.grid, settings.metrics, settings.heldout)))
+        for job in jobs}
+    clock = Clock([c for run in cells.values() for c in run.values()], workers)
+
+    def progress(job: Job, times: list[CellTime]) -> str:
+        """The progress line after `times` (cells of `job`) are done."""
+        line = ""
+        for t in times:
+            line = clock.finished(cells[job.cfg.name][t.step], t.seconds, t.worked)
+        return line
+
     if workers == 1:
         for job in jobs:
             threads = None if distributed else args.threads
-            for line in train_and_evaluate(job, settings, threads):
+
+            def on_cell(line: str, timed: CellTime, job: Job = job) -> None:
                 print(line, flush=True)
+                done = progress(job, [timed])
+                if main_process:
+                    print(done, flush=True)
+
+            train_and_evaluate(job, settings, threads, on_cell)
         return
     logs = settings.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -127,14 +162,14 @@ def run_all(jobs: list[Job], settings: EvalSettings, args: argparse.Namespace) -
             for future in done:
                 job = running.pop(future)
                 try:
-                    lines = future.result()
+                    lines, times = future.result()
                 except RunStopped as err:
                     raise Interrupted(err.signum, err.message) from None
                 except Exception as err:
                     first = str(err).splitlines()[0] if str(err) else repr(err)
                     raise RuntimeError(f"{job.cfg.name}: {first} (full output: "
                                        f"{logs / job.cfg.name}.log)") from err
-                print("\n".join(lines), flush=True)
+                print("\n".join([*lines, progress(job, times)]), flush=True)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # a stopped worker saves first
         for sig, handler in previous.items():
@@ -152,18 +187,22 @@ def _stop_workers(pool: ProcessPoolExecutor):
     return handler
 
 
-def run(args: argparse.Namespace) -> int:
-    """The comparison on parsed arguments; returns the exit status."""
+def run(args: argparse.Namespace, plan: Plan | None = None) -> int:
+    """The comparison on parsed arguments (`plan`: theirs, made and checked already);
+    returns the exit status."""
     from uvic.data.base import DatasetError
     from uvic.evaluation.statistics import InceptionWeightsMissing
     from uvic.run.weights import CheckpointError
     from uvic.training.trainer import TrainError
 
     try:
-        plan = make_plan(args)
+        plan = plan or make_plan(args)
         jobs = jobs_of(plan)
+        # the dry run times one run's model here: every cell's time, before any run exists
         print(describe(plan, {(j.row, j.seed): j.step_time() for j in jobs},
-                       {(j.row, j.seed): trained_steps(j) for j in jobs}), flush=True)
+                       {(j.row, j.seed): trained_steps(j) for j in jobs},
+                       dry_run_calibration(plan, args) if args.dry_run else None,
+                       worker_count(args, len(jobs))), flush=True)
         pairing = pairing_check(plan)
         if "fid" in plan.metrics:  # before any training, not hours later
             from uvic.evaluation.statistics import check_inception

@@ -9,7 +9,9 @@ The source is a run folder or checkpoint folder (its ema.safetensors and config.
 EMA .safetensors file (its architecture is in the file; the schedule, VAE and text encoder
 come from the config.json beside it or of its run, or from --config), or a released
 nnet_ema.pth with --config (a file or a preset's name, e.g. cifar10_uvit). The folder
-written holds model_index.json, transformer/, scheduler/ and, for latent models, vae/
+written holds model_index.json, transformer/, scheduler/, for latent models vae/ and,
+for a run that samples with autoguidance, guide/ (its weaker model: the pipeline samples
+as `uvic-sample` does; `--set sample.autoguidance_scale=0` exports unguided)
 (uvic.pipelines.export); load it with `UViTPipeline.from_pretrained(folder)`
 (uvic.pipelines). Installed as `uvic-export`; `scripts/export.py` runs the same. A source
 that is none of these, or an output folder that is not empty, ends with a one-line
@@ -20,13 +22,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from uvic.cli import summary
 from uvic.cli.config_options import add_config_options, startup_config
 from uvic.config import ConfigError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=summary(__doc__))
     p.add_argument("source", help="run folder, checkpoint folder, .safetensors checkpoint or "
                    "released .pth (with --config)")
     p.add_argument("--out", required=True, help="the pipeline folder to write (new or empty)")
@@ -44,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         startup_config(args.config, args.set)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not Path(args.source).exists():  # as the library says it, before torch loads
+        print(f"error: export source not found: {args.source}", file=sys.stderr)
         return 2
     # torch, diffusers and the model only now: --help and a wrong option stay fast
     from uvic.models.autoencoder import VAELoadError

@@ -32,7 +32,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--coco", required=True, help="COCO 2014 root (train2014/, val2014/, "
                    "annotations/)")
     p.add_argument("--out", required=True, help="output feature folder (data.root)")
-    p.add_argument("--splits", nargs="+", default=["train", "val"], choices=["train", "val"])
+    p.add_argument("--splits", nargs="+", default=["train", "val"], choices=["train", "val"],
+                   help="the splits to extract (default: train val)")
     data = DataConfig()  # the models the MS-COCO configs load by default
     extract_options.add_vae_option(p, data.vae)
     p.add_argument("--clip-model", default=data.clip_model, help="open_clip model name")
@@ -46,7 +47,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="images per committed chunk")
     extract_options.add_worker_options(p)
     p.add_argument("--limit", type=int, default=None, help="only the first N images per split")
-    p.add_argument("--moments-dtype", default="float32", choices=extract_options.STORED_DTYPES)
+    p.add_argument("--moments-dtype", default="float32", choices=extract_options.STORED_DTYPES,
+                   help="stored VAE moments (default float32, as the release; float16 halves "
+                   "the disk)")
     p.add_argument("--context-dtype", default="float32", choices=extract_options.STORED_DTYPES,
                    help="stored CLIP context dtype (default float32, as the release; float16 "
                    "halves the disk and rounds by about 5e-4)")

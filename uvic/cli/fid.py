@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from uvic.cli import input_error, summary
 from uvic.cli.config_options import add_config_options, startup_config
 from uvic.cli.sampler_options import add_sampler_options, guidance_option, sampler_overrides
 from uvic.config import ConfigError
@@ -54,7 +55,7 @@ from uvic.evaluation.protocols import NOT_FID
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=summary(__doc__))
     add_config_options(p, model_from_config=True)
     p.add_argument("--ckpt", required=True, help="EMA .safetensors or released nnet_ema.pth")
     p.add_argument("--n", "--num-samples", dest="n", type=int,
@@ -76,7 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "$XDG_CACHE_HOME/uvic/fid_stats when that is set)")
     p.add_argument("--download", action="store_true",
                    help="let clean-fid download missing Inception weights / statistics")
-    p.add_argument("--feature-batch-size", type=int, default=64)
+    p.add_argument("--feature-batch-size", type=int, default=64,
+                   help="images per batch of the feature extractor (default 64)")
     p.add_argument("--num-workers", type=int, help="image loading workers for features")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p.parse_args(argv)
@@ -92,12 +94,26 @@ def overrides(args: argparse.Namespace) -> list[str]:
                                       if value is not None]
 
 
+def usage_error(args: argparse.Namespace) -> str | None:
+    """The first problem of the arguments that needs no model (a count out of range, a
+    missing or unreadable checkpoint), or None: checked before torch loads."""
+    counts = [("--n", args.n, 2), ("--feature-batch-size", args.feature_batch_size, 1),
+              ("--num-workers", args.num_workers, 0)]
+    for option, value, least in counts:
+        if value is not None and value < least:
+            return f"{option} {value}: must be >= {least}"
+    return input_error(args.ckpt, "--ckpt")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = startup_config(args.config, [*args.set, *overrides(args)])
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    if (problem := usage_error(args)) is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     # the library (torch) is imported from here on
     from uvic.evaluation.fid import evaluate

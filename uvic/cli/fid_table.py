@@ -19,12 +19,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from uvic.cli import summary
 from uvic.evaluation.protocols import load_results, protocol_table
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the program; returns the exit status."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=summary(__doc__))
     p.add_argument("results_dir", help="folder with result JSONs (searched recursively)")
     p.add_argument("--out", help="also write the table to this markdown file")
     args = p.parse_args(argv)

@@ -136,7 +136,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "hand-built 2-head model")
     t.add_argument("--mode", type=lambda s: _modes(s)[0], default="softmax",
                    help=f"attention of the model ({', '.join(ATTENTION_MODES)})")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=0, help="model, prompts and init (0)")
     t.add_argument("--models", type=positive_int, default=1,
                    help="distil this many models in superposition (seeds from --seed on) "
                         "and report the share whose gated block holds each trigram in one "
@@ -182,13 +182,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_config_options(d, model_from_config=True)
     d.add_argument("--checkpoint", required=True, help=".safetensors or .pth checkpoint")
     d.add_argument("--block", default="mid_block", help="in_blocks.I, mid_block or out_blocks.I")
-    d.add_argument("--num-images", type=positive_int, default=8)
+    d.add_argument("--num-images", type=positive_int, default=8,
+                   help="images of the data whose noised versions the block sees (8)")
     d.add_argument("--timestep", type=int, default=499, help="discrete noise level")
-    d.add_argument("--epochs", type=positive_int, default=100)
-    d.add_argument("--coef", type=_positive_float, default=3e-1)
-    d.add_argument("--lr", type=_positive_float, default=1e-3)
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--device", default="cpu")
+    d.add_argument("--epochs", type=positive_int, default=100,
+                   help="passes of the gated block over the captured inputs (100)")
+    d.add_argument("--coef", type=_positive_float, default=3e-1, help="L0.6 coefficient (0.3)")
+    d.add_argument("--lr", type=_positive_float, default=1e-3,
+                   help="gated block learning rate (1e-3)")
+    d.add_argument("--seed", type=int, default=0, help="images, noise and init (0)")
+    d.add_argument("--device", default="cpu", help="torch device (cpu)")
     d.add_argument("--out", required=True, help="output folder")
     k = sub.add_parser("control", help="the paper's published models through uvic's and "
                                        "the paper's head tests")
@@ -196,7 +199,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the paper's gated_attention/experiments/saved_models folder")
     k.add_argument("--prompts", type=positive_int, default=10_000,
                    help="prompts per setting, uvic's and the paper's kind each (10000)")
-    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--seed", type=int, default=0, help="prompts drawn for the tests (0)")
     k.add_argument("--out", required=True, help="output folder")
     args = p.parse_args(argv)
     if args.command == "trigrams" and args.models > 1 and args.setting == "hand-built":

@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from uvic.cli import summary
 from uvic.cli.bench_records import default_out, environment, error_line
 from uvic.files import write_json
 
@@ -240,7 +241,7 @@ def _all(rows: list[Row], costs: CostModel) -> list[float]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=summary(__doc__))
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                    help="wall-time budget in seconds, from the command's start: rows that "
                    f"would not fit are skipped (default {DEFAULT_BUDGET_S:g})")

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from uvic.cli import positive_int
+from uvic.cli import positive_int, summary
 from uvic.config import ConfigError
 from uvic.config.training import check_sigma_rel
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=summary(__doc__))
     p.add_argument("run", help="the run folder (holding posthoc_ema/ and config.json)")
     p.add_argument("--sigma-rel", type=float, required=True, metavar="S",
                    help="relative standard deviation of the EMA to build, in (0, 0.2887) "
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         check_sigma_rel(args.sigma_rel, f"--sigma-rel {args.sigma_rel}")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not Path(args.run).is_dir():  # as the library says it, before torch loads
+        print(f"error: run folder not found: {args.run}", file=sys.stderr)
         return 2
     # torch and safetensors from here on: --help and a wrong value stay fast
     from uvic.run.weights import CheckpointError

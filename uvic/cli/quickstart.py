@@ -39,7 +39,7 @@ import sys
 
 from uvic.cli.config_options import add_set_option, startup_config
 from uvic.config import ConfigError
-from uvic.presets import preset_path
+from uvic.presets import QUICKSTART_GPU_PRESET, QUICKSTART_MODELS, preset_path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,8 +73,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --threads {args.threads} and --jobs {args.jobs} must be >= 1",
               file=sys.stderr)
         return 2
-    try:  # the --set keys and values; the preset (it needs torch to see CUDA) comes later
-        startup_config(str(preset_path("quickstart")), args.set, rules=False)
+    try:  # the --set keys, values and rules, for each model under each preset --preset
+        # may pick (auto: the gpu one where torch sees CUDA, which is asked only later)
+        presets = ["cpu", "gpu"] if args.preset == "auto" else [args.preset]
+        for preset in presets:
+            overrides = [*(QUICKSTART_GPU_PRESET if preset == "gpu" else []), *args.set]
+            for attention in QUICKSTART_MODELS.values():
+                startup_config(str(preset_path("quickstart")),
+                               [*overrides, f"model.attention={attention}"])
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -38,9 +38,12 @@ from uvic.config import (
     apply_overrides,
     load_config,
 )
+from uvic.config.sampling import short_run_guide
 from uvic.evaluation.heldout import heldout_loss, real_images
 from uvic.evaluation.quality import quality_figures
 from uvic.files import save_config, write_json
+from uvic.presets import QUICKSTART_GPU_PRESET as GPU_PRESET
+from uvic.presets import QUICKSTART_MODELS as MODELS
 from uvic.presets import preset_path
 from uvic.run.folder import RunFolder
 from uvic.run.prepare import check_guide
@@ -50,29 +53,17 @@ from uvic.sampling.images import save_comparison_grid
 from uvic.sampling.load import load_model
 from uvic.training.trainer import train
 
-MODELS = {"U-ViT": "uvit", "U-ViC": "uvic"}  # display name -> attention preset
-
-# A larger run for a machine with a GPU: same script and config, these overrides.
-GPU_PRESET = [
-    "model.embed_dim=256", "model.depth=8", "model.num_heads=4",
-    "model.mlp_ratio=4",  # the CPU default's 2 saves CPU time; a GPU affords the usual 4
-    "data.num_images=50000", "data.num_workers=4",
-    "train.batch_size=128", "train.max_steps=20000", "train.mixed_precision=bf16",
-    "train.ema_decay=0.9995", "train.log_every=100", "train.sample_every=5000",
-    "train.ckpt_every=5000", "optim.lr=4e-4", "optim.warmup_steps=1000",
-    "eval.n_samples=10000",
-    # autoguidance was tuned on the CPU run (guide at step 1000 of 2700); unmeasured here
-    "train.keep_steps=[]", "sample.autoguidance_scale=0", "sample.steps=100",
-]
-
 
 def build_config(args: argparse.Namespace) -> Config:
-    """The quickstart config with the preset and the user's overrides applied."""
+    """The quickstart config with the preset and the user's overrides applied (without
+    autoguidance, said in a note, for a run that ends before its guide)."""
     preset = args.preset
     if preset == "auto":
         preset = "gpu" if torch.cuda.is_available() else "cpu"
     overrides = (GPU_PRESET if preset == "gpu" else []) + list(args.set)
-    cfg = load_config(preset_path("quickstart"), overrides)
+    cfg, note = short_run_guide(load_config(preset_path("quickstart"), overrides))
+    if note is not None:  # a short try of the quickstart
+        print(f"note: {note}", flush=True)
     check_guide(cfg)
     return cfg
 
@@ -182,10 +173,21 @@ def show_progress(configs: dict[str, Config], futures: dict[str, Future]) -> Non
         bar.close()
 
 
-def try_fid(cfg: Config, ckpt: Path, out_dir: Path) -> tuple[float | None, str]:
-    """FID through the real evaluator, or (None, why) when Inception weights are absent."""
+def try_fid(cfg: Config, ckpt: Path, out_dir: Path, name: str) -> tuple[float | None, str]:
+    """FID through the real evaluator, or (None, why) when Inception weights are absent;
+    the line printed first says which: the model's FID of n samples, or FID skipped."""
     from uvic.evaluation import fid
+    from uvic.evaluation.statistics import check_inception
 
+    what = "FID" if cfg.eval.features == "inception" else f"stand-in FID ({cfg.eval.features})"
+    try:
+        if cfg.eval.features == "inception":
+            check_inception(cfg, cfg.eval.mode)  # before the samples: none made for nothing
+    except fid.InceptionWeightsMissing as err:
+        print(f"=== {name}: FID skipped (no Inception weights: results.md says how to get "
+              "them) ===", flush=True)
+        return None, str(err)
+    print(f"=== {name}: {what} ({cfg.eval.n_samples} samples) ===", flush=True)
     try:
         result = fid.evaluate(cfg, ckpt, n=cfg.eval.n_samples, out_json=out_dir / "fid.json",
                               samples_dir=out_dir / "fid_samples")
@@ -263,8 +265,7 @@ def score_models(configs: dict[str, Config], trained: dict[str, dict], real: Rea
 
         fid_value = None
         if not args.no_fid:
-            print(f"=== {name}: FID ({cfg.eval.n_samples} samples) ===", flush=True)
-            fid_value, why = try_fid(cfg, ckpt, run_dir)
+            fid_value, why = try_fid(cfg, ckpt, run_dir, name)
             scores.fid_note = why or scores.fid_note
         scores.rows.append({
             "model": name,

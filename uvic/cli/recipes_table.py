@@ -30,7 +30,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from uvic.cli import table_runner
+from uvic.cli import summary, table_runner
 from uvic.cli.release_table import PIXELS, SMOKE
 from uvic.cli.table_runner import Table, twin_rows
 from uvic.evaluation.recipes_table import RECIPE_ROWS
@@ -65,7 +65,7 @@ def _render(results: list[dict]) -> str:
 
 
 RECIPES_TABLE = Table(
-    name="recipes_table", description=__doc__.split("\n")[0],
+    name="recipes_table", description=summary(__doc__),
     rows=twin_rows(RECIPE_ROWS), smoke_rows=twin_rows(RECIPE_ROWS, SMOKE_DATA, SMOKE),
     smoke_help="tiny CPU run of the whole chain: both rows on generated Shapes data and "
                "latents with a tiny random REPA encoder, stand-in features",

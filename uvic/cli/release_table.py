@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from uvic.cli import table_runner
+from uvic.cli import summary, table_runner
 from uvic.cli.table_runner import Table, twin_rows
 from uvic.evaluation.protocols import RELEASE_ROWS
 
@@ -66,7 +66,7 @@ def _render(results: list[dict]) -> str:
 
 
 RELEASE_TABLE = Table(
-    name="release_table", description=__doc__.split("\n")[0],
+    name="release_table", description=summary(__doc__),
     rows=twin_rows(RELEASE_ROWS), smoke_rows=twin_rows(RELEASE_ROWS, SMOKE_DATA, SMOKE),
     smoke_help="tiny CPU run of the whole chain: one row per kind of data on generated "
                "CelebA, ImageNet folders and latents, stand-in features",

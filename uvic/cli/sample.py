@@ -52,14 +52,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from uvic.cli import class_list, positive_int
+from uvic.cli import class_list, input_error, positive_int, summary
 from uvic.cli.config_options import add_config_options, startup_config
 from uvic.cli.sampler_options import add_sampler_options, guidance_option, sampler_overrides
 from uvic.config import ConfigError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=summary(__doc__))
     add_config_options(p, model_from_config=True)
     p.add_argument("--ckpt", action="append", required=True,
                    help="checkpoint (.safetensors or .pth); repeat for a side-by-side grid")
@@ -82,12 +82,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def usage_error(args: argparse.Namespace) -> str | None:
+    """The first problem of the arguments that needs no model (a count out of range, a
+    missing or unreadable input, labels that do not pair with the checkpoints), or None:
+    checked before torch loads."""
+    if args.n < 1:
+        return f"--n {args.n}: must be >= 1"
+    if args.label and len(args.label) != len(args.ckpt):
+        return f"got {len(args.label)} --label for {len(args.ckpt)} --ckpt; give one each"
+    inputs = [(ckpt, "--ckpt") for ckpt in args.ckpt]
+    inputs += [(args.prompts, "--prompts")] if args.prompts is not None else []
+    return next(filter(None, (input_error(path, option) for path, option in inputs)), None)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = startup_config(args.config, [*args.set, *sampler_overrides(args)])
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    if (problem := usage_error(args)) is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     # the library (torch) is imported from here on
     from uvic.models.text_encoder import ClipLoadError

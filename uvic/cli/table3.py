@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from uvic.cli import table_runner
+from uvic.cli import summary, table_runner
 from uvic.cli.table_runner import Job, Row, Table
 from uvic.cli.table_runner import plan as plan
 from uvic.cli.table_runner import smoke_note as smoke_note
@@ -41,7 +41,7 @@ SMOKE_PAIRS = [("shapes", "uvit"), ("shapes", "uvic")]
 
 
 TABLE3 = Table(
-    name="table3", description=__doc__.split("\n")[0],
+    name="table3", description=summary(__doc__),
     rows=tuple(Row(d, m, f"{d}_{m}") for d, m in PAIRS),
     smoke_rows=tuple(Row(d, m, "table3_smoke", (f"model.attention={m}",))
                      for d, m in SMOKE_PAIRS),

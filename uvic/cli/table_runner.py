@@ -10,6 +10,11 @@ the samples on disk and is skipped when a result for the same checkpoint and pro
 exists; the table is rebuilt from all results in <out>/fid. Run it again after an
 interruption. Outputs: <out>/runs/<row>_<model>/, <out>/fid/<row>_<model>.json and
 <out>/<table>.md.
+
+Each finished cell (a row's training, its FID) prints a progress line with the time left,
+from the cells measured so far (`uvic.cli.progress`); `--dry-run` states each row's time
+and the total, calibrated on a few timed steps of one row's model where no run has
+measured its own.
 """
 
 from __future__ import annotations
@@ -17,13 +22,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from uvic.cli.config_options import add_set_option, startup_config
+from uvic.cli.progress import (
+    EVAL,
+    TRAIN,
+    Calibration,
+    Cell,
+    Clock,
+    calibrate,
+    duration,
+    estimate,
+    probe_config,
+    sampling_cost,
+    train_cost,
+)
 from uvic.config import Config, ConfigError, apply_overrides
 from uvic.config.data import LATENT_DATASETS
 from uvic.config.sampling import PRECISIONS
@@ -103,6 +123,19 @@ class Job:
     def trained_steps(self) -> int:
         return int(self._summary().get("steps", 0))
 
+    def steps_done(self) -> int:
+        """Steps the run has done: its summary's, or its newest checkpoint's (a stopped run)."""
+        from uvic.run.folder import RunFolder
+
+        latest = RunFolder(self.run_dir).latest_checkpoint()
+        return max(self.trained_steps(), int(latest.name.rsplit("_", 1)[1]) if latest else 0)
+
+    def cells(self) -> tuple[Cell, Cell]:
+        """Its training (what is left of it) and its FID, as cells of the experiment."""
+        return (Cell(f"{self.label}: train", TRAIN, train_cost(self.cfg, self.steps_done())),
+                Cell(f"{self.label}: {fid_name(self.cfg)}", EVAL,
+                     sampling_cost(self.cfg, self.cfg.eval.n_samples)))
+
     def step_time(self) -> float | None:
         """Measured seconds per training step of this run so far, if any."""
         value = self._summary().get("mean_step_time_s")
@@ -171,21 +204,34 @@ def repa_cost(cfg: Config) -> str:
             "per training image, and the projector's forward and backward")
 
 
-def plan(jobs: list[Job]) -> str:
+def plan(jobs: list[Job], calibration: Calibration | None = None) -> str:
     """The compute each stage needs: training images (and REPA's encoder) and network calls
-    for sampling, with times from this run's measured step time where one exists."""
+    for sampling, with times from this run's measured step time where one exists, else
+    from `calibration` (the dry run's), and then the total."""
     from uvic.diffusion.guidance_interval import sampling_calls
 
     lines = ["Plan (train -> FID -> table):"]
+    rates = calibration.rates() if calibration is not None else None
+    times: dict[str, float] = {TRAIN: 0.0, EVAL: 0.0}
     for job in jobs:
         t = job.cfg.train
-        remaining = max(0, t.max_steps - job.trained_steps())
+        remaining = max(0, t.max_steps - job.steps_done())
         step_time = job.step_time()
-        if step_time is None:
-            train_time = "time not measured yet (a short run here measures it)"
+        train_cell, fid_cell = job.cells()
+        fid_time = ""
+        if step_time is not None:
+            seconds = remaining * step_time
+            train_time = f"~{duration(seconds)} at the measured {step_time:.3f} s/step"
+        elif rates is not None:
+            seconds = estimate([train_cell], rates)
+            train_time = f"~{duration(seconds)} (calibrated)"
         else:
-            hours = remaining * step_time / 3600
-            train_time = f"~{hours:.1f} h at the measured {step_time:.3f} s/step"
+            train_time = "time not measured yet (a short run here measures it)"
+        if rates is not None:
+            fid_seconds = estimate([fid_cell], rates)
+            times[TRAIN] += seconds
+            times[EVAL] += fid_seconds
+            fid_time = f"; ~{duration(fid_seconds)} (calibrated)"
         protocol = protocol_of(job.cfg)
         evals, calls, guided = sampling_calls(job.cfg)
         how = interval_note(calls, guided)
@@ -194,8 +240,20 @@ def plan(jobs: list[Job]) -> str:
                   f"x {t.batch_size} images; {train_time}",
                   *filter(None, [repa_cost(job.cfg)]),
                   f"    FID: {n:,} samples x {evals} network calls = {n * evals:,} image "
-                  f"forwards{how}; protocol: {protocol.label()}"]
+                  f"forwards{how}; protocol: {protocol.label()}{fid_time}"]
+    if calibration is not None:
+        lines += [f"Time: ~{duration(sum(times.values()))} in all, one row after another "
+                  f"(training ~{duration(times[TRAIN])}, FID ~{duration(times[EVAL])} of "
+                  "network time); " + calibration.text()]
     return "\n".join(lines)
+
+
+def dry_run_calibration(jobs: list[Job]) -> Calibration:
+    """The dry run's rates: a few training steps and forwards of the cheapest row's model
+    (`uvic.cli.progress.calibrate`), timed here."""
+    cfg = probe_config([job.cfg for job in jobs])
+    job = next(job for job in jobs if job.cfg is cfg)
+    return calibrate(cfg, job.label)
 
 
 def run_train(job: Job) -> str:
@@ -299,7 +357,8 @@ def run(table: Table, args: argparse.Namespace) -> int:
     """Plan, then every stage of every job, then the table; returns the exit status."""
     try:  # the configs need no torch: a wrong --set or --only ends at once
         jobs = make_jobs(table, args)
-        print(plan(jobs), flush=True)
+        # the dry run times one row's model here: every row's time, before any run exists
+        print(plan(jobs, dry_run_calibration(jobs) if args.dry_run else None), flush=True)
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -310,14 +369,22 @@ def run(table: Table, args: argparse.Namespace) -> int:
     from uvic.run.weights import CheckpointError
     from uvic.training.trainer import TrainError
 
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    stages = [i for i, stage in enumerate(("train", "fid")) if args.stage in ("all", stage)]
+    cells = {job.label: job.cells() for job in jobs}
+    clock = Clock([cells[job.label][i] for job in jobs for i in stages])
     try:
         if args.smoke and table.prepare_smoke is not None:
             table.prepare_smoke(Path(args.out) / "data")
         for job in jobs:
-            if args.stage in ("all", "train"):
-                print(f"{job.label}: {run_train(job)}", flush=True)
-            if args.stage in ("all", "fid"):
-                print(f"{job.label}: {run_fid(job, args.smoke, args)}", flush=True)
+            for i in stages:  # each cell saved when done: a rerun skips it
+                start = time.monotonic()
+                line = run_train(job) if i == 0 else run_fid(job, args.smoke, args)
+                print(f"{job.label}: {line}", flush=True)
+                progress = clock.finished(cells[job.label][i], time.monotonic() - start,
+                                          worked="skipped" not in line)
+                if main_process:
+                    print(progress, flush=True)
         if args.stage in ("all", "table") and int(os.environ.get("RANK", "0")) == 0:
             text = table.render(load_results(Path(args.out) / "fid"))
             if args.smoke and (note := smoke_note(jobs)):
@@ -330,6 +397,11 @@ def run(table: Table, args: argparse.Namespace) -> int:
             ValueError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:  # a run stopped on a signal saved its checkpoint first
+        signum = getattr(err, "signum", signal.SIGINT)
+        print(f"stopped by {signal.Signals(signum).name}: every finished cell is kept; run "
+              "the same command again to continue", file=sys.stderr)
+        return 128 + signum
     return 0
 
 

@@ -23,6 +23,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import traceback
 import types
 import typing
 from collections.abc import Iterable
@@ -82,23 +83,44 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as err:
-            raise ConfigError(f"{path}: not valid JSON ({err})") from err
+            raise ConfigError(f"{path}:{err.lineno}: not valid JSON ({err})") from err
         if isinstance(data, dict):  # a run's config.json: its resume history is no setting
             data = {k: v for k, v in data.items() if k != RESUMES_KEY}
         cfg = from_dict(data, source=str(path))
     elif path.suffix == ".py":
-        spec = importlib.util.spec_from_file_location(f"uvic_config_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        assert spec.loader is not None
-        spec.loader.exec_module(module)
-        if not hasattr(module, "get_config"):
-            raise ConfigError(f"{path}: defines no get_config()")
-        cfg = module.get_config()
+        cfg = _run_config_module(path)
         if not isinstance(cfg, Config):
             raise ConfigError(f"{path}: get_config() must return uvic.config.Config")
     else:
         raise ConfigError(f"{path}: config must be a .py module or a saved .json")
     return apply_overrides(cfg, overrides)
+
+
+def _run_config_module(path: Path) -> Any:
+    """What a `configs/*.py` file's `get_config()` returns. A file that does not run (a
+    syntax error, a name it lacks, an error of its own) is a ConfigError of one line,
+    `file:line: what`, at the line of that file where it failed."""
+    spec = importlib.util.spec_from_file_location(f"uvic_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    try:
+        spec.loader.exec_module(module)
+        if not hasattr(module, "get_config"):
+            raise ConfigError(f"{path}: defines no get_config()")
+        return module.get_config()
+    except ConfigError:
+        raise
+    except SyntaxError as err:  # in this file, or in a module it imports
+        elsewhere = err.filename and Path(err.filename).resolve() != path.resolve()
+        where = err.filename if elsewhere else path
+        raise ConfigError(f"{where}:{err.lineno}: {type(err).__name__}: {err.msg}") from None
+    except Exception as err:
+        lines = [f.lineno for f in traceback.extract_tb(err.__traceback__)
+                 if Path(f.filename).resolve() == path.resolve()]
+        where = f"{path}:{lines[-1]}" if lines else str(path)
+        what = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ConfigError(f"{where}: {type(err).__name__}" + (f": {what}" if what else "")
+                          ) from err
 
 
 def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:

@@ -1,14 +1,19 @@
 """The rules on `diffusion.*` values and the sampler names `sample.scheduler` accepts.
 
 Read by `Diffusion`, by `uvic.diffusion.samplers` and by `uvic.config.validation`; no torch
-here (diffusers is imported only to look up a scheduler given by its class name), so the
-CLI can list the names without loading the samplers.
+here: a scheduler given by its class name is checked against the names the installed
+diffusers exports, read from its source (`diffusers_scheduler_names`), and diffusers is
+imported only to build one, so a wrong name answers before any heavy import.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
+import importlib.util
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from uvic.config import ConfigError, DiffusionConfig, require
@@ -61,7 +66,28 @@ def check_diffusion(diffusion: DiffusionConfig) -> None:
         (diffusion.min_snr_gamma >= 0.0,
          f"diffusion.min_snr_gamma={diffusion.min_snr_gamma} must be >= 0 (0: off)"),
     ])
+    check_noise_range(diffusion)
     check_objective(diffusion)
+
+
+def check_noise_range(diffusion: DiffusionConfig) -> None:
+    """The noise schedule in use must not end below its start (its fields swapped, say)
+    and must add noise: 0 <= beta_min <= beta_max, beta_max > 0 (vp_continuous),
+    0 < beta_start <= beta_end < 1 (scaled_linear); at least 2 training timesteps."""
+    d = diffusion
+    rules = [(d.num_train_timesteps >= 2,
+              f"diffusion.num_train_timesteps={d.num_train_timesteps} must be >= 2")]
+    if d.schedule == "vp_continuous":
+        rules.append((0.0 <= d.beta_min <= d.beta_max < math.inf and d.beta_max > 0,
+                      f"diffusion.beta_min={d.beta_min}, diffusion.beta_max={d.beta_max}: "
+                      "the noise schedule must not end below its start (0 <= beta_min <= "
+                      "beta_max, beta_max > 0 and finite)"))
+    elif d.schedule == "scaled_linear":
+        rules.append((0.0 < d.beta_start <= d.beta_end < 1.0,
+                      f"diffusion.beta_start={d.beta_start}, diffusion.beta_end={d.beta_end}: "
+                      "the noise schedule must not end below its start (0 < beta_start <= "
+                      "beta_end < 1)"))
+    require(rules)
 
 
 def check_objective(diffusion: DiffusionConfig) -> None:
@@ -130,13 +156,77 @@ def check_sampler_objective(diffusion: DiffusionConfig, name: str) -> None:
 
 
 def check_scheduler(name: str, order: int) -> None:
-    """`sample.scheduler` is one of NAMED or a diffusers scheduler class; DPM-Solver's
-    `sample.order` is 1, 2 or 3."""
+    """`sample.scheduler` is one of NAMED or a diffusers scheduler class (by the names its
+    source exports: no import); DPM-Solver's `sample.order` is 1, 2 or 3."""
     if name in DPM_SOLVER_NAMES:
         if order not in (1, 2, 3):
             raise ConfigError(f"sample.order={order} must be 1, 2 or 3 (DPM-Solver orders)")
+    elif name in RETIRED:
+        raise ConfigError(RETIRED[name])
     elif name not in NAMED:
+        known = diffusers_scheduler_names()
+        if not known:  # diffusers' source not found as expected: ask diffusers itself
+            diffusers_class(name)
+        elif name not in known:
+            raise ConfigError(_unknown_scheduler(name))
+
+
+def check_scheduler_loads(name: str) -> None:
+    """A diffusers scheduler named by its class loads here (its optional dependencies,
+    such as torchsde, installed). Imports diffusers: for code that loads torch anyway (the
+    trainer, whose first sample grid needs the scheduler hours into a run)."""
+    if name not in NAMED:
         diffusers_class(name)
+
+
+# Where diffusers lists the scheduler classes `diffusers_class` finds (relative to its
+# package): its top-level exports (`_import_structure["schedulers"]`) and the deprecated ones.
+DIFFUSERS_SCHEDULER_LISTS = ("__init__.py", "schedulers/deprecated/__init__.py")
+
+
+@functools.cache
+def diffusers_scheduler_names() -> frozenset[str]:
+    """The scheduler class names the installed diffusers exports, read from its source
+    (importing diffusers imports torch, which takes seconds); empty when its top-level
+    list is not found (the caller then asks diffusers itself)."""
+    spec = importlib.util.find_spec("diffusers")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    found: list[set[str]] = []
+    for relative, key in zip(DIFFUSERS_SCHEDULER_LISTS, ("schedulers", None)):
+        names: set[str] = set()
+        for folder in folders:
+            try:
+                text = (Path(folder) / relative).read_text(encoding="utf-8")
+                names |= _listed(ast.parse(text), key)
+            except (OSError, SyntaxError, ValueError):  # not there, or not as expected
+                continue
+        found.append({n for n in names if n.endswith("Scheduler") and not n.startswith("Flax")})
+    top, deprecated = found
+    return frozenset(top | deprecated) if top else frozenset()
+
+
+def _listed(tree: ast.Module, key: str | None) -> set[str]:
+    """The strings a diffusers `__init__` puts under `_import_structure[key]` (any key for
+    None), by assignment or `.extend`."""
+    def is_entry(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
+                and node.value.id == "_import_structure" and isinstance(node.slice, ast.Constant)
+                and (key is None or node.slice.value == key))
+
+    values: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(is_entry(t) for t in node.targets):
+            values.append(node.value)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "extend" and is_entry(node.func.value)):
+            values.extend(node.args)
+    return {c.value for v in values for c in ast.walk(v)
+            if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+
+
+def _unknown_scheduler(name: str) -> str:
+    return (f"sample.scheduler={name!r} is neither one of {list(NAMED)} nor a diffusers "
+            "scheduler class name")
 
 
 def diffusers_class(name: str) -> type[SchedulerMixin]:
@@ -156,6 +246,5 @@ def diffusers_class(name: str) -> type[SchedulerMixin]:
         except ImportError:
             continue
     if not (isinstance(cls, type) and issubclass(cls, SchedulerMixin)):
-        raise ConfigError(f"sample.scheduler={name!r} is neither one of {list(NAMED)} "
-                          "nor a diffusers scheduler class name")
+        raise ConfigError(_unknown_scheduler(name))
     return cls

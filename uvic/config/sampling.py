@@ -7,6 +7,7 @@ Read by `uvic.sampling.generate`, `uvic.sampling.labels`, `uvic.evaluation.proto
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -80,6 +81,47 @@ def passes_per_eval(cfg_guided: bool, autoguided: bool) -> int:
     x 2 with classifier-free guidance (conditional and unconditional rows), x 2 with
     autoguidance (its guide is a second network). The one rule of the cost estimates."""
     return (2 if cfg_guided else 1) * (2 if autoguided else 1)
+
+
+def guide_path(step: int) -> str:
+    """`sample.autoguidance_ckpt` of the run's own EMA at `step` (relative to the run
+    folder: `uvic.run.folder.RunFolder`'s checkpoint layout)."""
+    return f"checkpoints/step_{step:06d}/ema.safetensors"
+
+
+def own_guide_step(cfg: Config) -> int | None:
+    """The step whose checkpoint of this run autoguidance guides with (a step in
+    train.keep_steps named by `guide_path`), or None: autoguidance off, or a guide file
+    from elsewhere."""
+    s = cfg.sample
+    if s.autoguidance_scale == 0:
+        return None
+    return next((n for n in cfg.train.keep_steps if s.autoguidance_ckpt == guide_path(n)), None)
+
+
+def short_run_guide(cfg: Config) -> tuple[Config, str | None]:
+    """`cfg` without autoguidance when the run ends at or before its guide's step (a short
+    try of a longer config: the guide is never written, or is the final model), and the
+    one-line note that says so and how to keep it; (`cfg`, None) otherwise. Applied by the
+    trainer, `uvic-quickstart` and `uvic-compare` before they check the guide."""
+    step, t = own_guide_step(cfg), cfg.train
+    if step is None or step < t.max_steps:
+        return cfg, None
+    dropped = dataclasses.replace(cfg, sample=dataclasses.replace(cfg.sample,
+                                                                  autoguidance_scale=0.0))
+    interval = ""
+    if cfg.sample.guidance_interval and guidance_interval(dropped) == ():  # nothing to limit
+        dropped = dataclasses.replace(dropped, sample=dataclasses.replace(
+            dropped.sample, guidance_interval=()))
+        interval = ", no guidance interval"
+    when = "at" if step == t.max_steps else "before"
+    earlier = max(1, t.max_steps // 3)
+    keep = (f"guide with an earlier step, e.g. --set 'train.keep_steps=[{earlier}]' --set "
+            f"sample.autoguidance_ckpt={guide_path(earlier)}" if t.max_steps >= 2
+            else "train at least 2 steps and guide with an earlier one")
+    return dropped, (f"train.max_steps={t.max_steps} ends {when} step {step}, whose EMA is "
+                     f"the autoguidance guide (sample.autoguidance_ckpt): sampling unguided "
+                     f"(sample.autoguidance_scale=0{interval}); to keep autoguidance, {keep}")
 
 
 def interval_text(interval: Sequence[float]) -> str:

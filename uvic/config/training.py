@@ -112,3 +112,18 @@ def check_optim(o: OptimConfig) -> None:
         (o.lr_schedule in LR_SCHEDULES,
          f"optim.lr_schedule={o.lr_schedule!r} must be one of {LR_SCHEDULES}"),
     ])
+
+
+def warmup_warning(o: OptimConfig, max_steps: int) -> str | None:
+    """One line when the LR warm-up is not shorter than the run (None otherwise): the LR
+    warms up for the whole run, and a cosine decay never starts. A warning, not an error:
+    a short check run of a longer config (train.max_steps=2) means it."""
+    if o.warmup_steps <= 0 or max_steps <= 0 or o.warmup_steps < max_steps:
+        return None
+    last = o.lr * max_steps / o.warmup_steps  # the LR at step s: lr * s / warmup_steps
+    decay = ", and the cosine decay never starts" if o.lr_schedule == "cosine" else ""
+    return (f"optim.warmup_steps={o.warmup_steps} is not shorter than the run "
+            f"(train.max_steps={max_steps}): the LR warms up for the whole run, reaching "
+            f"{last:.3g} at its last step (optim.lr={o.lr:g} at step {o.warmup_steps}){decay}"
+            " (fine for a short check run; for a real one set optim.warmup_steps below "
+            "train.max_steps)")

@@ -10,8 +10,11 @@ Sources:
   whose file records no config: `--config` says what it is.
 
 The folder holds `model_index.json` (the pipeline's config: schedule, latent scale, text
-encoder to load, default guidance and guidance interval), `transformer/` (the U-ViT:
-config.json and safetensors), `scheduler/` and, for latent models, `vae/`;
+encoder to load, default guidance, guidance interval and autoguidance scale),
+`transformer/` (the U-ViT: config.json and safetensors), `scheduler/`, for latent models
+`vae/` and, for a run that samples with autoguidance, `guide/` (its weaker model, loaded
+from `sample.autoguidance_ckpt` as `uvic-sample` loads it: `load_guide`; a guide that is
+not found is an error, and `--set sample.autoguidance_scale=0` exports unguided);
 `UViTPipeline.from_pretrained` loads it with no run folder around. The model is built as
 `uvic-sample` builds the checkpoint (`uvic.run.folder.resolve_model`) and saved with
 `attention_backend="auto"` and no gradient checkpointing (how to run it is the loader's
@@ -46,7 +49,7 @@ from uvic.pipelines.pipeline_uvit import UViTPipeline
 from uvic.run.architecture import ModelChoice, resolve_model
 from uvic.run.folder import RunFolder
 from uvic.sampling.assets import is_latent
-from uvic.sampling.load import load_model
+from uvic.sampling.load import load_guide, load_model
 
 # sample.scheduler values saved as dpm_solver++ (a velocity model's: as diffusers'
 # FlowMatchEulerDiscreteScheduler; see the module docstring)
@@ -91,12 +94,17 @@ def export_source(source: str | Path, config: str | Path | None = None) -> tuple
 
 
 def build_pipeline(cfg: Config, model: UViT, vae=None, null_class: int | None = None,
-                   ) -> tuple[UViTPipeline, str]:
+                   guide: UViT | None = None) -> tuple[UViTPipeline, str]:
     """The pipeline of `model` sampled under `cfg` (schedule, scheduler, VAE, text encoder,
-    guidance), and one line naming the scheduler saved. `vae`: the loaded VAE, else the
-    config's `data.vae` is loaded for latent models."""
+    guidance, autoguidance by `guide`), and one line naming the scheduler saved. `vae`:
+    the loaded VAE, else the config's `data.vae` is loaded for latent models. A config
+    that autoguides needs its `guide` (`load_guide`): never dropped without a word."""
     diffusion = Diffusion(cfg.diffusion)
     s = cfg.sample
+    if s.autoguidance_scale != 0 and guide is None:
+        raise ExportError(f"sample.autoguidance_scale={s.autoguidance_scale:g} needs its guide "
+                          f"({s.autoguidance_ckpt}); export unguided with --set "
+                          "sample.autoguidance_scale=0")
     saved = ("FlowMatchEulerDiscreteScheduler" if cfg.diffusion.objective == "velocity"
              else "dpm_solver++")
     name = saved if s.scheduler in NOT_SAVED else s.scheduler
@@ -117,7 +125,12 @@ def build_pipeline(cfg: Config, model: UViT, vae=None, null_class: int | None = 
         clip_model=_portable(cfg.data.clip_model) if text else None,
         clip_pretrained=_portable(cfg.data.clip_pretrained) if text else None,
         cfg_scale=effective_cfg_scale(cfg), null_class=null_class,
-        guidance_interval=list(guidance_interval(cfg)) or None)
+        guidance_interval=list(guidance_interval(cfg)) or None,
+        guide=guide if s.autoguidance_scale != 0 else None,
+        autoguidance_scale=s.autoguidance_scale or None)
+    if s.autoguidance_scale != 0:
+        note += (f"; autoguidance {s.autoguidance_scale:g} by the guide {s.autoguidance_ckpt} "
+                 "(saved in guide/)")
     return pipe, note
 
 
@@ -146,13 +159,14 @@ def export(
     cfg = validate(load_config(config_path, list(overrides)))
     choice = ModelChoice.from_overrides(overrides, from_config, str(config_path))
     resolved = resolve_model(cfg, weights, choice)
-    runtime = dataclasses.replace(resolved.model, attention_backend="auto",
-                                  grad_checkpointing=False)
+    saved = {"attention_backend": "auto", "grad_checkpointing": False}  # the loader's choice
+    runtime = dataclasses.replace(resolved.model, **saved)
     model = load_model(runtime, weights)
     if say is not None:
         say(resolved.note)
-    pipe, note = build_pipeline(dataclasses.replace(resolved.applied(cfg), model=runtime), model,
-                                null_class=null_class)
+    sampled = dataclasses.replace(resolved.applied(cfg), model=runtime)
+    guide = load_guide(sampled, weights, choice=choice, say=say, fields=saved)
+    pipe, note = build_pipeline(sampled, model, null_class=null_class, guide=guide)
     tmp = out.with_name(f".{out.name}.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)

@@ -1,6 +1,7 @@
 """The guidance of `UViTPipeline.__call__`: its scale from either convention, the null class
-of class-conditional guidance and the guidance interval, each defaulting to the pipeline's
-config (what `uvic-export` recorded of the run's `sample` section)."""
+of class-conditional guidance, the guidance interval and autoguidance by the pipeline's
+guide, each defaulting to the pipeline's config (what `uvic-export` recorded of the run's
+`sample` section)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,30 @@ def guidance_interval(given: Sequence[float] | None, key: str = "guidance_interv
         if not ok:
             raise ValueError(message)
     return interval
+
+
+# The model fields a guide must share with the sampled model: what both are given.
+INPUTS = ("img_size", "in_chans", "num_classes", "clip_dim", "num_clip_token")
+
+
+def check_guide(transformer: Any, guide: Any, scale: float | None) -> None:
+    """A pipeline's autoguidance: a nonzero default scale needs a guide, and a guide takes
+    the sampled model's inputs; else a one-line ValueError."""
+    if scale and guide is None:
+        raise ValueError(f"autoguidance_scale={scale} needs its guide (the weaker model)")
+    if guide is not None:
+        differ = [f"{k} {transformer.config[k]} vs {guide.config[k]}" for k in INPUTS
+                  if transformer.config.get(k) != guide.config.get(k)]
+        if differ:
+            raise ValueError(f"the guide takes other inputs than the transformer ("
+                             f"{', '.join(differ)})")
+
+
+def autoguidance(config: Any, guide: Any, given: float | None) -> dict[str, Any]:
+    """`sample_images`' autoguidance arguments: the scale `given`, else the pipeline's
+    (`config.autoguidance_scale`; None: off), and the guide when it is on."""
+    s = float(given if given is not None else getattr(config, "autoguidance_scale", None) or 0)
+    if s != 0.0 and guide is None:
+        raise ValueError(f"autoguidance_scale={s} needs a guide: this pipeline has none "
+                         "(uvic-export saves the run's sample.autoguidance_ckpt)")
+    return {"guide": guide if s != 0.0 else None, "autoguidance_scale": s}

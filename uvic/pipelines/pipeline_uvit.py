@@ -13,7 +13,9 @@ what is not a component: the noise schedule (`diffusion`, uvic's DiffusionConfig
 latent scale factor, the open_clip text encoder to load (`clip_model`, `clip_pretrained`;
 open_clip models are not diffusers components, so the pipeline loads the encoder by name
 on first use, or takes one as `text_encoder=`), the default guidance `cfg_scale`, the
-null class of class-conditional guidance and the default `guidance_interval`.
+null class of class-conditional guidance, the default `guidance_interval` and the
+`autoguidance_scale` of the optional component `guide`, the weaker model of autoguidance
+(`eps = g + s (g - b)`, b the guide: the run's `sample.autoguidance_ckpt`).
 
 Sampling runs uvic's own code, not a copy: `uvic.sampling.generate.sample_images` (the
 guidance of `guided_eps`, and `uvic.diffusion.samplers.run_sampler`, which steps
@@ -81,10 +83,14 @@ class UViTPipeline(DiffusionPipeline):
         guidance_interval: the default noise levels (low, high] guided by `__call__`
             (`uvic.diffusion.guidance_interval`, the exported run's sample.guidance_interval);
             None: every step. The config holds an upper bound inf as None (JSON's null).
+        guide: the weaker model b of autoguidance, `eps = g + s (g - b)` (a U-ViT taking
+            the same inputs: the exported run's `sample.autoguidance_ckpt`); None: none.
+        autoguidance_scale: the default s of autoguidance (the run's
+            sample.autoguidance_scale); None or 0: off. A nonzero s needs `guide`.
     """
 
-    model_cpu_offload_seq = "transformer->vae"
-    _optional_components: ClassVar[list[str]] = ["vae"]
+    model_cpu_offload_seq = "transformer->guide->vae"
+    _optional_components: ClassVar[list[str]] = ["vae", "guide"]
     _callback_tensor_inputs: ClassVar[list[str]] = conventions.CALLBACK_TENSOR_INPUTS
 
     def __init__(
@@ -100,9 +106,13 @@ class UViTPipeline(DiffusionPipeline):
         null_class: int | None = None,
         text_encoder: torch.nn.Module | None = None,
         guidance_interval: Sequence[float] | None = None,
+        guide: UViT | None = None,
+        autoguidance_scale: float | None = None,
     ) -> None:
         super().__init__()
-        self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae)
+        self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae,
+                              guide=guide)
+        guidance.check_guide(transformer, guide, autoguidance_scale)
         diffusion = dict(diffusion or {})
         try:
             self.diffusion = Diffusion(from_dict({"diffusion": diffusion},
@@ -120,7 +130,8 @@ class UViTPipeline(DiffusionPipeline):
                                 clip_model=clip_model, clip_pretrained=clip_pretrained,
                                 cfg_scale=cfg_scale, null_class=null_class,
                                 guidance_interval=inf_to_null(guidance.guidance_interval(
-                                    guidance_interval)) or None)  # strict JSON: inf as null
+                                    guidance_interval)) or None,  # strict JSON: inf as null
+                                autoguidance_scale=autoguidance_scale)
         self._text_encoder = text_encoder
 
     def save_pretrained(self, save_directory: str, *args: Any, push_to_hub: bool = False,
@@ -206,6 +217,7 @@ class UViTPipeline(DiffusionPipeline):
         guidance_scale: float | None = None,
         cfg_scale: float | None = None,
         guidance_interval: Sequence[float] | None = None,
+        autoguidance_scale: float | None = None,
         sampler: str | None = None,
         order: int = 2,
         generator: torch.Generator | list[torch.Generator] | None = None,
@@ -230,6 +242,9 @@ class UViTPipeline(DiffusionPipeline):
                 release's s of `eps = c + s (c - u)` (g = s + 1). Default: the pipeline's
                 `cfg_scale` (the exported run's sample.cfg_scale); 1 / 0 = no guidance.
             guidance_interval: guide only where sigma is in (low, high]; () everywhere.
+            autoguidance_scale: s of autoguidance `eps = g + s (g - b)` by the pipeline's
+                `guide` b; default: the pipeline's (the exported run's
+                sample.autoguidance_scale); 0: off.
             sampler: one of uvic's protocols (`dpm_solver++`, `euler_maruyama`, ...; for
                 velocity models `flow_euler`, `flow_heun`, `flow_euler_maruyama`) or a
                 diffusers scheduler class name, built for this schedule as `uvic-sample
@@ -256,6 +271,7 @@ class UViTPipeline(DiffusionPipeline):
         m = self.transformer.config
         guided = guidance.resolve(self.config, m.clip_dim, cond, guidance_scale, cfg_scale,
                                   guidance_interval)
+        guided.update(guidance.autoguidance(self.config, self.guide, autoguidance_scale))
         noise = self._initial_noise(n, (m.in_chans, m.img_size, m.img_size), generator,
                                     latents, device)
 

@@ -36,6 +36,7 @@ from uvic.config import (
     to_dict,
 )
 from uvic.config.compare import config_changes, config_diff
+from uvic.config.sampling import own_guide_step
 from uvic.files import truncate_log, write_json
 from uvic.run.folder import RunFolder
 
@@ -178,12 +179,12 @@ def check_guide(cfg: Config) -> None:
     twice the sampling time for nothing). Checked before training, not hours later when
     the run is sampled: a checkpoint of the run (`checkpoints/step_N/ema.safetensors`,
     relative to the run folder) must be one it keeps (N in train.keep_steps), below
-    train.max_steps; any other file must exist now."""
+    train.max_steps; any other file must exist now. (A run that ends at or before its own
+    guide drops it first, with a note: `uvic.config.sampling.short_run_guide`.)"""
     s, t = cfg.sample, cfg.train
     if s.autoguidance_scale == 0:
         return
-    kept = {str(RunFolder("").checkpoint(step) / RunFolder.EMA): step for step in t.keep_steps}
-    step = kept.get(s.autoguidance_ckpt)
+    step = own_guide_step(cfg)
     fix = ("point it at checkpoints/step_N/ema.safetensors for a step N in train.keep_steps "
            "below train.max_steps, or set sample.autoguidance_scale=0")
     if step is None:

@@ -2,9 +2,10 @@
 `.safetensors`, save `.safetensors` atomically.
 
 Loading is strict by default and every mismatch is reported by name: missing keys,
-unexpected keys and shape mismatches. Prefixes added by wrappers (`_orig_mod.` from
-torch.compile, `module.` from DistributedDataParallel) are stripped from the file's keys,
-and the target model is unwrapped the same way.
+unexpected keys and shape mismatches, the first few of each in the error's one line and
+all of them in the file it names (`mismatch_report`). Prefixes added by wrappers
+(`_orig_mod.` from torch.compile, `module.` from DistributedDataParallel) are stripped
+from the file's keys, and the target model is unwrapped the same way.
 
 Which architecture a weights file is built as: `uvic.run.architecture`; the checkpoint
 folders of a run: `uvic.run.folder`.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,11 +32,31 @@ WRAPPER_KEYS = ("state_dict", "model", "ema", "model_ema", "nnet_ema", "nnet", "
 
 
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")
-_MAX_LISTED = 20
+_MAX_LISTED = 3  # names of each kind of mismatch in an error's line; all in its report
 
 
 class CheckpointError(ValueError):
-    """A checkpoint file is missing, unreadable, or does not fit the model."""
+    """A checkpoint file is missing, unreadable, or does not fit the model. A mismatch
+    keeps `details` (every line of it; the message shows the first few) and the `report`
+    file that holds them, if one was written."""
+
+    def __init__(self, message: str, details: list[str] | None = None,
+                 report: Path | None = None) -> None:
+        super().__init__(message)
+        self.details, self.report = list(details or []), report
+
+
+def mismatch_report(lines: list[str], path: Path | None = None) -> Path:
+    """Write the whole account of a mismatch to `path` (default: a file of the temporary
+    folder named by its content, so that the same mismatch again reuses it) and return
+    the path: an error names it and stays one line."""
+    text = "\n".join(lines) + "\n"
+    if path is None:
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        path = Path(tempfile.gettempdir()) / f"uvic-mismatch-{digest}.txt"
+    with atomic_write(path) as tmp:
+        tmp.write_text(text)
+    return path
 
 
 @dataclass
@@ -170,16 +192,17 @@ def load_weights(
         f"{k}: file {tuple(loaded[k].shape)} vs model {tuple(v.shape)}"
         for k, v in expected.items() if k in loaded and loaded[k].shape != v.shape
     ]
-    problems = []
-    if shapes:
-        problems.append("shape mismatch " + _listing(shapes))
-    if strict and missing:
-        problems.append("missing keys " + _listing(missing))
-    if strict and unexpected:
-        problems.append("unexpected keys " + _listing(unexpected))
+    kinds = {"shape mismatch": shapes, "missing keys": missing if strict else [],
+             "unexpected keys": unexpected if strict else []}
+    problems = [f"{kind} {_listing(names)}" for kind, names in kinds.items() if names]
     if problems:
-        raise CheckpointError(f"{path} does not fit {type(target).__name__}: "
-                              + "; ".join(problems))
+        details = [f"{kind}: {name}" for kind, names in kinds.items() for name in names]
+        message = f"{path} does not fit {type(target).__name__}: " + "; ".join(problems)
+        report = None
+        if any(len(names) > _MAX_LISTED for names in kinds.values()):
+            report = mismatch_report(details)
+            message += f" (all of them: {report})"
+        raise CheckpointError(message, details, report)
     target.load_state_dict({k: v for k, v in loaded.items() if k in expected}, strict=False)
     return LoadResult(missing=missing, unexpected=unexpected)
 

@@ -6,18 +6,27 @@ strictly, eval mode, no gradients; and the weaker model of autoguidance.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from uvic.config import Config, ConfigError, ModelConfig
+from uvic.config.models import MODE_LETTERS, resolve_attention
 from uvic.models.uvit import build_model
-from uvic.run.architecture import ModelChoice, check_same_inputs, resolve_model
+from uvic.run.architecture import (
+    ModelChoice,
+    check_same_inputs,
+    model_differences,
+    resolve_model,
+    stored_model_config,
+)
 from uvic.run.folder import RunFolder, same_file_content
-from uvic.run.weights import load_weights
+from uvic.run.weights import CheckpointError, load_weights, mismatch_report
 
 
 def load_model(cfg: Config | ModelConfig, ckpt: str | Path, device: torch.device | str = "cpu",
@@ -35,13 +44,53 @@ def load_model(cfg: Config | ModelConfig, ckpt: str | Path, device: torch.device
         raise FileNotFoundError(f"checkpoint not found: {ckpt}")
     model = resolve_model(cfg, ckpt, choice).model if isinstance(cfg, Config) else cfg
     net = build_model(model)
-    load_weights(net, ckpt, strict=True)
+    try:
+        load_weights(net, ckpt, strict=True)
+    except CheckpointError as err:
+        raise _another_model(model, ckpt, err) from err
     return net.to(device).eval().requires_grad_(False)
+
+
+SHOWN_FIELDS = 3  # differing model.* fields a mismatch names in its line; all in its report
+
+
+def _another_model(model: ModelConfig, ckpt: Path, err: CheckpointError) -> CheckpointError:
+    """`err` (weights that do not load into `model`) led by what explains it where the
+    checkpoint records its own model config (e.g. under --model-from-config): the first
+    few differing fields in the line, all of them and every tensor in a report file."""
+    try:
+        stored = stored_model_config(ckpt)
+    except (ConfigError, CheckpointError):
+        stored = None
+    diffs = model_differences(model, stored[0]) if stored else []
+    if not diffs:
+        return err
+    saved, source = stored
+
+    def value(config: ModelConfig, key: str) -> str:
+        text = repr(getattr(config, key))
+        text = text if len(text) <= 40 else text[:37] + "..."
+        if key == "attention":  # its blocks: "uvic" is SCS at depth 2, SCCCS at depth 4
+            with contextlib.suppress(ConfigError):
+                modes = resolve_attention(config.attention, config.depth)
+                text += f" ({''.join(MODE_LETTERS[m] for m in modes)})"
+        return text
+
+    fields = [f"model.{k}={value(model, k)} (the checkpoint's: {value(saved, k)})"
+              for k in diffs]
+    more = f" and {len(diffs) - SHOWN_FIELDS} more" if len(diffs) > SHOWN_FIELDS else ""
+    report = mismatch_report([f"{ckpt}: the model built differs from the one it was trained "
+                              f"as ({source}) in", *fields, "", *err.details], err.report)
+    return CheckpointError(
+        f"{ckpt} does not fit the model built for it: {', '.join(fields[:SHOWN_FIELDS])}"
+        f"{more}, as recorded in {source}; {len(err.details)} tensors differ "
+        f"(every difference: {report})", err.details, report)
 
 
 def load_guide(cfg: Config, ckpt: str | Path, device: torch.device | str = "cpu",
                choice: ModelChoice | None = None,
-               say: Callable[[str], None] | None = None) -> nn.Module | None:
+               say: Callable[[str], None] | None = None,
+               fields: Mapping[str, Any] | None = None) -> nn.Module | None:
     """The weaker model of autoguidance for sampling checkpoint `ckpt`, or None when
     `sample.autoguidance_scale` is 0.
 
@@ -49,7 +98,8 @@ def load_guide(cfg: Config, ckpt: str | Path, device: torch.device | str = "cpu"
     folder of a run's `ema.safetensors`, the run above `checkpoints/step_N/`. `cfg.model`
     is the sampled model's (`resolve_model(cfg, ckpt).model`); the guide is built as its
     own checkpoint records (`resolve_model`, compared with the sampled model's), and must
-    take the same inputs. `say` gets the guide's one-line note.
+    take the same inputs. `say` gets the guide's one-line note; `fields` (model config
+    fields, e.g. an export's attention_backend) are set on the guide as built.
     """
     s = cfg.sample
     if s.autoguidance_scale == 0.0:
@@ -74,4 +124,4 @@ def load_guide(cfg: Config, ckpt: str | Path, device: torch.device | str = "cpu"
                        f"its guide {path}": resolved.model})
     if say is not None:
         say(f"guide {resolved.note}")
-    return load_model(resolved.model, path, device)
+    return load_model(dataclasses.replace(resolved.model, **(fields or {})), path, device)

@@ -3,7 +3,8 @@
 AdamW on every parameter (the release's), with a warm-up then a constant LR (the
 release's, `optim.lr_schedule="constant"`) or a cosine decay to 0 at `train.max_steps`
 (diffusers' schedule, `"cosine"`). A resume builds the schedule from the current config;
-`schedule_change` says in one line what that changes.
+`schedule_change` says in one line what that changes. A warm-up not shorter than the run
+is one warning line when training starts (`uvic.config.training.warmup_warning`).
 """
 
 from __future__ import annotations
@@ -83,11 +84,17 @@ def schedule_change(old: OptimConfig, old_max_steps: int, new: OptimConfig,
 
 
 def describe_lr(optim: OptimConfig, max_steps: int, step: int) -> str:
-    """What the LR does from `step` to `max_steps`, in words."""
+    """What the LR does from `step` to `max_steps`, in words (a warm-up that outlasts the
+    run is said to end with it: nothing after it runs)."""
     cosine = optim.lr_schedule == "cosine"
+    factor = lr_multiplier(optim, max_steps)
     then = f"cosine decay to 0 at step {max_steps}" if cosine else f"constant {optim.lr:.3g}"
-    if step < optim.warmup_steps:
+    if step < optim.warmup_steps and optim.warmup_steps >= max_steps:
+        then = (f"warm-up toward {optim.lr:.3g} (at step {optim.warmup_steps}) until the run "
+                f"ends: {optim.lr * factor(max_steps):.3g} at step {max_steps}"
+                + (", no cosine decay" if cosine else ""))
+    elif step < optim.warmup_steps:
         then = f"warm-up to {optim.lr:.3g} at step {optim.warmup_steps}, then {then}"
     elif not cosine:
         return then
-    return f"{optim.lr * lr_multiplier(optim, max_steps)(step):.3g} at step {step}, {then}"
+    return f"{optim.lr * factor(step):.3g} at step {step}, {then}"

@@ -57,6 +57,9 @@ from tqdm.auto import tqdm
 
 from uvic.config import Config, ConfigError
 from uvic.config.compare import flat_dict
+from uvic.config.diffusion import check_scheduler_loads
+from uvic.config.sampling import short_run_guide
+from uvic.config.training import warmup_warning
 from uvic.config.validation import validate
 from uvic.data.datasets import build_dataset, load_empty_context
 from uvic.data.order import seeded_loader
@@ -94,12 +97,23 @@ def train(cfg: Config, resume: str | None = None, overwrite: bool = False) -> Pa
 # --------------------------------------------------------------------------- trainer
 
 
+def start_config(cfg: Config) -> tuple[Config, str | None]:
+    """The config a run trains under, checked before anything is built, and the note of
+    what it changed: a run that ends at or before its own autoguidance guide samples
+    unguided (`short_run_guide`). The checks a short try of any config meets first."""
+    cfg, note = short_run_guide(cfg)
+    validate(cfg)
+    check_scheduler_loads(cfg.sample.scheduler)  # its sample grids need it hours in
+    check_guide(cfg)  # the guide its samples will need: a checkpoint the run keeps
+    return cfg, note
+
+
 class Trainer:
     """State of one training run; `fit()` runs the loop. See the module docstring."""
 
     def __init__(self, cfg: Config, resume: str | None = None, overwrite: bool = False) -> None:
-        self.cfg = validate(cfg)
-        check_guide(cfg)  # the guide its samples will need: a checkpoint the run keeps
+        cfg, guide_note = start_config(cfg)
+        self.cfg = cfg
         if overwrite and resume is not None:
             raise ConfigError(f"--overwrite replaces a run and --resume {resume} continues "
                               "it: pass one of them")
@@ -109,6 +123,8 @@ class Trainer:
         self.is_main, self.device = self.accelerator.is_main_process, self.accelerator.device
         self.launch = launch_facts(self.accelerator, cfg)
         self._print(describe_launch(self.launch))
+        if guide_note is not None:
+            self._print(f"note: {guide_note}")
         self.lock = lock_run_folder(self.accelerator, self.run)
         try:
             self._setup(resume)
@@ -125,6 +141,9 @@ class Trainer:
         self.batch_per_process = t.batch_size // (acc.num_processes * t.grad_accum)
         self.start = find_start(self.run, cfg, resume, self.overwrite, self._print)
         self.resume_from = self.start.checkpoint
+        warning = warmup_warning(cfg.optim, t.max_steps)
+        if warning is not None and not self.start.nothing_to_train:
+            self._print(f"warning: {warning}")
 
         self.diffusion = Diffusion(cfg.diffusion)
         self.empty_context = None

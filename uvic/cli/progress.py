@@ -1,0 +1,263 @@
+"""How long a long experiment takes (`uvic-compare` and the table programs): its cells (a
+trained run, an evaluation) with their cost in model FLOPs, progress with an ETA from the
+cells measured so far, and the dry run's time calibrated on one measured cell.
+
+A cell's cost is what its network does (`uvic.models.flops`): a training run's images x
+its model's training FLOPs, an evaluation's network calls x its forward FLOPs. The time
+of the cells still to run is their cost at the seconds per FLOP measured on the finished
+ones (training and evaluation apart; either one's rate while the other has none).
+Before any cell has run, `calibrate` times a few training steps and forwards of one
+cell's model on synthetic inputs on this machine: no data is read, and loading data,
+decoding latents and the FID features are not counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from uvic.config import Config
+from uvic.models.flops import forward_flops, training_flops
+
+if TYPE_CHECKING:
+    import torch
+
+TRAIN, EVAL = "train", "eval"
+YEAR = 365.25 * 86400  # seconds
+# Model FLOPs of one timed step of a calibration: the config's batch per step, fewer images
+# (at least one) where its step would cost more than this (a few seconds on 2 CPU cores).
+PROBE_FLOPS = {"cpu": 1.5e11, "cuda": 5e13}
+
+
+def duration(seconds: float) -> str:
+    """A duration in words at a useful precision: `4.2 s`, `45 s`, `12.5 min`, `3.2 h`,
+    `4.1 days`, `3.0 years` (a big model's training on a CPU)."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds < 2 * YEAR:
+        return f"{seconds / 86400:.1f} days"
+    return f"{seconds / YEAR:.1f} years"
+
+
+def train_cost(cfg: Config, steps_done: int = 0) -> float:
+    """Model FLOPs of training `cfg` from `steps_done` to train.max_steps."""
+    left = max(0, cfg.train.max_steps - steps_done)
+    return float(left * cfg.train.batch_size * training_flops(cfg.model))
+
+
+def forward_cost(cfg: Config, images: int) -> float:
+    """Model FLOPs of `images` forward passes of `cfg`'s network (a sampler's network calls
+    per image x images, the held-out MSE's images)."""
+    return float(images * forward_flops(cfg.model))
+
+
+def sampling_cost(cfg: Config, samples: int) -> float:
+    """Model FLOPs of sampling `samples` images under the config's own protocol (its
+    network passes per image, guidance included: `sampling_passes`)."""
+    from uvic.diffusion.guidance_interval import sampling_passes
+
+    return forward_cost(cfg, samples * sampling_passes(cfg))
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One unit of an experiment's work that is saved when done: its label, kind (`TRAIN`
+    or `EVAL`) and cost in model FLOPs (what is left of it)."""
+
+    label: str
+    kind: str
+    cost: float
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Seconds per model FLOP measured on one cell's model, training and forward."""
+
+    label: str  # the cell measured
+    device: str  # where, e.g. "cpu (2 threads)"
+    images: int  # per timed step
+    step_s: float  # seconds per training step of `images` images
+    train_s_per_flop: float
+    forward_s_per_flop: float
+
+    def rates(self) -> dict[str, float]:
+        """Seconds per model FLOP by cell kind."""
+        return {TRAIN: self.train_s_per_flop, EVAL: self.forward_s_per_flop}
+
+    def text(self) -> str:
+        """Where the times come from, in one line."""
+        return (f"calibrated on {self.device}: a training step of {self.label} ({self.images} "
+                f"images, synthetic) took {self.step_s:.3g} s, "
+                f"{1e-9 / self.train_s_per_flop:.3g} GFLOP/s of model FLOPs, its sampling "
+                f"forwards {1e-9 / self.forward_s_per_flop:.3g} GFLOP/s; every cell's time is "
+                "its model FLOPs at these rates (network only: no data loading, latent "
+                "decoding or FID features)")
+
+
+@dataclass
+class Clock:
+    """The cells of an experiment, run `workers` at a time: what is done, what is left and
+    when it ends at the rates measured so far (`rates`: seconds per FLOP by kind to start
+    from, e.g. a calibration's; measured cells replace them)."""
+
+    cells: list[Cell]
+    workers: int = 1
+    rates: dict[str, float] = field(default_factory=dict)
+    now: Callable[[], float] = time.monotonic
+    done: list[Cell] = field(default_factory=list)
+    measured: dict[str, list[float]] = field(default_factory=dict)  # kind -> [s, FLOPs]
+    timed: int = 0  # cells measured
+
+    def __post_init__(self) -> None:
+        self.start = self.now()
+
+    def rate(self, kind: str) -> float | None:
+        """Seconds per FLOP of `kind`: measured, else the other kind's, else the start's."""
+        for k in (kind, EVAL if kind == TRAIN else TRAIN):
+            seconds, flops = self.measured.get(k, (0.0, 0.0))
+            if flops > 0:
+                return seconds / flops
+        return self.rates.get(kind)
+
+    def left(self) -> list[Cell]:
+        """The cells not done yet."""
+        return [c for c in self.cells if c not in self.done]
+
+    def eta(self) -> float | None:
+        """Seconds until every cell is done (None: a kind with work left has no rate)."""
+        total = 0.0
+        for cell in self.left():
+            if cell.cost > 0:
+                rate = self.rate(cell.kind)
+                if rate is None:
+                    return None
+                total += cell.cost * rate
+        return total / max(1, self.workers)
+
+    def finished(self, cell: Cell, seconds: float, worked: bool = True) -> str:
+        """Record `cell` as done in `seconds` (`worked`: False when it was found done and
+        skipped: no rate is measured on it); returns the progress line."""
+        self.done.append(cell)
+        if worked and cell.cost > 0:
+            seconds_flops = self.measured.setdefault(cell.kind, [0.0, 0.0])
+            seconds_flops[0] += seconds
+            seconds_flops[1] += cell.cost
+            self.timed += 1
+        return self.line(cell, seconds, worked)
+
+    def line(self, cell: Cell, seconds: float, worked: bool) -> str:
+        """`progress: 3 of 8 cells done (last: ..., 4.2 min), 12.5 min so far; ETA ~25 min`."""
+        how = duration(seconds) if worked else "found done"
+        eta = self.eta()
+        if not self.left():
+            when = "all done"
+        elif eta is None:
+            when = "ETA after the first measured cell"
+        else:
+            source = (f"from {self.timed} measured cell{'s' * (self.timed != 1)}"
+                      if self.timed else "calibrated")
+            when = f"ETA ~{duration(eta)} ({source})"
+        return (f"progress: {len(self.done)} of {len(self.cells)} cells done (last: "
+                f"{cell.label}, {how}), {duration(self.now() - self.start)} so far; {when}")
+
+
+def probe_config(cfgs: Sequence[Config]) -> Config:
+    """The config a calibration measures: the cheapest model per training image (the
+    shortest probe); the others' times scale from it by their FLOPs."""
+    return min(cfgs, key=lambda c: training_flops(c.model))
+
+
+def calibrate(cfg: Config, label: str, threads: int | None = None,
+              device: torch.device | str | None = None) -> Calibration:
+    """Seconds per model FLOP of `cfg`'s training steps (forward, loss, backward, AdamW) and
+    forwards, timed on synthetic inputs (its batch, or fewer images: `PROBE_FLOPS`).
+    `threads`: torch's thread count while timing (a worker's share)."""
+    import dataclasses
+
+    import torch
+
+    from uvic.cli.bench_train import make_batch
+    from uvic.diffusion.schedule import Diffusion, diffusion_loss
+    from uvic.models.uvit import build_model
+
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    m = cfg.model
+    if device.type == "cpu" and m.attention_backend == "auto":
+        m = dataclasses.replace(m, attention_backend="torch")
+    per_image = training_flops(m)
+    budget = PROBE_FLOPS.get(device.type, PROBE_FLOPS["cpu"])
+    images = max(1, min(cfg.train.batch_size, int(budget // per_image)))
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.train.mixed_precision)
+    precision = (torch.autocast(device.type, dtype=dtype) if dtype and device.type == "cuda"
+                 else contextlib.nullcontext())
+    try:
+        torch.manual_seed(0)
+        model = build_model(m).to(device).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        diffusion, batch = Diffusion(cfg.diffusion), make_batch(cfg, images, device)
+        empty = (torch.zeros(m.num_clip_token, m.clip_dim, device=device) if m.clip_dim > 0
+                 else None)
+        null = m.num_classes - 1 if m.num_classes > 0 else None
+        generator = torch.Generator(device=device).manual_seed(0)
+
+        def step() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            with precision:
+                loss = diffusion_loss(model, diffusion, batch, generator, empty_context=empty,
+                                      p_uncond=cfg.diffusion.p_uncond, null_class=null)
+            loss.backward()
+            optimizer.step()
+
+        t = torch.full((images,), 0.5, device=device)
+        cond = {k: v for k, v in batch.items() if k != "x"}
+
+        def forward() -> None:
+            with torch.inference_mode(), precision:
+                model(batch["x"], t, return_dict=False, **cond)
+
+        step_s, forward_s = _timed(step, device), _timed(forward, device)
+    finally:
+        torch.set_num_threads(before)
+    count = torch.get_num_threads() if threads is None else threads
+    where = (f"{device.type} ({count} thread{'s' * (count != 1)})" if device.type == "cpu"
+             else torch.cuda.get_device_name(device))
+    return Calibration(label, where, images, step_s,
+                       step_s / (images * training_flops(m)),
+                       forward_s / (images * forward_flops(m)))
+
+
+def _timed(fn: Callable[[], None], device: torch.device) -> float:
+    """Mean seconds of `fn` after one warm-up (CUDA-synchronised): one call where the
+    warm-up took over a second, else three."""
+    import torch
+
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    repeats = 1 if time.perf_counter() - start > 1.0 else 3
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) / repeats
+
+
+def estimate(cells: Sequence[Cell], rates: dict[str, float], workers: int = 1) -> float:
+    """Seconds the `cells` take at `rates` (seconds per FLOP by kind), `workers` at once."""
+    total = sum(c.cost * rates[c.kind] for c in cells)
+    return total / max(1, workers) if math.isfinite(total) else math.inf
