@@ -57,7 +57,7 @@ gpu-results:
 	$(PY) scripts/bench_train.py --compile off,reduce-overhead --profile --steps 30 --huge
 	$(PY) scripts/bench_sampling.py --compile off,reduce-overhead
 
-# The budgeted GPU check (issue 32): the most valuable measurements first, within
+# The budgeted GPU check: the most valuable measurements first, within
 # --budget-s (default 420 s), every finished row in its JSON at once. Run it first in any
 # GPU window; kernels/BENCHMARKS.md, "The budgeted GPU check", has the whole recipe:
 #   here:               make gpu-wheels          (the wheels the GPU machine lacks, .whl/)

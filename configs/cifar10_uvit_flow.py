@@ -1,4 +1,4 @@
-"""CIFAR-10 unconditional U-ViT-S/2 trained by flow matching (issue 35's recipes).
+"""CIFAR-10 unconditional U-ViT-S/2 trained by flow matching (the modern recipes).
 
 cifar10_uvit.py (model, data, optimiser, length, FID protocol: the U-ViT release's) with the
 objective changed, as SiT and REPA train: the network predicts the velocity v = e - x0 of the

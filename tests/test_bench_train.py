@@ -57,7 +57,7 @@ def test_flop_count_matches_torchs_flop_counter(arch, monkeypatch) -> None:
 
 
 def test_flop_count_of_the_paper_models() -> None:
-    """U-ViT-S/2 on CIFAR-10: ~73 GFLOP per image for a training step (issue 24's figure);
+    """U-ViT-S/2 on CIFAR-10: ~73 GFLOP per image for a training step;
     the H/2 at ImageNet-256: 258 tokens (256 patches, time, label)."""
     cifar = load_config(REPO / "configs" / "cifar10_uvit.py").model
     assert num_tokens(cifar) == 257 and round(training_flops(cifar) / 1e9) == 73
@@ -100,7 +100,7 @@ def test_bench_train_smoke(tmp_path, capsys):
     payload = json.loads(out.read_text())
     said = capsys.readouterr().out
     assert payload["smoke"] and "timings need a gpu" in said.lower()
-    # one step after one warm-up measures the order the rows ran in: no ms shown (issue 30)
+    # one step after one warm-up measures the order the rows ran in: no ms shown
     assert "ms/step" not in said and "ms/step" not in payload["table"]
     assert said.count("ran (smoke: not a timing)") == len(payload["records"])
     assert set(payload) == RUN_KEYS and payload["kind"] == "train"

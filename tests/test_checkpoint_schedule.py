@@ -1,4 +1,4 @@
-"""A checkpoint carries its noise schedule as it carries its architecture (issue 31).
+"""A checkpoint carries its noise schedule as it carries its architecture.
 
 The issue's example, at test size: a run of the quickstart config (`diffusion` beta_max
 10) sampled with `--config configs/cifar10_uvit.py` (beta_max 20) samples with beta_max

@@ -1,4 +1,4 @@
-"""Class labels (issue 25, items 2 and 5): `uvic-sample --class-labels`, FID's labels drawn
+"""Class labels: `uvic-sample --class-labels`, FID's labels drawn
 as the U-ViT release draws them, and the one-line errors of conditioning a model cannot take.
 
 References are independent of uvic's code: the release's own draws (its datasets.py
@@ -271,7 +271,7 @@ def test_sample_class_labels_must_be_numbers_or_wordnet_ids(tmp_path: Path, samp
 
 
 def test_wordnet_ids_name_imagenet_classes(tmp_path: Path) -> None:
-    """Issue 30: ImageNet's class folders are named by WordNet id, and so may the classes
+    """ImageNet's class folders are named by WordNet id, and so may the classes
     of --class-labels be: by the training folders where data.root has them (their sorted
     order is the label order), else by ILSVRC-2012's 1000; grid captions carry the id and,
     where ImageNet knows it, the name."""

@@ -117,7 +117,7 @@ def test_cifar10_missing_or_corrupt_gives_clear_error(tmp_path: Path,
 ])
 def test_cifar10_malformed_batch_names_the_file(tmp_path: Path, damage: str,
                                                 needle: str) -> None:
-    """Issue 30: a CIFAR-10 batch that passes the MD5 check but is not what torchvision reads
+    """A CIFAR-10 batch that passes the MD5 check but is not what torchvision reads
     (e.g. written by hand) was a raw KeyError: 'data'; it is one line naming the file."""
     make_cifar10(tmp_path)
     batch = tmp_path / "cifar-10-batches-py" / "data_batch_2"

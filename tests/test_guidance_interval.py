@@ -1,4 +1,4 @@
-"""`sample.guidance_interval` (issue 35, item 3): guidance only where EDM's noise level
+"""`sample.guidance_interval`: guidance only where EDM's noise level
 sigma = sigma_t / alpha_t lies in (low, high], the conditional model alone (one network
 call) elsewhere.
 

@@ -1,4 +1,4 @@
-"""uvic's U-ViT as a diffusers model and pipeline (issue 26, items 1-3): save/load round
+"""uvic's U-ViT as a diffusers model and pipeline: save/load round
 trips, the pipeline against uvic's own sampler (`uvic-sample` and `sample_images`) for
 each kind of model, scheduler swapping, export from each source, a fresh-process load of
 an exported folder, and one-line errors. Tiny random models (CPU, attention in PyTorch)."""
@@ -380,7 +380,7 @@ def test_export_from_each_source(runs, tmp_path: Path) -> None:
         assert transformer["attention"] == attention, name
         assert transformer["attention_backend"] == "auto", name  # the loader's choice
         index = json.loads((out / "model_index.json").read_text())
-        # the class as diffusers' custom pipelines name it: [entry module, class] (issue 31)
+        # the class as diffusers' custom pipelines name it: [entry module, class]
         assert index["_class_name"] == ["pipeline_uvit", "UViTPipeline"]
         assert index["vae"] == [None, None]
         assert index["diffusion"]["schedule"] == "vp_continuous"

@@ -1,5 +1,5 @@
 """ImageNet (class folders, 64 px pixels, 256 / 512 latent features) and CelebA data, in the
-U-ViT release's crops, order and labels (issue 25, item 1).
+U-ViT release's crops, order and labels.
 
 Everything runs on tiny data in the real on-disk formats (tests/datagen.py: ILSVRC-2012's
 class folders of JPEGs, CelebA's img_align_celeba/ and list_eval_partition.txt) and a tiny

@@ -1,4 +1,4 @@
-"""Dependencies flow one way (issue 23; docs/architecture.md, "Layers").
+"""Dependencies flow one way (docs/architecture.md, "Layers").
 
 Read from the source with `ast`, without importing anything: every import among the
 modules of `uvic/` and `kernels/` (`uvic_kernels`), at module level and inside

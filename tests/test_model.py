@@ -676,7 +676,7 @@ def test_sdpa_backend_runs_softmax_blocks_and_refuses_cog() -> None:
 
 def test_the_models_settings_are_one_list() -> None:
     """ModelConfig's fields are UViT's signature (names, defaults, keyword-only) and the
-    config diffusers records; an unknown setting is refused by name (issue 31)."""
+    config diffusers records; an unknown setting is refused by name."""
     import dataclasses
     import inspect
 

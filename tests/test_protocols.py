@@ -92,7 +92,7 @@ def test_results_of_the_old_mscoco_sampler_keep_their_own_protocol() -> None:
                     "ref mscoco_val2014_256/val/256"}  # as eval/fid.py wrote it then
     p = protocol_from_result({"protocol": old})
     assert p != RELEASE["mscoco"] and p.sampler == OLD_SAMPLERS["dpm_solver_fast"]
-    assert p.label().startswith("old dpm_solver_fast (uvic's MS-COCO sampler before issue 25, "
+    assert p.label().startswith("old dpm_solver_fast (uvic's former MS-COCO sampler, "
                                 "not the release's protocol) 50 steps, guidance 1, 30000")
     table = protocol_table([result("U-ViC", "mscoco", 6.10, RELEASE["mscoco"]),
                             {**result("U-ViT", "mscoco", 5.90, RELEASE["mscoco"]),

@@ -1,4 +1,4 @@
-"""The U-ViT release's CelebA and ImageNet rows (issue 25, items 3 and 7): every config holds
+"""The U-ViT release's CelebA and ImageNet rows: every config holds
 the release's settings and builds its model, and its released checkpoints load strictly
 and sample.
 

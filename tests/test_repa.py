@@ -1,4 +1,4 @@
-"""REPA (issue 35, item 2): the frozen timm encoder loaded from a local folder, the
+"""REPA: the frozen timm encoder loaded from a local folder, the
 alignment loss against a hand computation, where its gradients go, training with it on
 the Shapes data (U-ViT and U-ViC), exact resumption with the projector, stored encoder
 features of latent datasets, and the plain run left as it was.

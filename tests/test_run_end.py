@@ -1,4 +1,4 @@
-"""How a run ends (issue 30): at train.max_steps with several processes, and on SIGINT or
+"""How a run ends: at train.max_steps with several processes, and on SIGINT or
 SIGTERM, where every process stops after the same step, saves a checkpoint and the run
 resumes bit-exactly. Real processes through the README's launch command, on the CPU."""
 

@@ -985,7 +985,7 @@ def poison(path: Path) -> str:
 ])
 def test_a_guide_the_run_will_not_write_is_refused_before_training(tmp_path, capsys, extra,
                                                                    needle):
-    """Issue 30: the quickstart preset guides its samples with the step-1000 checkpoint; a
+    """The quickstart preset guides its samples with the step-1000 checkpoint; a
     run that does not keep it would train, then fail when sampled. uvic-train says so
     before any step, with the rule of uvic-quickstart (one rule: uvic.run.prepare.check_guide)."""
     out = tmp_path / "run"
@@ -1020,7 +1020,7 @@ def test_a_run_that_ends_before_its_guide_samples_unguided_with_a_note(tmp_path,
 
 
 def test_nan_weights_in_a_checkpoint_are_refused_and_skipped(tmp_path, capsys, six_step_run):
-    """Issue 30: NaN bytes in the latest checkpoint's weights: --resume latest names the file
+    """NaN bytes in the latest checkpoint's weights: --resume latest names the file
     and tensor (no training on them); latest-intact continues from step 3; a divergence
     afterwards names the checkpoint that was checked, not the newest one."""
     out = tmp_path / "run"

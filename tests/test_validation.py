@@ -68,7 +68,7 @@ MESSAGES = [
      "'euler_maruyama', 'flow_euler', 'flow_heun', 'flow_euler_maruyama'] nor a diffusers "
      "scheduler class name"),
     ("sample.scheduler=dpm_solver_fast", "sample.scheduler='dpm_solver_fast' is retired: it was "
-     "not the release's MS-COCO protocol (issue 25); use 'dpm_solver++_fast_time_uniform' (the "
+     "not the release's MS-COCO protocol; use 'dpm_solver++_fast_time_uniform' (the "
      "release's dpm_solver_pp.py: MS-COCO, ImageNet H/2 and H/4) or 'dpm_solver_fast_logsnr' "
      "(its dpm_solver_pytorch.py: ImageNet 64, ImageNet L/2 and L/4)"),
 ]

@@ -23,7 +23,7 @@ longer sequences) run in that order, each isolated:
 
 The end prints one screen (`uvic.cli.gpu_check_report`): the stack (Python, torch,
 Triton, CUDA, device), the rows with their figures, MFU, estimated and actual seconds,
-and each target of issue 32 as met / missed / not measured. Each record names the stack
+and each of its targets as met / missed / not measured. Each record names the stack
 too. Default output: `kernels/results/<date>_<device>_gpu-check.json` on a GPU;
 `runs/bench/gpu-check.json` for the CPU smoke (`--smoke`, or no CUDA: tiny shapes, not a
 timing). The schema is in kernels/results/README.md.

@@ -1,6 +1,6 @@
 """The rows of `uvic-gpu-check`, in the order of their value, and what each should cost.
 
-Rows (issue 32), each one measurement of an existing benchmark:
+Rows, each one measurement of an existing benchmark:
 
 1. CIFAR-10 U-ViT-S/2, batch 128 (N = 257): U-ViT through our kernels, U-ViT through
    SDPA, U-ViC through our kernels; eager, then `reduce-overhead` (`uvic.cli.bench_train`,

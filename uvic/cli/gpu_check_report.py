@@ -1,4 +1,4 @@
-"""The end of `uvic-gpu-check`: issue 32's targets as met / missed / not measured, and the
+"""The end of `uvic-gpu-check`: the check's targets as met / missed / not measured, and the
 one-screen summary (stack, rows, MFU, targets).
 
 Targets (bf16, one run, side by side):
@@ -175,6 +175,6 @@ def summary(payload: dict[str, Any]) -> str:
         reasons = {r["reason"].split(":")[0] for r in records if r["id"] in ids}
         lines.append(f"| group {group}: {len(ids)} skipped | skipped | {', '.join(sorted(reasons))}"
                      " | | | |")
-    lines += ["", "Targets (issue 32):"]
+    lines += ["", "Targets:"]
     lines += [f"  {t['status']:>12}  {t['target']}: {t['detail']}" for t in payload["targets"]]
     return "\n".join(lines)

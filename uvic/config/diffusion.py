@@ -44,7 +44,7 @@ FLOW_DIFFUSERS = ("FlowMatchEulerDiscreteScheduler",)
 RETIRED = {
     "dpm_solver_fast": (
         "sample.scheduler='dpm_solver_fast' is retired: it was not the release's MS-COCO "
-        f"protocol (issue 25); use {FAST_TIME_UNIFORM!r} (the release's dpm_solver_pp.py: "
+        f"protocol; use {FAST_TIME_UNIFORM!r} (the release's dpm_solver_pp.py: "
         f"MS-COCO, ImageNet H/2 and H/4) or {FAST_LOGSNR!r} (its dpm_solver_pytorch.py: "
         "ImageNet 64, ImageNet L/2 and L/4)"),
 }

@@ -20,8 +20,8 @@ diffusers scheduler, all run by one loop on a noise-prediction function; velocit
   Both are written here (`release_fast`), with no final denoising step and the network fed
   999 t (vp_continuous) or N t (scaled_linear); `sample.order` does not apply. diffusers'
   `DPMSolverSinglestepScheduler` has the time-uniform protocol's structure on integer steps
-  (1.5e-4 from it on Gaussian data, README Fidelity). `dpm_solver_fast` (uvic's MS-COCO
-  sampler before issue 25, neither of these) is refused, naming both.
+  (1.5e-4 from it on Gaussian data, README Fidelity). `dpm_solver_fast` (uvic's former
+  MS-COCO sampler, neither of these) is refused, naming both.
 * `euler_maruyama`: the release's CIFAR-10 protocol, Euler-Maruyama on the reverse VP SDE
   from t = 1 to t = 1/steps, keeping the noiseless mean at the last step: diffusers'
   `ScoreSdeVpScheduler(beta_min, beta_max, sampling_eps=1/steps)` (wherever diffusers keeps

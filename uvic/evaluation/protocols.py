@@ -232,10 +232,10 @@ RELEASE_ROWS = {row.key: row for row in [
 RELEASE = {key: RELEASE_ROWS[key].protocol for key in ("cifar10", "mscoco")}
 
 # Sampler names results were once recorded under, and the name they are read back as:
-# `dpm_solver_fast` was uvic's MS-COCO sampler until issue 25, believed to be the
+# `dpm_solver_fast` was uvic's former MS-COCO sampler, believed to be the
 # release's protocol but not it (other network times; samples 4.5e-2 apart, relative L2).
 OLD_SAMPLERS = {
-    "dpm_solver_fast": "old dpm_solver_fast (uvic's MS-COCO sampler before issue 25, not "
+    "dpm_solver_fast": "old dpm_solver_fast (uvic's former MS-COCO sampler, not "
                        "the release's protocol)",
 }
 
