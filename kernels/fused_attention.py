@@ -1,27 +1,12 @@
-"""Public entry point: ``attention(q, k, v, mode="cog")`` with autograd and dispatch.
+"""Public entry point: ``attention(q, k, v, mode="cog")``, with autograd and a choice of backend.
 
-Backends:
-
-* ``"triton"``: the fused kernels of :mod:`uvic_kernels.triton_attention` (launched by
-  :mod:`uvic_kernels.launch`), compiled on CUDA, or run by Triton's interpreter on the
-  CPU when ``TRITON_INTERPRET=1`` was set before the kernels were first used (slow, for
-  testing);
-* ``"torch"``: :mod:`uvic_kernels.torch_attention`, the same algorithm in PyTorch
-  (chunked over query rows, fp32 internally), for CPUs and other devices;
-* ``"sdpa"``: PyTorch's ``scaled_dot_product_attention`` (FlashAttention / cuDNN /
-  memory-efficient kernels), softmax only: a baseline to compare our softmax kernel
-  with on the same model.  Cog, expressive and sigmoid attention have no SDPA form and
-  refuse it.
-
-The kernel module is imported lazily, so ``import uvic_kernels`` neither needs
-Triton nor fixes the interpreter setting.
-
-Host path.  Under ``torch.compile``, ``torch.export``, a dispatch mode (fake tensors,
-``make_fx``, selective checkpointing) or with tensor subclasses, the implementations run
-as the PyTorch custom ops below, which those machineries see as opaque calls.  A plain
-eager call skips that dispatch (about 20 us per op on a 2-core CPU) and calls the same
-function directly, and an argument signature that passed the input checks once is not
-checked again; :mod:`uvic_kernels.launch` caches the kernel launches themselves.
+Backends: ``"triton"``, the fused kernels of :mod:`uvic_kernels.triton_attention` (compiled
+on CUDA, or run by Triton's interpreter on the CPU under ``TRITON_INTERPRET=1``);
+``"torch"``, the same algorithm in PyTorch (:mod:`uvic_kernels.torch_attention`); and,
+softmax only, ``"sdpa"``, PyTorch's ``scaled_dot_product_attention`` as a baseline.  The
+implementations run as PyTorch custom ops, opaque to ``torch.compile`` and fake tensors.
+The kernel module is imported lazily: ``import uvic_kernels`` neither needs Triton nor
+fixes the interpreter setting.
 """
 
 from __future__ import annotations
@@ -36,15 +21,12 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from uvic_kernels.modes import BACKEND_MODES, BACKENDS, MODES
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
 _KERNEL_MODULE = "uvic_kernels.triton_attention"
-MAX_CHECKED = 4096  # argument signatures remembered as valid; beyond, the set starts afresh
-_CHECKED: set[tuple] = set()
 
 
 def _interpret_requested() -> bool:
@@ -118,14 +100,6 @@ def _check_bias(q: torch.Tensor, mode: str, bias: float | torch.Tensor | None) -
         raise ValueError(f"bias must be a finite number, a tensor or None, got {bias!r}")
 
 
-def _bias_key(bias: float | torch.Tensor | None) -> tuple:
-    """What ``_check_bias`` reads of ``bias``: its value, or a tensor's shape, dtype and
-    device."""
-    if isinstance(bias, torch.Tensor):
-        return (torch.Tensor, bias.shape, bias.dtype, bias.device)
-    return (type(bias), bias)
-
-
 def _check_inputs(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -173,86 +147,9 @@ def _check_inputs(
     _check_bias(q, mode, bias)
 
 
-def _validate(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mode: str,
-    scale: float | None,
-    backend: str | None,
-    bias: float | torch.Tensor | None = None,
-) -> None:
-    """``_check_inputs``, once per argument signature in eager mode.
-
-    Everything the checks read is in the key (types, shapes, dtypes, devices, the mode,
-    the scale and its type, the backend, the bias's value or tensor shape), so a
-    signature that passed once passes again.  Under ``torch.compile`` the checks are
-    traced as they are (no global set to guard on).
-    """
-    if torch.compiler.is_compiling():
-        _check_inputs(q, k, v, mode, scale, backend, bias)
-        return
-    try:
-        key = (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
-               q.device, k.device, v.device, mode, type(scale), scale, backend, _bias_key(bias))
-        if key in _CHECKED:
-            return
-    except (AttributeError, TypeError):  # not tensors, or an unhashable argument
-        key = None
-    _check_inputs(q, k, v, mode, scale, backend, bias)
-    if key is not None:
-        if len(_CHECKED) >= MAX_CHECKED:
-            _CHECKED.clear()
-        _CHECKED.add(key)
-
-
-def _plain(*tensors: torch.Tensor) -> bool:
-    """Whether the implementation may be called directly instead of through the custom ops:
-    eager mode, no dispatch mode or functorch transform active, plain tensors with data
-    (meta tensors take the ops' fake implementation)."""
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
-        return False
-    if torch._C._are_functorch_transforms_active():
-        return False
-    return all(type(t) is torch.Tensor and not t.is_meta for t in tensors)
-
-
-def _run_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, scale: float, backend: str,
-    bias: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(O, row statistic)`` of the backend's implementation, contiguous."""
-    o, lse = _implementation(backend, q.device).forward(q, k, v, mode, scale, bias)
-    # The fake kernels below promise contiguous outputs (torch.compile checks strides).
-    return o.contiguous(), lse.contiguous()
-
-
-def _run_backward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    o: torch.Tensor,
-    lse: torch.Tensor,
-    do: torch.Tensor,
-    mode: str,
-    scale: float,
-    backend: str,
-    need_dq: bool,
-    need_dkdv: bool,
-    need_dbias: bool = False,
-) -> tuple[torch.Tensor | None, ...]:
-    """``(dQ, dK, dV, dBias)`` of the backend's implementation, contiguous, None where not
-    needed (dBias: sigmoid's per-head bias, (H,) fp32)."""
-    grads = _implementation(backend, q.device).backward(
-        q, k, v, o, lse, do, mode, scale, need_dq=need_dq, need_dkdv=need_dkdv,
-        need_dbias=need_dbias,
-    )
-    return tuple(None if g is None else g.contiguous() for g in grads)
-
-
-# The implementations are also wrapped as PyTorch custom ops, so torch.compile treats
-# them as opaque calls (no tracing into Triton launchers or Python dispatch) and fake
-# tensors know the output shapes.  The autograd.Function below wires them together.
+# The implementations as PyTorch custom ops: torch.compile treats them as opaque calls (no
+# tracing into Triton launchers) and fake tensors know the output shapes.  The
+# autograd.Function below wires them together.
 
 
 @torch.library.custom_op("uvic_kernels::attention_forward", mutates_args=())
@@ -260,7 +157,8 @@ def _forward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, scale: float, backend: str,
     bias: Optional[torch.Tensor] = None,  # noqa: UP045 (the custom op's schema reads it)
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _run_forward(q, k, v, mode, scale, backend, bias)
+    o, lse = _implementation(backend, q.device).forward(q, k, v, mode, scale, bias)
+    return o.contiguous(), lse.contiguous()  # the fake kernel promises contiguous outputs
 
 
 @_forward_op.register_fake
@@ -284,11 +182,12 @@ def _backward_op(
     need_dkdv: bool,
     need_dbias: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    grads = _run_backward(
-        q, k, v, o, lse, do, mode, scale, backend, need_dq, need_dkdv, need_dbias
+    """``(dQ, dK, dV, dBias)``, contiguous; an empty tensor where not computed."""
+    grads = _implementation(backend, q.device).backward(
+        q, k, v, o, lse, do, mode, scale, need_dq=need_dq, need_dkdv=need_dkdv,
+        need_dbias=need_dbias,
     )
-    # custom ops return tensors only: an empty tensor stands for "not computed"
-    return tuple(q.new_empty(0) if g is None else g for g in grads)
+    return tuple(q.new_empty(0) if g is None else g.contiguous() for g in grads)
 
 
 @_backward_op.register_fake
@@ -313,8 +212,7 @@ class FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mode: str, scale: float, backend: str, bias=None):
-        run = _run_forward if _plain(q, k, v) else _forward_op
-        o, lse = run(q, k, v, mode, scale, backend, bias)
+        o, lse = _forward_op(q, k, v, mode, scale, backend, bias)
         ctx.save_for_backward(q, k, v, o, lse)  # sigmoid: lse holds the bias per row
         ctx.mode, ctx.scale, ctx.backend = mode, scale, backend
         return o
@@ -324,8 +222,7 @@ class FusedAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         need_q, need_k, need_v, _, _, _, need_bias = ctx.needs_input_grad
-        run = _run_backward if _plain(q, k, v, o, lse, do) else _backward_op
-        dq, dk, dv, dbias = run(
+        dq, dk, dv, dbias = _backward_op(
             q, k, v, o, lse, do, ctx.mode, ctx.scale, ctx.backend, need_q, need_k or need_v,
             need_bias,
         )
@@ -363,7 +260,7 @@ def attention(
     ``"triton"``, ``"torch"`` or (softmax only) ``"sdpa"``; by default Triton runs on
     CUDA (and on the CPU under ``TRITON_INTERPRET=1``), PyTorch elsewhere.
     """
-    _validate(q, k, v, mode, scale, backend, bias)
+    _check_inputs(q, k, v, mode, scale, backend, bias)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if backend == "sdpa":
@@ -378,6 +275,4 @@ def attention(
         q.requires_grad or k.requires_grad or v.requires_grad or grad_bias
     ):
         return FusedAttention.apply(q, k, v, mode, float(scale), backend, bias)
-    tensors = (q, k, v) if bias is None else (q, k, v, bias)
-    run = _run_forward if _plain(*tensors) else _forward_op
-    return run(q, k, v, mode, float(scale), backend, bias)[0]
+    return _forward_op(q, k, v, mode, float(scale), backend, bias)[0]

@@ -25,13 +25,6 @@ def _chunk_rows(q: torch.Tensor, n_kv: int) -> int:
     return max(1, CHUNK_ELEMENTS // max(1, batch_heads * n_kv))
 
 
-def _mode_name(mode: str | bool) -> str:
-    """``mode`` as a name; a bool is the ``cog`` flag of the two-mode interface."""
-    if isinstance(mode, bool):
-        return "cog" if mode else "softmax"
-    return mode
-
-
 def _inverse(n: torch.Tensor) -> torch.Tensor:
     """1 / N for expressive attention's row sums, 0 where N = 0 (an all-zero row)."""
     return torch.where(n > 0, 1 / torch.where(n > 0, n, 1.0), 0.0)
@@ -102,11 +95,10 @@ def sigmoid_bias_rows(q: torch.Tensor, n_kv: int, bias: torch.Tensor | None) -> 
 
 
 def forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str | bool, scale: float,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, scale: float,
     bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(O, row statistic)`` as :func:`uvic_kernels.launch.forward` does."""
-    mode = _mode_name(mode)
     with torch.autocast(q.device.type, enabled=False):
         qf, kf, vf = q.float(), k.float(), v.float()
         o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -132,7 +124,7 @@ def backward(
     o: torch.Tensor,
     stat: torch.Tensor,
     do: torch.Tensor,
-    mode: str | bool,
+    mode: str,
     scale: float,
     need_dq: bool = True,
     need_dkdv: bool = True,
@@ -140,7 +132,6 @@ def backward(
 ) -> tuple[torch.Tensor | None, ...]:
     """Return ``(dQ, dK, dV, dBias)`` (None where not needed) as
     :func:`uvic_kernels.launch.backward` does: dBias (sigmoid only) per head, fp32."""
-    mode = _mode_name(mode)
     need_dbias = need_dbias and mode == "sigmoid"
     with torch.autocast(q.device.type, enabled=False):
         qf, kf, vf, dof = q.float(), k.float(), v.float(), do.float()

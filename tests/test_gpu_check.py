@@ -1,8 +1,7 @@
 """The budgeted GPU check (`uvic-gpu-check`) and what it needs of the GPU
 machine's older stack, on the CPU: the smoke under a small budget, a failing row recorded
-while the run goes on, the record file valid after a kill, the launch cache falling back
-to Triton's own path where Triton's internals differ, the stand-in driver and the
-interpreter under Triton 3.6's interfaces, and the wheels' pins."""
+while the run goes on, the record file valid after a kill, the interpreter under Triton
+3.6's interfaces, and the wheels' pins."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-import warnings
 from importlib import metadata
 from pathlib import Path
 
@@ -229,86 +227,7 @@ def test_targets_met_missed_and_not_measured() -> None:
         "MS-COCO: sampling graphed >= 2x eager images/s/NFE": "not measured"}
 
 
-# ---------------------------------------------------------- Triton's internals differ
-
-
-def _attention_calls(launch) -> list[torch.Tensor]:
-    """Forward calls of two signatures (two launch plans)."""
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 1, 20, 16, generator=gen) for _ in range(3))
-    return [launch.forward(q, k, v, "cog", 0.2)[0], launch.forward(q, k, v, "softmax", 0.2)[0]]
-
-
-def _fallback_case(monkeypatch: pytest.MonkeyPatch, launch) -> list[torch.Tensor]:
-    """Triton's own path's results, with a fresh cache and no fallback seen yet."""
-    monkeypatch.setattr(launch, "_PLANS", {})
-    monkeypatch.setattr(launch, "_FALLBACK_REASONS", {})
-    monkeypatch.setattr(launch, "CACHE", False)
-    reference = _attention_calls(launch)
-    monkeypatch.setattr(launch, "CACHE", True)
-    return reference
-
-
-def _three_times_warned(launch, reference: list[torch.Tensor]) -> list[warnings.WarningMessage]:
-    before = launch.cache_info()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(3):
-            assert all(map(torch.equal, _attention_calls(launch), reference))
-    after = launch.cache_info()
-    assert after["hits"] == before["hits"], "a launch took the cache"
-    assert after["fallbacks"] > before["fallbacks"] and launch.fallback_reasons()
-    return [w for w in caught if issubclass(w.category, RuntimeWarning)]
-
-
-def test_launch_cache_falls_back_where_the_autotuner_differs(monkeypatch) -> None:
-    """An autotuner the cache does not recognise (here: another class in its place) gives
-    argument names that do not match: Triton's path, one warning, the same results."""
-    import triton
-
-    from uvic_kernels import launch
-
-    reference = _fallback_case(monkeypatch, launch)
-    monkeypatch.setattr(triton.runtime, "Autotuner", type("OtherAutotuner", (), {}))
-    warned = _three_times_warned(launch, reference)
-    assert len(warned) == 1 and "Triton's own launch path" in str(warned[0].message)
-    assert "argument names do not match" in launch.fallback_reasons()[0]
-
-
-def test_launch_cache_falls_back_where_the_launcher_differs(monkeypatch) -> None:
-    """A compiled kernel whose launcher takes other arguments raises at the first direct
-    launch: that launch and every later one go through Triton, with one warning."""
-    from uvic_kernels import launch
-
-    reference = _fallback_case(monkeypatch, launch)
-    real = launch._direct_launch
-
-    def other_launcher(*args, **kwargs):
-        _, tail, reason = real(*args, **kwargs)
-
-        def raising(*launch_args):
-            raise TypeError("launcher() takes 9 positional arguments")
-
-        return raising, tail, reason
-
-    monkeypatch.setattr(launch, "_direct_launch", other_launcher)
-    warned = _three_times_warned(launch, reference)
-    assert len(warned) == 1
-    assert launch.fallback_reasons() == [
-        "the direct launch raised TypeError: launcher() takes 9 positional arguments"]
-
-
 # ---------------------------------------------------------- Triton 3.6's interfaces
-
-
-def test_standin_driver_gives_a_benchmarker_that_runs_nothing() -> None:
-    """Triton 3.6 asks the driver for a benchmarker even for a single config."""
-    from uvic_kernels.standin_driver import StandInDriver
-
-    calls = []
-    bench = StandInDriver().get_benchmarker()
-    assert bench(lambda: calls.append(1), quantiles=(0.5, 0.2, 0.8)) == [0.0, 0.0, 0.0]
-    assert bench(lambda: calls.append(1)) == 0.0 and calls == []
 
 
 def test_interpreter_scalar_index_fix(monkeypatch) -> None:

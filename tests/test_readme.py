@@ -478,7 +478,6 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
     "--dinov2-path dinov2_vitl14_pretrain.pth --out runs/fid/cifar10_uvic_dinov2.json":
         NotHere(INCEPTION + " and the DINOv2 ViT-L/14 weights (a download; "
                 "tests/test_fd_dinov2.py runs it on a tiny DINOv2)", CIFAR10_MODEL),
-    "python -m uvic_kernels.bench_host": Run(("--check",)),
     "python scripts/reproduce_table3.py --dry-run":
         Run(check=plan_states_the_readme_compute),
     "accelerate launch --multi_gpu --num_processes 8 scripts/reproduce_table3.py "

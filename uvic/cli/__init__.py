@@ -2,7 +2,7 @@
 [project.scripts]): `uvic-train`, `uvic-sample`, `uvic-fid`, `uvic-fid-table`,
 `uvic-quickstart`, `uvic-analyze-attention`, `uvic-table3`, `uvic-release-table`,
 `uvic-extract-mscoco`, `uvic-extract-imagenet`, `uvic-bench-train`, `uvic-bench-sampling`,
-`uvic-posthoc-ema` (and, from `uvic_kernels`, `uvic-bench-kernels`, `uvic-bench-host`). The
+`uvic-posthoc-ema` (and, from `uvic_kernels`, `uvic-bench-kernels`). The
 files in `scripts/` and `eval/` run the same `main`.
 
 A program parses its arguments before it imports torch or the library, so that `--help`
