@@ -13,13 +13,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from uvic_kernels import reference
 from uvic_kernels.fused_attention import attention
-from uvic_kernels.reference import (
-    cog_attention_reference,
-    expressive_attention_reference,
-    sigmoid_attention_reference,
-    softmax_attention_reference,
-)
+from uvic_kernels.modes import DESIGN, DESIGNS
 
 CUDA_GRAPH_MAX_FLOP = 1e11  # also time with CUDA graphs below this forward FLOP count
 BWD_FLOP_FACTOR = 2.5  # backward = 2.5x the forward matmul FLOPs (5 vs 2 products)
@@ -71,28 +67,23 @@ def _sdpa(backend_name: str) -> Callable[..., torch.Tensor]:
 def methods(device: torch.device) -> dict[str, Callable[..., torch.Tensor]]:
     """Name -> callable(q, k, v) for the methods available on ``device``."""
     if device.type != "cuda":
-        table = {
-            "cog (ours, torch)": lambda q, k, v: attention(q, k, v, "cog", backend="torch"),
-            "softmax (ours, torch)": lambda q, k, v: attention(q, k, v, "softmax", backend="torch"),
-            "sigmoid (ours, torch)": lambda q, k, v: attention(q, k, v, "sigmoid", backend="torch"),
-            "cog eager": cog_eager,
-        }
+        table = {f"{m} (ours, torch)": _ours(m, "torch") for m in ("cog", "softmax", "sigmoid")}
+        table["cog eager"] = cog_eager
         if os.environ.get("TRITON_INTERPRET", "0") == "1":
-            table["cog (ours, interpreter)"] = lambda q, k, v: attention(
-                q, k, v, "cog", backend="triton"
-            )
+            table["cog (ours, interpreter)"] = _ours("cog", "triton")
         return table
     return {
-        "cog (ours)": lambda q, k, v: attention(q, k, v, "cog"),
-        "softmax (ours)": lambda q, k, v: attention(q, k, v, "softmax"),
-        "expressive (ours)": lambda q, k, v: attention(q, k, v, "expressive"),
-        "sigmoid (ours)": lambda q, k, v: attention(q, k, v, "sigmoid"),
+        **{f"{d.name} (ours)": _ours(d.name) for d in DESIGNS},
         "sdpa flash": _sdpa("FLASH_ATTENTION"),
         "sdpa cudnn": _sdpa("CUDNN_ATTENTION"),
         "cog eager": cog_eager,
         "cog eager compiled": torch.compile(cog_eager, dynamic=False),
         "sigmoid eager compiled": torch.compile(sigmoid_eager, dynamic=False),
     }
+
+
+def _ours(mode: str, backend: str | None = None) -> Callable[..., torch.Tensor]:
+    return lambda q, k, v: attention(q, k, v, mode, backend=backend)
 
 
 def _max_abs_err(
@@ -104,14 +95,8 @@ def _max_abs_err(
     head: at N = 16384 that is 1 GiB per intermediate instead of 8 GiB for 8 heads.
     """
     q, k, v = (x.detach().float() for x in (q, k, v))
-    if name.startswith("cog"):
-        ref = cog_attention_reference(q, k, v)
-    elif name.startswith("expressive"):
-        ref = expressive_attention_reference(q, k, v)
-    elif name.startswith("sigmoid"):
-        ref = sigmoid_attention_reference(q, k, v)  # bias -log N, as the methods use
-    else:
-        ref = softmax_attention_reference(q, k, v)
+    design = DESIGN.get(name.split()[0], DESIGN["softmax"])  # "sdpa ...": softmax
+    ref = getattr(reference, design.reference)(q, k, v)  # sigmoid: bias -log N, as run
     return (out.float() - ref).abs().max().item()
 
 

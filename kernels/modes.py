@@ -1,15 +1,42 @@
-"""The attention modes of the kernel family and the backends that run them.
+"""The attention designs: one record each, read by every part of uvic that lists them.
 
-The one list of modes: the kernels dispatch on it, and the model's config rules
-(`uvic.config.models.ATTENTION_MODES`), its processors and the analysis read it from here.
-A new mode is added here first (docs/architecture.md, "Adding an attention mode"). No
-torch here, so the command line can offer the modes before torch loads.
+The kernels dispatch on the names; the model's presets and letters, the processors, the
+analysis, the experiments and the benchmark rows are made from the records. No torch
+here, so the command line can offer the designs before torch loads.
 """
 
 from __future__ import annotations
 
-MODES = ("cog", "softmax", "expressive", "sigmoid")
-# The modes each backend runs: SDPA is PyTorch's softmax attention, Cog, expressive and
-# sigmoid attention have no SDPA form.
-BACKEND_MODES = {"triton": MODES, "torch": MODES, "sdpa": ("softmax",)}
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Design:
+    """An attention design: its mode name, how uvic names and checks it, what it computes."""
+
+    name: str  # the kernels' `mode`
+    title: str  # in prose and figures
+    letter: str  # one letter per block in short accounts of a pattern ("SCCS")
+    preset: str  # the U-ViT with this design in every block but the first and the last
+    weights: str  # A as a function of the scores S = scale * q k^T (the float64 reference)
+    reference: str  # its float64 oracle in `uvic_kernels.reference`
+    normalised: bool = True  # sum_j |A_ij| = 1 in every row
+    sdpa: bool = False  # PyTorch's scaled_dot_product_attention computes it
+
+
+DESIGNS = (
+    Design("cog", "Cog attention", "C", "uvic", "sign(S) * softmax(|S|)",
+           "cog_attention_reference"),
+    Design("softmax", "softmax attention", "S", "uvit", "softmax(S)",
+           "softmax_attention_reference", sdpa=True),
+    Design("expressive", "expressive attention", "E", "uvie",
+           "E / rowsum(E), E = S^2 / (1 + S^2)", "expressive_attention_reference"),
+    Design("sigmoid", "sigmoid attention", "G", "uvis", "sigmoid(S + b), b = -log N by default",
+           "sigmoid_attention_reference", normalised=False),
+)
+DESIGN = {d.name: d for d in DESIGNS}
+MODES = tuple(DESIGN)
+# The modes each backend runs (SDPA: those PyTorch's own attention computes).
+BACKEND_MODES = {"triton": MODES, "torch": MODES,
+                 "sdpa": tuple(d.name for d in DESIGNS if d.sdpa)}
 BACKENDS = tuple(BACKEND_MODES)

@@ -6,18 +6,19 @@ save/load round trips (safetensors or pickle, a weights variant, shards) rebuild
 same function; a dtype asked for at load is the parameters' dtype; the model is
 deterministic, trains (an optimizer step, diffusers' `EMAModel`), recomputes under
 diffusers' gradient checkpointing to the same gradients and runs under bf16 autocast;
-the attention processors are diffusers' interface (`attn_processors`,
-`set_attn_processor`, `set_default_attn_processor`), saved in the config, with one
-clear error for what a U-ViT block cannot run. For the pipeline, what diffusers' pipeline
-tests check: save/load, an optional component left out, dtype, images per prompt,
-given latents, `callback_on_step_end`, a batch equal to its images made one by one, and
-diffusers' generic `DiffusionPipeline.from_pretrained` of a saved folder in a new
-process. Tiny random models on the CPU (attention in PyTorch).
+the constructor's arguments are the config's fields; the attention is the config's
+(`set_attention`, saved), with no processor interface for diffusers' tests to hold it to.
+For the pipeline, what diffusers' pipeline tests check: save/load, an optional component
+left out, dtype, images per prompt, given latents, `callback_on_step_end`, a batch equal
+to its images made one by one, and diffusers' generic `DiffusionPipeline.from_pretrained`
+of a saved folder in a new process. Tiny random models on the CPU (attention in PyTorch).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import inspect
 import json
 import os
 import subprocess
@@ -27,27 +28,19 @@ from pathlib import Path
 import pytest
 import torch
 from diffusers import DDIMScheduler
-from diffusers.models.attention_processor import AttnProcessor2_0
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.training_utils import EMAModel
 
-from uvic.config import DiffusionConfig
+from uvic.config import DiffusionConfig, ModelConfig
 from uvic.config.models import ATTENTION_MODES
 from uvic.diffusion.schedule import Diffusion, diffusion_loss
-from uvic.models.attention_processor import (
-    CogAttnProcessor,
-    KernelAttnProcessor,
-    SoftmaxAttnProcessor,
-    kernel_processor,
-)
+from uvic.models.attention_processor import CogAttnProcessor
 from uvic.models.uvit import UViT
 from uvic.pipelines import UViTPipeline
 from uvic.sampling.noise import sample_generators
 
 TINY = {"img_size": 8, "patch_size": 2, "embed_dim": 16, "depth": 2, "num_heads": 2,
         "num_classes": 4, "attention": "uvic", "attention_backend": "torch"}
-KEYS = ["in_blocks.0.attn.processor", "mid_block.attn.processor",
-        "out_blocks.0.attn.processor"]
 
 
 def tiny(seed: int = 0, **changes: object) -> UViT:
@@ -204,26 +197,39 @@ def test_bf16_autocast_forward_and_backward() -> None:
     torch.testing.assert_close(out.float(), reference, rtol=0.05, atol=0.05)
 
 
-# --------------------------------------------------------------------------- processors
+# --------------------------------------------------------------------------- attention
 
 
-def test_processors_are_listed_per_block_in_order() -> None:
+def test_constructor_arguments_are_the_config_fields() -> None:
+    """`UViT`'s keyword arguments are `ModelConfig`'s fields with the same defaults, and
+    diffusers records exactly them."""
+    params = inspect.signature(UViT.__init__).parameters
+    fields = dataclasses.fields(ModelConfig)
+    assert [p for p in params if p != "self"] == [f.name for f in fields]
+    assert {p.name: p.default for p in params.values() if p.name != "self"} == {
+        f.name: f.default for f in fields}
+    recorded = {k: v for k, v in tiny().config.items() if not k.startswith("_")}
+    assert recorded == {**dataclasses.asdict(ModelConfig()), **TINY}
+
+
+def test_attention_is_the_config_not_a_processor_interface() -> None:
+    """No `attn_processors` / `set_attn_processor`: diffusers' common tests skip those on
+    such a model, and a diffusers processor called on a U-ViT block says where to go."""
     model = tiny()
-    processors = model.attn_processors
-    assert list(processors) == KEYS
-    assert [type(p) for p in processors.values()] == [
-        SoftmaxAttnProcessor, CogAttnProcessor, SoftmaxAttnProcessor]
-    assert all(p.backend == "torch" for p in processors.values())
-    assert "processor" not in " ".join(model.state_dict())  # no weights: release keys
+    assert not hasattr(model, "set_attn_processor") and not hasattr(model, "attn_processors")
+    assert model.attention_modes == ["softmax", "cog", "softmax"]
+    assert all(blk.attn.backend == "torch" for blk in model.blocks())
+    with pytest.raises(ValueError, match=r"UViT\.set_attention") as err:
+        CogAttnProcessor("torch")(model.mid_block.attn, inputs()["x"])
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("mode", ATTENTION_MODES)
-def test_one_call_switches_every_block_and_is_saved(tmp_path: Path, mode: str) -> None:
-    """Every mode's processor (`kernel_processor`: one per mode, from one table) runs a
-    U-ViT as the model built with that mode does, and the config keeps it."""
+def test_set_attention_switches_every_block_and_is_saved(tmp_path: Path, mode: str) -> None:
+    """A model switched to one mode runs as the model built with it, and the config keeps it."""
     model = tiny().eval()
-    model.set_attn_processor(kernel_processor(mode, "torch"))
-    assert model.attention_modes == [mode] * 3
+    model.set_attention([mode] * 3)
+    assert model.attention_modes == [mode] * 3 and model.config.attention == [mode] * 3
     built = tiny(attention=",".join([mode] * 3)).eval()
     assert torch.equal(predict(model), predict(built))
     model.save_pretrained(tmp_path)
@@ -232,59 +238,25 @@ def test_one_call_switches_every_block_and_is_saved(tmp_path: Path, mode: str) -
     assert torch.equal(predict(loaded), predict(model))
 
 
-def test_a_dict_switches_the_blocks_it_names() -> None:
+def test_set_attention_preset_and_backend_reach_the_config() -> None:
     model = tiny().eval()
-    processors = model.attn_processors
-    processors["mid_block.attn.processor"] = SoftmaxAttnProcessor("torch")
-    model.set_attn_processor(processors)
-    assert model.attention_modes == ["softmax"] * 3
-    assert model.config.attention == ["softmax"] * 3
-    processors["mid_block.attn.processor"] = CogAttnProcessor("torch")
-    model.set_attn_processor(processors)
-    assert model.config.attention == ["softmax", "cog", "softmax"]  # as built ("uvic")
+    model.set_attention("uvit", backend="auto")
+    assert model.config.attention == "uvit" and model.config.attention_backend == "auto"
+    assert {blk.attn.backend for blk in model.blocks()} == {None}
+    model.set_attention("uvic", backend="torch")
     assert torch.equal(predict(model), predict(tiny().eval()))
 
 
-def test_default_processor_is_softmax_everywhere() -> None:
-    model = tiny().eval()
-    model.set_default_attn_processor()
-    assert model.attention_modes == ["softmax"] * 3 and model.config.attention == "uvit"
-    assert model.config.attention_backend == "torch"
-    assert torch.equal(predict(model), predict(tiny(attention="uvit").eval()))
-
-
-def test_processor_backend_reaches_the_config() -> None:
+@pytest.mark.parametrize(("spec", "backend"), [
+    ("nope", None), (["softmax", "cog"], None), ("uvic", "sdpa"), ("uvit", "cuda"),
+], ids=["unknown preset", "wrong length", "sdpa runs softmax only", "unknown backend"])
+def test_a_bad_pattern_is_one_error_and_changes_nothing(spec: object, backend: object) -> None:
     model = tiny()
-    model.set_attn_processor(CogAttnProcessor())  # backend None: the kernel picks
-    assert model.config.attention_backend == "auto"
-    assert {blk.attn.backend for blk in model.blocks()} == {None}
-
-
-@pytest.mark.parametrize("bad", [
-    AttnProcessor2_0(),
-    {KEYS[0]: SoftmaxAttnProcessor("torch")},
-    {**dict.fromkeys(KEYS, SoftmaxAttnProcessor("torch")), "extra.processor":
-     SoftmaxAttnProcessor("torch")},
-    {KEYS[0]: SoftmaxAttnProcessor("torch"), KEYS[1]: CogAttnProcessor(None),
-     KEYS[2]: SoftmaxAttnProcessor("torch")},
-    dict.fromkeys(KEYS, "softmax"),
-], ids=["diffusers processor", "missing keys", "unknown key", "two backends", "not a processor"])
-def test_what_a_block_cannot_run_is_one_error_and_changes_nothing(bad: object) -> None:
-    model = tiny()
-    before, config = model.attn_processors, dict(model.config)
+    before, config = model.attention_modes, dict(model.config)
     with pytest.raises(ValueError) as err:
-        model.set_attn_processor(bad)
+        model.set_attention(spec, backend=backend)
     assert "\n" not in str(err.value)
-    assert model.attn_processors == before and dict(model.config) == config
-
-
-def test_module_level_processor_interface() -> None:
-    attn = tiny().mid_block.attn
-    assert isinstance(attn.get_processor(), KernelAttnProcessor)
-    attn.set_processor(SoftmaxAttnProcessor("torch"))
-    assert attn.mode == "softmax" and attn.get_processor().backend == "torch"
-    with pytest.raises(ValueError, match="AttnProcessor2_0"):
-        attn.set_processor(AttnProcessor2_0())
+    assert model.attention_modes == before and dict(model.config) == config
 
 
 # --------------------------------------------------------------------------- pipeline

@@ -26,20 +26,18 @@ from uvic_kernels import (
     cog_attention_reference,
     expressive_attention_reference,
     fused_attention,
+    reference,
     sigmoid_attention_reference,
     softmax_attention_reference,
 )
+from uvic_kernels.modes import DESIGNS
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
-REFERENCES = {
-    "cog": cog_attention_reference,
-    "softmax": softmax_attention_reference,
-    "expressive": expressive_attention_reference,
-    "sigmoid": sigmoid_attention_reference,  # bias -log(Nkv) unless given
-}
-MODES = ["cog", "softmax", "expressive", "sigmoid"]
+# every design's float64 oracle, from its record (sigmoid: bias -log(Nkv) unless given)
+REFERENCES = {d.name: getattr(reference, d.reference) for d in DESIGNS}
+MODES = list(REFERENCES)
 # bf16 tl.dot is wrong in the interpreter: bf16 kernels are checked on a GPU only
 KERNEL_DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if CUDA else [])
 

@@ -23,11 +23,12 @@ from torch import Tensor, nn
 from uvic.analysis import metrics
 from uvic.analysis.massive import massive_activation, summarize
 from uvic_kernels import reference
+from uvic_kernels.modes import DESIGNS
 
 # Modes whose rows are not normalised (sum |A| is not 1): their weights on the first,
 # time and text tokens are the weights themselves (what those tokens' values are
 # multiplied by, Gu et al.'s (2024) measure for sigmoid attention), not shares of the row.
-UNNORMALISED_MODES = frozenset({"sigmoid"})
+UNNORMALISED_MODES = frozenset(d.name for d in DESIGNS if not d.normalised)
 
 # Per-head metrics, each averaged over images and patch queries (see `metrics`).
 HEAD_METRICS = ("negative_mass", "negative_fraction", "entropy", "effective_tokens",

@@ -2,9 +2,8 @@
 
 `UViT` checks its arguments with them, and `uvic.config.validation` checks a config's model
 section before any work starts, so both refuse the same values with the same message
-(a ConfigError, which is a ValueError). The attention modes, and which backend runs
-which, are the kernels' own list (`uvic_kernels.modes`, which imports no torch): a new
-mode is added there, and its preset and letter here.
+(a ConfigError, which is a ValueError). The attention modes, presets and letters come
+from the designs' records (`uvic_kernels.modes`, which imports no torch).
 """
 
 from __future__ import annotations
@@ -13,15 +12,14 @@ import math
 from collections.abc import Sequence
 
 from uvic.config import ConfigError, ModelConfig
-from uvic_kernels.modes import BACKEND_MODES
-from uvic_kernels.modes import MODES as ATTENTION_MODES  # the kernels' list, in their order
+from uvic_kernels.modes import BACKEND_MODES, DESIGNS
+from uvic_kernels.modes import MODES as ATTENTION_MODES
 
-# presets: all softmax, or softmax in the first and the last block and one other mode
-# in all blocks between (U-ViC: Cog, U-ViE: expressive, U-ViS: sigmoid attention)
-ATTENTION_PRESETS = ("uvit", "uvic", "uvie", "uvis")
-INNER_MODE = {"uvic": "cog", "uvie": "expressive", "uvis": "sigmoid"}
-# one letter per mode in short accounts of a pattern (S, C, E, G: softmax ... siGmoid)
-MODE_LETTERS = {"softmax": "S", "cog": "C", "expressive": "E", "sigmoid": "G"}
+# presets: all softmax ("uvit"), or softmax in the first and the last block and one other
+# design in all blocks between (U-ViC: Cog, U-ViE: expressive, U-ViS: sigmoid attention)
+INNER_MODE = {d.preset: d.name for d in DESIGNS if d.name != "softmax"}
+ATTENTION_PRESETS = ("uvit", *INNER_MODE)
+MODE_LETTERS = {d.name: d.letter for d in DESIGNS}
 AUTO_BACKEND = "auto"  # `model.attention_backend` that lets the kernel pick per device
 POS_EMBED_INITS = ("normal", "sincos")
 
@@ -74,10 +72,9 @@ def check_sigmoid_bias(bias: float | None) -> None:
 def resolve_attention(spec: str | Sequence[str], depth: int) -> list[str]:
     """Per-block attention modes, in order in_blocks..., mid_block, out_blocks....
 
-    `spec` is a preset ("uvit": all softmax; "uvic": cog except the first in-block and
-    the last out-block; "uvie": expressive attention and "uvis": sigmoid attention,
-    likewise keeping softmax first and last) or an explicit comma-separated string / list
-    of depth + 1 modes.
+    `spec` is a preset (`ATTENTION_PRESETS`: "uvit" all softmax; "uvic" Cog, and likewise
+    each design's, keeping softmax in the first in-block and the last out-block) or a
+    comma-separated string / list of depth + 1 modes.
     """
     num_blocks = depth + 1
     if isinstance(spec, str):

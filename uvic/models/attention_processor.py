@@ -10,9 +10,8 @@ softmax mode instead of ``scaled_dot_product_attention``.  The kernel is differe
 model with these processors trains as it is; on a CPU it runs the kernel's PyTorch
 implementation.
 
-The same processors run the blocks of uvic's own ``UViT`` (its attention module has one
-fused ``qkv`` projection: ``uvic.models.uvit_attention``), so a mode is one processor
-everywhere; ``kernel_processor(mode)`` gives the processor of any kernel mode.
+``kernel_processor(mode)`` gives the processor of any kernel mode. uvic's own ``UViT``
+takes its attention from its config instead (``model.attention``, ``UViT.set_attention``).
 
 ``set_cog_attention(model)`` puts a processor on every ``Attention`` module of a model,
 or on those of chosen transformer blocks (``keep_softmax="first_last"`` leaves the first
@@ -87,11 +86,12 @@ class KernelAttnProcessor:
         temb: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of ``attn`` over ``hidden_states`` (self-attention) or, given
-        ``encoder_hidden_states``, from them (cross-attention; any key length).
-        A module that is not diffusers' ``Attention`` (U-ViT's, with a fused ``qkv``)
-        runs its own ``fused_attention`` with this processor."""
+        ``encoder_hidden_states``, from them (cross-attention; any key length)."""
         if not isinstance(attn, Attention):
-            return attn.fused_attention(hidden_states, self)
+            raise ValueError(
+                f"{type(self).__name__} runs diffusers' Attention modules, not "
+                f"{type(attn).__name__}; a UViT takes its attention from model.attention "
+                "(UViT.set_attention)")
         if attention_mask is not None:
             raise ValueError(
                 f"{type(self).__name__}: attention masks are not supported (the fused kernel "

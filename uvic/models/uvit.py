@@ -1,37 +1,18 @@
-"""U-ViT and U-ViC: the diffusion backbone.
+"""U-ViT and U-ViC, the diffusion backbone: a pre-LN transformer over patch, time and
+condition tokens with U-Net style long skips (Bao et al., CVPR 2023), predicting the noise.
 
-U-ViT (Bao et al., "All are Worth Words", CVPR 2023) treats everything as tokens: the
-noisy image cut into patches, the diffusion time, and optionally a class label or 77
-CLIP text tokens. A plain pre-LN transformer with long skip connections (U-Net style)
-predicts the noise. U-ViC is the same network with Cog attention (weights may be
-negative, docs/cog_attention.md) in every block except the first in-block and the
-last out-block.
-
-Parameter names and shapes are identical to the released U-ViT (`libs/uvit.py` and
-`libs/uvit_t2i.py`), so a released `nnet_ema.pth` loads with strict=True, and U-ViT
-and U-ViC weights are interchangeable (only each block's `attn.mode` differs).
-
-Differences from the release, on purpose:
-* Attention goes through `uvic_kernels.attention` (fused Triton kernel or PyTorch),
-  with a per-block mode ("softmax", "cog", "expressive" or "sigmoid") held by the block's
-  attention processor (diffusers' interface: `attn_processors`, `set_attn_processor`;
-  `uvit_attention`).
-* `forward` follows diffusers' models: it returns a `Transformer2DModelOutput` (`.sample`),
-  or the tuple `(sample,)` with `return_dict=False` (what uvic's own callers use).
-* Under autocast, q/k/v stay in the autocast dtype (fp16/bf16); the release casts them
-  to float32 before its softmax attention. The kernels accumulate in float32 anyway.
-* Gradient checkpointing uses `torch.utils.checkpoint` with use_reentrant=False.
-
-Shapes below: B batch, C channels, H/W image size, p patch, L = (H/p)(W/p) patches,
-E extra tokens (time, label or context), N = E + L tokens, D width, h heads.
+Parameter names and shapes are the release's (`libs/uvit.py`, `libs/uvit_t2i.py`), so its
+`nnet_ema.pth` loads with strict=True. Each block's attention runs `uvic_kernels.attention`
+in the mode `model.attention` gives it; U-ViC is Cog attention in every block but the
+first and the last. Shapes: B batch, C channels, H/W size, p patch, L patches, N tokens,
+D width, h heads.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
-from typing import Any
+from collections.abc import Sequence
 
 import einops
 import torch
@@ -42,10 +23,44 @@ from diffusers.models.modeling_utils import ModelMixin
 from timm.layers import Mlp
 from torch import Tensor, nn
 
+import uvic_kernels
 from uvic.config import Config, ModelConfig
-from uvic.config.models import check_model, kernel_backend, resolve_attention
+from uvic.config.models import (
+    check_backend_fits,
+    check_model,
+    kernel_backend,
+    resolve_attention,
+)
 from uvic.models.embeddings import PatchEmbed, sincos_pos_embed_2d, timestep_embedding
-from uvic.models.uvit_attention import Attention, ProcessorsMixin
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with the release's weights (fused `qkv`, `proj`), run by the
+    fused kernel in this block's `mode` on `backend` (None: the kernel picks per device).
+
+    `sigmoid_bias` (sigmoid mode, set by `UViT`): None (-log N), a number, or a learnt (h,).
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = False, mode: str = "softmax",
+                 backend: str | None = None) -> None:
+        super().__init__()
+        self.num_heads, self.mode, self.backend = num_heads, mode, backend
+        self.scale = (dim // num_heads) ** -0.5
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.sigmoid_bias: float | nn.Parameter | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        # (B, N, 3D) -> strided (B, h, N, D/h) views, which the kernel accepts as they are
+        q, k, v = einops.rearrange(self.qkv(x), "B N (K h d) -> K B h N d", K=3,
+                                   h=self.num_heads)
+        bias = self.sigmoid_bias if self.mode == "sigmoid" else None
+        out = uvic_kernels.attention(q, k, v, mode=self.mode, scale=self.scale, bias=bias,
+                                     backend=self.backend)
+        return self.proj(einops.rearrange(out, "B h N d -> B N (h d)"))
+
+    def extra_repr(self) -> str:
+        return f"mode={self.mode!r}, num_heads={self.num_heads}, backend={self.backend!r}"
 
 
 class Block(nn.Module):
@@ -72,41 +87,30 @@ class Block(nn.Module):
         return x
 
 
-def _fields_signature(config_class: type) -> inspect.Signature:
-    """`(self, *, field=default, ...)` for the fields of a dataclass: the constructor
-    signature diffusers' `register_to_config` and `from_pretrained` read."""
-    keyword = inspect.Parameter.KEYWORD_ONLY
-    return inspect.Signature([
-        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-        *(inspect.Parameter(f.name, keyword, default=f.default, annotation=f.type)
-          for f in dataclasses.fields(config_class))])
-
-
-class UViT(ModelMixin, ConfigMixin, ProcessorsMixin):
+class UViT(ModelMixin, ConfigMixin):
     """U-ViT / U-ViC noise predictor: forward(x, t, context=None, y=None) -> eps like x.
 
-    Token layout: unconditional [time, patches]; class-conditional [label, time, patches];
-    text-conditional [time, 77 context tokens, patches]. `attention` is a preset
-    ("uvit", "uvic", "uvie", "uvis") or a list of depth + 1 modes (see `resolve_attention`).
-
-    A diffusers model (`ModelMixin`, `ConfigMixin`): the constructor's arguments, which are
-    `uvic.config.ModelConfig`'s fields, are its config, so `save_pretrained(folder)` writes
-    config.json (the per-block attention included) and safetensors weights, and
-    `UViT.from_pretrained(folder)` rebuilds it (`uvic.pipelines` has the pipeline). As
-    diffusers' models, `forward` returns a `Transformer2DModelOutput` (`.sample`), or
-    `(sample,)` with `return_dict=False`, and the blocks' attention processors are
-    `attn_processors` / `set_attn_processor` (`uvic.models.uvit_attention`).
+    Tokens: unconditional [time, patches]; class-conditional [label, time, patches];
+    text-conditional [time, 77 context tokens, patches]. The arguments are
+    `uvic.config.ModelConfig`'s fields; diffusers records them as the model's config
+    (`save_pretrained` / `from_pretrained`), and `forward` returns `.sample` as its models do.
     """
 
     _supports_gradient_checkpointing = True  # diffusers' enable_gradient_checkpointing()
 
-    def __init__(self, **fields: Any) -> None:
-        """Build from `uvic.config.ModelConfig`'s fields, given by keyword (the others take
-        its defaults). That dataclass is the one list of the model's settings: this
-        signature is made from it (`_fields_signature`), diffusers records it as the
-        model's config, and `check_model` checks it."""
+    @register_to_config
+    def __init__(
+        self, *, img_size: int = 32, in_chans: int = 3, patch_size: int = 2,
+        embed_dim: int = 512, depth: int = 12, num_heads: int = 8, mlp_ratio: float = 4.0,
+        qkv_bias: bool = False, mlp_time_embed: bool = False, num_classes: int = -1,
+        clip_dim: int = 0, num_clip_token: int = 77, conv: bool = True, skip: bool = True,
+        attention: str | Sequence[str] = "uvit", attention_backend: str = "auto",
+        grad_checkpointing: bool = False, pos_embed_init: str = "normal",
+        sigmoid_bias: float | None = None, sigmoid_bias_learnable: bool = False,
+    ) -> None:
         super().__init__()
-        m = ModelConfig(**fields)  # an unknown keyword is a TypeError naming it
+        given = dict(locals())  # the arguments, by name
+        m = ModelConfig(**{f.name: given[f.name] for f in dataclasses.fields(ModelConfig)})
         check_model(m)
         backend, modes = kernel_backend(m.attention_backend), resolve_attention(m.attention,
                                                                                 m.depth)
@@ -150,15 +154,31 @@ class UViT(ModelMixin, ConfigMixin, ProcessorsMixin):
                                                                       dim)
         self.apply(_init_weights)
 
-    # the signature diffusers reads (config keys, defaults): ModelConfig's fields
-    __init__.__signature__ = _fields_signature(ModelConfig)  # type: ignore[attr-defined]
-    __init__ = register_to_config(__init__)
-
     # ------------------------------------------------------------------ attention pattern
 
     def blocks(self) -> list[Block]:
         """All blocks in order: in_blocks..., mid_block, out_blocks...."""
         return [*self.in_blocks, self.mid_block, *self.out_blocks]
+
+    @property
+    def attention_modes(self) -> list[str]:
+        """The blocks' attention modes, in order (depth + 1 entries)."""
+        return [blk.attn.mode for blk in self.blocks()]
+
+    def set_attention(self, spec: str | Sequence[str], backend: str | None = None) -> None:
+        """Switch the blocks' modes in place (a preset or one mode per block), and `backend`
+        ("auto", "triton", "torch", "sdpa") if given; the config records both, so
+        `save_pretrained` keeps them. A bad value changes nothing."""
+        modes = resolve_attention(spec, self.depth)
+        kernel = (self.blocks()[0].attn.backend if backend is None
+                  else kernel_backend(backend, label="attention backend "))
+        check_backend_fits(kernel, modes)
+        for blk, mode in zip(self.blocks(), modes):
+            blk.attn.mode, blk.attn.backend = mode, kernel
+        self._set_sigmoid_biases()
+        self.register_to_config(attention=spec if isinstance(spec, str) else modes)
+        if backend is not None:
+            self.register_to_config(attention_backend=backend)
 
     def _set_sigmoid_biases(self) -> None:
         """The bias of every sigmoid block: `sigmoid_bias` (None: -log N at run time), or with
