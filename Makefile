@@ -1,12 +1,13 @@
 # Two commands set everything up on a fresh machine with Python >= 3.11 and make:
 #   make quickstart   install, then train/sample/evaluate tiny U-ViT vs U-ViC (CPU, about 5.5 min)
-#   make test         install, then run ruff and the test suite (about 14 min on 2 cores)
+#   make test         install, then run ruff and the test suite (about 8 min on 2 cores)
+#   make test-fast    the suite without the tests marked slow (the inner loop, about 2 min)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lock quickstart test lint bench gpu-results gpu-check gpu-wheels gpu-install clean
+.PHONY: install lock quickstart test test-fast lint bench gpu-results gpu-check gpu-wheels gpu-install clean
 
 install: $(STAMP)
 
@@ -40,9 +41,16 @@ lock:
 quickstart: install
 	$(BIN)/python scripts/quickstart.py $(ARGS)
 
+# One pytest-xdist worker per usable core, at most 4 (each loads torch; tests/conftest.py
+# gives each one thread).
+WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n $(WORKERS) $(ARGS)
+
+test-fast: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -n $(WORKERS) -m "not slow" $(ARGS)
 
 bench: install
 	$(BIN)/python -m uvic_kernels.bench $(ARGS)

@@ -18,6 +18,14 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+# Under pytest-xdist (`make test` runs one worker per core) each worker and the programs
+# it starts get one thread: two workers of two threads each on two cores run many times
+# slower. Set before torch loads, as OpenMP reads it once.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+
 import torch
 
 if not torch.cuda.is_available():

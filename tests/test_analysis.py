@@ -161,6 +161,7 @@ def test_sigmoid_blocks_weights_and_bias():
         torch.testing.assert_close(attention_weights(attn, x), torch.sigmoid(s + b))
 
 
+@pytest.mark.slow
 def test_sigmoid_model_end_to_end(tmp_path):
     """U-ViS in the analysis: no negative weights, rows summing to about 1 at init (bias
     -log N), key weights the weights themselves; U-ViT's softmax rows sum to 1."""
@@ -212,6 +213,7 @@ def pixel_result():
     return result
 
 
+@pytest.mark.slow
 def test_pixel_models_end_to_end(pixel_result, tmp_path):
     check_result(pixel_result)
     assert pixel_result["noise_levels"][0]["timestep"] == 249
@@ -306,6 +308,7 @@ def _cli():
     return load_script("scripts/analyze_attention.py").main
 
 
+@pytest.mark.slow
 def test_cli_on_tiny_checkpoints(tmp_path, capsys):
     run = tmp_path / "run_uvic"
     run.mkdir()

@@ -29,7 +29,7 @@ def load_bench():
     return load_script("scripts/bench_train.py")
 
 
-def plain_attention(q, k, v, mode, scale, backend=None):
+def plain_attention(q, k, v, mode, scale, *, bias=None, backend=None):
     """Attention as two visible matmuls (FlopCounterMode does not see inside the kernel)."""
     return torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1) @ v
 
@@ -120,6 +120,7 @@ def test_bench_train_smoke(tmp_path, capsys):
     assert "| imagenet256 (18) | uvit | sdpa | off | yes | 2 | yes |" in payload["table"]
 
 
+@pytest.mark.slow
 def test_bench_train_compiled_row_and_options(tmp_path, capsys):
     """A compile mode's row (reduce-overhead: on a CPU without CUDA graphs, said once)
     beside eager; the options refuse unknown values in one line."""
@@ -175,6 +176,7 @@ def test_profile_step_counts_the_step_operators() -> None:
     assert "GPU busy n/a" in lines[0] and any("aten::mm" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_bench_train_profile_row(tmp_path, capsys):
     """--profile adds each row's profile to its record and prints it."""
     bench = load_bench()

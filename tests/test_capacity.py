@@ -79,6 +79,7 @@ def test_recipe_refuses_settings_in_one_line(field, value, words):
         C.ToyRecipe(**{field: value}).check()
 
 
+@pytest.mark.slow
 def test_training_stops_at_a_plateau_and_learns_one_trigram():
     """One softmax head learns one trigram within the bound and stops before it."""
     recipe = C.ToyRecipe(lr=3e-2, max_steps=3000, check_every=50, patience=3, sites=100)

@@ -42,6 +42,7 @@ def run(tmp_path: Path, *extra: str, readme: str | None = None) -> int:
     return compare.main([*words, *ARGS, "--out", str(tmp_path / "cmp"), *extra])
 
 
+@pytest.mark.slow
 def test_readme_plan_states_the_compute(tmp_path: Path, capsys) -> None:
     """The README's dry run, as written: every attention preset (4) x 3 seeds, 3
     evaluation steps."""
@@ -53,6 +54,7 @@ def test_readme_plan_states_the_compute(tmp_path: Path, capsys) -> None:
     assert "128 x 100 network calls = 12,800 image forwards per evaluation" in out
 
 
+@pytest.mark.slow
 def test_compare_end_to_end(tmp_path: Path, capsys) -> None:
     assert run(tmp_path, readme=README_RUN) == 0
     out = tmp_path / "cmp"
@@ -135,6 +137,7 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys, extra: list[str], message
     assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
 
 
+@pytest.mark.slow
 def test_flow_matching_plan_and_report(tmp_path: Path, capsys) -> None:
     """docs/recipes.md's comparison under flow matching: its plan counts flow_heun's 2 steps
     - 1 network calls, twice with autoguidance; at tiny size, its samples come from the flow
@@ -300,6 +303,7 @@ def test_plan_refuses_in_one_line(tmp_path: Path, capsys, content: str | None,
     assert err.startswith("error: --") and message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.slow
 def test_plan_and_margin_check_before_torch(tmp_path: Path) -> None:
     """--plan and a bad --margin are answered without importing torch."""
     path = pilot(tmp_path, [{"a": "x", "b": "y", "n": 3, "mean": 0.1, "sd": 0.1,

@@ -85,6 +85,7 @@ def test_compile_mode_becomes_accelerates_plugin() -> None:
         "compiles the model without them")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["uncond", "class", "text"])
 def test_model_forward_has_no_graph_break(kind: str) -> None:
     """Dynamo captures the training forward in one graph, with and without gradient
@@ -180,6 +181,7 @@ def assert_close(a: Path, b: Path, step: int = STEPS) -> None:
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_compiled_training_matches_eager(runs: dict[str, Path]) -> None:
     """Same losses, weights and EMA as eager, within float rounding; the checkpoints keep
     the plain names; the run says and records that it compiled."""
@@ -191,6 +193,7 @@ def test_compiled_training_matches_eager(runs: dict[str, Path]) -> None:
     assert json.loads((runs["eager"] / "summary.json").read_text())["launch"]["compile"] == "off"
 
 
+@pytest.mark.slow
 def test_resume_across_compile_on_and_off(runs: dict[str, Path]) -> None:
     """Compiled to step 2, eager from there (and the reverse, in reduce-overhead mode, which
     on a CPU compiles without CUDA graphs): the uninterrupted run's weights and losses."""

@@ -70,6 +70,7 @@ def test_experiment_resumes_and_reports_every_cell(tmp_path):
     assert CS.markdown(table).splitlines()[0] == "| mode | 1 head |"
 
 
+@pytest.mark.slow
 def test_cli_copy_suppress(tmp_path, capsys):
     out = tmp_path / "cs"
     assert main(["copy-suppress", "--modes", "cog", "--heads", "1", "--seeds", "1",

@@ -355,6 +355,7 @@ def test_a_batch_equals_its_images_one_by_one() -> None:
         torch.testing.assert_close(alone[0], batch[i], rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_diffusion_pipeline_loads_a_folder_and_a_hub_repository_in_a_fresh_process(
         tmp_path: Path) -> None:
     """diffusers' generic loader, as a user types it (README), in a new process that has

@@ -295,6 +295,7 @@ def fid_cli(tmp_path: Path, capsys, *extra: str) -> tuple[int, str, str]:
     return code, out, err.strip()
 
 
+@pytest.mark.slow
 def test_cli_reports_the_metrics_and_refuses_missing_weights(tmp_path: Path, capsys) -> None:
     code, _, err = fid_cli(tmp_path, capsys, "--metrics", "fid,fd_dinov2",
                            "--dinov2-path", str(tmp_path / "missing.pth"))

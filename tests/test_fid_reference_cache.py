@@ -177,6 +177,7 @@ class PaddedFeatures(fid_stats.ProjectionFeatures):
         return torch.nn.functional.pad(feats, (0, fid_ref.INCEPTION_DIM - feats.shape[1]))
 
 
+@pytest.mark.slow
 def test_statistics_built_at_eval_ref_stats_follow_their_images(tmp_path: Path, monkeypatch,
                                                                capsys) -> None:
     """eval.ref_stats names a missing file and eval.ref_images the images: uvic builds the

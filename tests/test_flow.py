@@ -397,6 +397,7 @@ def test_flow_configs_are_the_release_recipe_with_flow_matching() -> None:
         assert same == base
 
 
+@pytest.mark.slow
 def test_flow_configs_dry_run_states_their_compute(capsys, tmp_path: Path) -> None:
     """The release-table plan of the flow pair: the release's 500k x 128 training, and FID
     with Heun's 99 network calls per sample under a protocol that names the objective."""

@@ -89,6 +89,7 @@ def test_causal_weights_have_exact_gradients(mode):
     assert torch.autograd.gradcheck(weights, args)
 
 
+@pytest.mark.slow
 def test_share_of_models_resolved_over_seeds(tmp_path, capsys):
     """``--models N`` distils N different models in superposition (seeds from --seed on,
     none twice) and reports the share whose gated block holds each trigram in one head,
@@ -115,6 +116,7 @@ def test_attention_weights_refuses_bad_input():
         reference.attention_weights(q, q, "bogus")
 
 
+@pytest.mark.slow
 def test_compiled_fit_is_the_same_fit():
     """``fit(compile=True)`` runs the same losses and steps as the eager fit (to float
     rounding), with the coefficient's warm-up changing every epoch (no recompiling)."""
@@ -131,6 +133,7 @@ def test_compiled_fit_is_the_same_fit():
                                    rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_paper_runs_distil_a_model_in_superposition():
     """The paper's settings distil a model that learnt every trigram and holds one in
     superposition: seeds that gave no such model are passed over and reported, and one
@@ -305,6 +308,7 @@ def test_cli_refuses_bad_input_in_one_line(bad, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_cli_distil_and_dry_run(tmp_path, capsys):
     """distil: one line for a missing checkpoint or block; a tiny U-ViC block end to end.
     capacity --dry-run states the compute and writes nothing."""
@@ -384,6 +388,7 @@ def test_gating_prefers_one_head_per_trigram():
     assert found[False][2] == [1.0, 1.0, 2.0] and found[True][2] == [1.0, 1.0, 1.0]
 
 
+@pytest.mark.slow
 def test_cli_trigrams(tmp_path, capsys):
     """trigrams runs a setting end to end (here shortened to a few steps): the JSON has
     the original's accuracy and encodings and the gated block's report, and the figure."""
@@ -402,6 +407,7 @@ def test_cli_trigrams(tmp_path, capsys):
     assert result["settings"]["coef"] == 5e-1
 
 
+@pytest.mark.slow
 def test_fit_is_relative_to_the_originals_scale():
     """The fit starts at the original's mean output and divides its error by the
     original's variance, so a short trained run predicts better than the mean (relative
@@ -428,6 +434,7 @@ def test_fit_is_relative_to_the_originals_scale():
     assert errors[True] < 1 < 5 < errors[False]
 
 
+@pytest.mark.slow
 def test_trained_gated_block_takes_a_trigram_out_of_superposition():
     """Trained end to end at reduced size (the capacity table's softmax cell with 2 heads,
     seed 1: 300 steps for the model, 960 for its gated block; 6 s): the model learns both
@@ -445,6 +452,7 @@ def test_trained_gated_block_takes_a_trigram_out_of_superposition():
     assert result["each_trigram_in_one_head"]
 
 
+@pytest.mark.slow
 def test_exact_recipe_switches_reach_the_models(monkeypatch):
     """The paper's recipe: Xavier-normal originals without output bias, trained on fresh
     prompts; a gated block without output bias fitted by the plain MSE; the paper's head

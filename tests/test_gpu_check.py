@@ -35,6 +35,7 @@ def fail() -> dict:
     raise RuntimeError("kernel exploded\nsecond line of the message")
 
 
+@pytest.mark.slow
 def test_smoke_under_a_small_budget(tmp_path: Path) -> None:
     """The command with the real plan at smoke size: every row recorded once, in order;
     what does not fit the budget skipped (or cut off) and said so; the run ends near its
@@ -64,6 +65,7 @@ def test_smoke_under_a_small_budget(tmp_path: Path) -> None:
     assert "Targets:" in proc.stdout and payload["summary"] in proc.stdout
 
 
+@pytest.mark.slow
 def test_each_kind_of_row_runs_on_the_cpu(tmp_path: Path) -> None:
     """The plan's own rows at smoke size: a training step, the attention alone, the
     sampling call, each with its figures and its stack."""

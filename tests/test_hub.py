@@ -227,6 +227,7 @@ def test_unconditional_pipeline_equals_uvic_sample(runs, tmp_path: Path, sampler
     np.testing.assert_array_equal(arrays(images), pngs(tmp_path / "s" / "samples"))
 
 
+@pytest.mark.slow
 def test_text_to_image_pipeline_equals_uvic_sample(runs, tmp_path: Path) -> None:
     """Prompts through the release's tokenization and CLIP states, guidance s = 1 (g = 2)
     against the empty caption, DPM-Solver "fast" (the MS-COCO protocol), VAE decoding."""
@@ -429,6 +430,7 @@ def test_export_refuses_what_it_cannot_export(runs, tmp_path: Path, capsys) -> N
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_fresh_process_loads_an_export_and_samples_with_a_swapped_scheduler(
         runs, tmp_path: Path) -> None:
     """A U-ViC exported, its run folder gone, loaded in a new Python process with
@@ -493,6 +495,7 @@ def test_pipeline_refuses_bad_input_in_one_line(runs) -> None:
 # --------------------------------------------------------------------------- the docs
 
 
+@pytest.mark.slow
 def test_readme_examples_run(runs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/diffusers.md's Python examples run as written on the exported
     tiny runs (at 2 steps and 2 images), in a folder holding them where the page puts

@@ -300,6 +300,7 @@ def test_extraction_checks_before_encoding(imagenet, tmp_path: Path, capsys) -> 
                                     vae_name="tiny-vae", resolution=128, **EXTRACT)
 
 
+@pytest.mark.slow
 def test_kill_mid_chunk_then_resume_gives_the_same_arrays(imagenet, tmp_path: Path,
                                                           monkeypatch) -> None:
     """A real SIGKILL after chunk 0 is committed and while chunk 1 is half written; the

@@ -64,6 +64,7 @@ def run(target: Path, *words: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_installed_copy_is_complete(installed: Path) -> None:
     """Every package under uvic/ (found, not listed: uvic.analysis was once left out), the
     kernels as uvic_kernels with their notes, the preset configs and every command."""
@@ -81,6 +82,7 @@ def test_installed_copy_is_complete(installed: Path) -> None:
     assert set(SCRIPTS) <= {p.name for p in (installed / "bin").iterdir()}
 
 
+@pytest.mark.slow
 def test_installed_commands_answer_help(installed: Path, tmp_path: Path) -> None:
     """Outside the checkout, every command's --help, from the installed copy."""
     where = run(installed, "-c", "import uvic, uvic_kernels; print(uvic.__file__); "

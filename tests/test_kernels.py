@@ -110,6 +110,7 @@ CASES = [(torch.float32, s) for s in SHAPES] + [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
     ("dtype", "shape"), CASES, ids=[f"{str(dt)[6:]}-{s[:5]}" for dt, s in CASES]
@@ -182,6 +183,7 @@ def test_expressive_all_zero_row():
 SIGMOID_BIAS_SHAPES = [(2, 3, 45, 45, 40), (1, 2, 33, 70, 72), (1, 1, 1, 1, 16)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("shape", SIGMOID_BIAS_SHAPES, ids=str)
 def test_sigmoid_learnable_bias(shape, backend):
@@ -272,6 +274,7 @@ def test_sigmoid_extreme_logits_stay_finite(backend):
         assert rel_err(out, ref_out) < 1e-5
 
 
+@pytest.mark.slow
 def test_sigmoid_bitwise_deterministic_bias_gradient():
     """The bias gradient is a sum in a fixed order: two runs give the same bits."""
     q, k, v, do = (randn(2, 2, 257, 64, seed=i) for i in range(4))
@@ -281,6 +284,7 @@ def test_sigmoid_bitwise_deterministic_bias_gradient():
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_sigmoid_bias_under_torch_compile(backend):
     """A learnable bias through the custom ops: torch.compile captures it in one graph and
@@ -314,6 +318,7 @@ REMAINDER_DS = [32, 64, 72, 128]
 REMAINDER_CASES = [(n, m) for n in REMAINDER_NS for m in MODES if m != "expressive" or n > 2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=lambda dt: str(dt)[6:])
 @pytest.mark.parametrize("d", REMAINDER_DS)
 @pytest.mark.parametrize(("n", "mode"), REMAINDER_CASES)
@@ -359,6 +364,7 @@ OTHER_TILE_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("tiles", "n"), OTHER_TILE_CASES,
                          ids=[f"{name}-{n}" for name, n in OTHER_TILE_CASES])
 @pytest.mark.parametrize("mode", MODES)
@@ -374,6 +380,7 @@ def test_other_tiles(monkeypatch, tiles, n, mode):
     assert_close_to_reference(q, k2, v2, do, mode, TOL[torch.float32])  # cross-attention
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_bitwise_deterministic(mode):  # sigmoid's bias gradient: see the test below it
     """Two runs give identical bits (no atomics): exact resume of training depends on it."""
@@ -529,6 +536,7 @@ def test_non_contiguous_inputs(mode):
     assert_close_to_reference(q, k, v, do, mode, TOL[torch.float32])
 
 
+@pytest.mark.slow
 def test_many_heads_small_sequences():
     """A large B*H (the grid is 1-D, so it is not bounded by CUDA's 65535 on axis 1)."""
     b, h = (1024, 80) if CUDA else (32, 8)  # the interpreter runs every program: 256 heads
@@ -608,6 +616,7 @@ def test_torch_compile_fullgraph(backend):
         assert torch.equal(g, e)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch", None])
 def test_torch_compile_inductor(backend):
     """torch.compile with its default backend (inductor; C++ on a CPU) captures a function
@@ -787,6 +796,7 @@ def test_public_api():
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bench_smoke(tmp_path, capsys):
     from uvic_kernels import bench
 

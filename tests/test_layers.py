@@ -301,6 +301,7 @@ def test_find_cycle_reports_the_path() -> None:
     assert find_cycle({"uvic.config": {"uvic.seeds": 1}, "uvic.seeds": {}}) is None
 
 
+@pytest.mark.slow
 def test_every_import_resolves() -> None:
     """An import of a uvic module or name that does not exist (e.g. one left behind by a
     move, in a code path the tests may not reach) is named with its line: in the

@@ -121,6 +121,7 @@ class Counter:
         return done
 
 
+@pytest.mark.slow
 def test_a_table_interrupted_after_one_cell_redoes_none_of_it(tmp_path: Path, capsys,
                                                               monkeypatch) -> None:
     """Table 3's smoke stopped (Ctrl-C) right after its first cell, the U-ViT's training:
@@ -153,6 +154,7 @@ def test_a_table_interrupted_after_one_cell_redoes_none_of_it(tmp_path: Path, ca
     assert count.take() == ([], 0)
 
 
+@pytest.mark.slow
 def test_a_comparison_interrupted_after_two_cells_redoes_neither(tmp_path: Path, capsys,
                                                                  monkeypatch) -> None:
     """uvic-compare stopped after its first run's training and first evaluation: the rerun

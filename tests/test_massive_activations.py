@@ -125,6 +125,7 @@ def test_captured_values_match_the_block_outputs():
     assert sum(counted.values()) == 2 and all(k in counted for _, k in expected)
 
 
+@pytest.mark.slow
 def test_every_mode_runs(tmp_path):
     """Softmax, Cog, expressive and sigmoid blocks all report the measure (>= 1, finite),
     and the figure draws it beside the sink share."""

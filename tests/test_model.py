@@ -527,6 +527,7 @@ def test_autocast_bf16_attention_runs_in_bf16(monkeypatch: pytest.MonkeyPatch) -
     assert torch.isfinite(out).all() and model.in_blocks[0].attn.qkv.weight.grad is not None
 
 
+@pytest.mark.slow
 def test_torch_compile_training_step_matches_eager() -> None:
     """Forward and backward through inductor (the kernel's fake ops must match the real
     ones, strides included) give the eager model's gradients, in one graph with gradient
@@ -544,6 +545,7 @@ def test_torch_compile_training_step_matches_eager() -> None:
         torch.testing.assert_close(p.grad, g)
 
 
+@pytest.mark.slow
 def test_torch_compile_matches_eager(tmp_path: Path) -> None:
     model = tiny("uncond", attention="uvic").eval()
     compiled = torch.compile(model, backend="eager", fullgraph=True)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from uvic.cli import compare, release_table, table_runner
 from uvic.config import apply_overrides, load_config
 from uvic.config.diffusion import sampler_calls
@@ -43,6 +45,7 @@ def test_passes_follow_the_sampler_and_the_interval() -> None:
     assert sampling_passes(plain) == calls
 
 
+@pytest.mark.slow
 def test_compare_plan_counts_the_interval(tmp_path: Path, capsys) -> None:
     """uvic-compare's dry run: autoguidance (the quickstart's) only inside the interval."""
     argv = ["--dry-run", "--steps", "1500", "--set", "eval.n_samples=128", "--set", INTERVAL,

@@ -290,6 +290,7 @@ DOC_SAMPLE = ("python scripts/sample.py --config runs/quickstart_phema/phema_0.0
               "--out samples/quickstart_phema")
 
 
+@pytest.mark.slow
 def test_training_keeps_profiles_resumes_them_exactly_and_reconstructs(tmp_path, capsys,
                                                                         monkeypatch):
     """The documented commands at tiny scale (profiles 0.05 and 0.10 saved every 2 steps,
@@ -346,6 +347,7 @@ def test_training_keeps_profiles_resumes_them_exactly_and_reconstructs(tmp_path,
     assert (tmp_path / "samples" / "quickstart_phema" / "grid.png").is_file()
 
 
+@pytest.mark.slow
 def test_docs_state_the_disk_use_and_the_fit_of_bounded_snapshots():
     """docs/training.md's disk lines are what a run of the CIFAR-10 U-ViC says at its
     start, and its table of fits is what `solve_coefficients` gives."""

@@ -194,6 +194,7 @@ def test_a_failing_worker_stops_the_run_with_one_line_naming_model_and_log(
     assert not (tmp_path / "qs" / "results.json").exists()
 
 
+@pytest.mark.slow
 def test_an_autoguidance_model_the_run_does_not_keep_is_refused_before_training(
         tmp_path: Path) -> None:
     proc = run_quickstart(tmp_path, tmp_path / "qs", "--set", "train.keep_steps=[]",

@@ -963,6 +963,7 @@ def check_outputs(row: str, folder: Path, readme_sets: list[str], add_sets: list
 RUNS = [c for c, e in COMMANDS.items() if isinstance(e, Run)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", RUNS, ids=short)
 def test_readme_command_runs_at_tiny_scale(command: str, assets: Assets, tmp_path: Path) -> None:
     entry = COMMANDS[command]

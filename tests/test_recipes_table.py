@@ -111,6 +111,7 @@ def sde_guided(steps: int, low: float, high: float) -> int:
     return int(((sigma > low) & (sigma <= high)).sum())
 
 
+@pytest.mark.slow
 def test_dry_run_states_the_compute_of_the_four_rows(capsys, tmp_path: Path) -> None:
     """Per row: steps x batch, REPA's encoder where on, and the FID calls: Heun 2 steps - 1;
     the SDE steps plus one unconditional pass for each call in the guidance interval."""
@@ -150,6 +151,7 @@ def test_dry_run_states_the_compute_of_the_four_rows(capsys, tmp_path: Path) -> 
     assert [int(x) for x in saved] == [s.steps - guided, 2 * s.steps]
 
 
+@pytest.mark.slow
 def test_smoke_chain_runs_every_recipe_and_resumes(tmp_path: Path, capsys) -> None:
     """Both rows, both models, at smoke size: REPA on latents with the tiny encoder's stored
     features, logit-normal times, the SDE guided inside the interval, Heun, post-hoc EMA

@@ -20,6 +20,7 @@ def jobs_of(*argv: str) -> list[table_runner.Job]:
     return table_runner.make_jobs(table, table_runner.parse_args(table, argv))
 
 
+@pytest.mark.slow
 def test_plan_of_every_release_row(capsys) -> None:
     assert release_table.main(["--dry-run", "--out", "unused"]) == 0
     out = capsys.readouterr().out
@@ -107,6 +108,7 @@ def test_table_lines_keep_references_apart() -> None:
     assert "ref " not in render(same).split("Protocols:")[0]
 
 
+@pytest.mark.slow
 def test_smoke_chain_on_every_kind_of_data_and_resume(tmp_path: Path, capsys) -> None:
     out = tmp_path / "rt"
     assert release_table.main(["--smoke", "--out", str(out), "--quiet"]) == 0
@@ -152,6 +154,7 @@ def test_smoke_chain_on_every_kind_of_data_and_resume(tmp_path: Path, capsys) ->
     assert (out / "release_table.md").read_text() == table
 
 
+@pytest.mark.slow
 def test_seeded_runs_plan_and_cells(capsys) -> None:
     """--seeds 2: every row twice, the second run with the next seed in its own folder; the
     cell of two seeds is their mean ± t(0.975, 1) |a - b| / 2."""

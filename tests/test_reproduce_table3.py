@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from accelerate.utils import set_seed
 from PIL import Image
@@ -22,6 +23,7 @@ def load_table3():
     return table3
 
 
+@pytest.mark.slow
 def test_plan_of_the_paper_runs(capsys) -> None:
     assert load_table3().main(["--dry-run", "--out", "unused"]) == 0
     out = capsys.readouterr().out
@@ -35,6 +37,7 @@ def test_plan_of_the_paper_runs(capsys) -> None:
             "legacy_pytorch") in out
 
 
+@pytest.mark.slow
 def test_smoke_chain_and_resume(tmp_path: Path, capsys) -> None:
     script = load_table3()
     out = tmp_path / "t3"

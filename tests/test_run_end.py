@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import readme_commands
 from safetensors.torch import load_file
 from test_train import README_CPU_COMMAND, free_port, same_tensors, shapes_overrides
@@ -68,6 +69,7 @@ def interrupt(out: Path, how: str) -> tuple[int, str]:
     return int(checkpoints[0].name.split("_")[1]), said
 
 
+@pytest.mark.slow
 def test_two_processes_end_stop_on_signals_and_resume_bit_exactly(tmp_path):
     """SIGINT (Ctrl-C) and SIGTERM (a scheduler) stop a two-process run: both processes
     save the checkpoint of the same step (nothing of the steps since the last periodic
@@ -118,6 +120,7 @@ def test_two_processes_end_stop_on_signals_and_resume_bit_exactly(tmp_path):
         assert json.loads(log[-1])["step"] == target
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_single_process_run_with_a_checkpoint(tmp_path):
     """Without a launcher: SIGTERM ends `scripts/train.py` with a checkpoint of the current
     step and exit status 143 (128 + SIGTERM), as a process killed by it would report."""

@@ -485,6 +485,7 @@ def run_sample_cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=REPO, timeout=300)
 
 
+@pytest.mark.slow
 def test_sample_cli_single_and_comparison(tmp_path: Path) -> None:
     config = write_tiny_config(tmp_path / "tiny.py")
     cfg = tiny_config()

@@ -130,6 +130,7 @@ def test_batched_guidance_equals_the_unbatched_formula() -> None:
     assert (got - sample_images(model, diffusion, noise, y=y, **kw)).abs().max() > 1e-3
 
 
+@pytest.mark.slow
 def test_compiled_sampling_equals_eager() -> None:
     """`sample.compile=default` (inductor): the same images as eager, one graph per network
     with no break (fullgraph) for all batches, the padded last one included."""
@@ -147,6 +148,7 @@ def test_compiled_sampling_equals_eager() -> None:
     torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_compiled_grid_follows_the_weights_and_compiles_once() -> None:
     """The training grids compile once per run (mode reduce-overhead: CUDA graphs on a
     GPU, inductor on the CPU) and sample the weights as they are at each grid, as the EMA

@@ -125,6 +125,7 @@ def test_a_short_comparison_of_the_quickstart_is_planned(tmp_path: Path, capsys)
     assert out.count("note: train.max_steps=30 ends before step 1000") == 1
 
 
+@pytest.mark.slow
 def test_a_refusal_under_accelerate_launch_is_the_last_line(tmp_path: Path) -> None:
     """accelerate launch ends a failed process with a traceback of its own: the one-line
     error is printed after it, once."""

@@ -400,6 +400,7 @@ def test_loss_goes_down_on_one_fixed_batch(tmp_path, attention):
 # --------------------------------------------------------------------------- resume
 
 
+@pytest.mark.slow
 def test_resume_after_kill_reaches_the_same_weights(tmp_path):
     """SIGKILL a real run after a checkpoint, resume it: bitwise the uninterrupted run."""
     killed = tmp_path / "killed"
@@ -457,6 +458,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_see_different_data(tmp_path):
     """The README's command for several CPU processes (gloo) starts two, which say so at
     start and each get their own half of the data.
@@ -604,6 +606,7 @@ def test_refuses_processes_that_do_not_see_each_other(tmp_path, monkeypatch):
         train(shapes_config(tmp_path / "run"))
 
 
+@pytest.mark.slow
 def test_cpu_flag_with_several_processes_is_refused(tmp_path):
     """`accelerate launch --cpu --num_processes 2` starts one process: refused in one line
     (the launcher's own traceback follows it), nothing written."""
@@ -749,6 +752,7 @@ def test_kill_between_checkpoint_rename_and_ema_export_is_repaired(tmp_path, mon
     assert [c.name for c in RunFolder(out).checkpoints()] == ["step_000003", "step_000006"]
 
 
+@pytest.mark.slow
 def test_second_run_in_the_same_folder_is_refused(tmp_path, capsys):
     """Item 2: a run folder in use is locked; a second run (here U-ViC into a U-ViT run) is
     refused naming the holder and changes nothing; the first run then finishes alone."""
