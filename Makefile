@@ -58,7 +58,7 @@ bench: install
 # On a GPU machine with the package installed (PY: its python): the full measurements of
 # kernels/BENCHMARKS.md in one go, kernels first (they warm Triton's cache), each
 # writing its JSON (kernels: runs/bench/kernels.json; the others under kernels/results/).
-# It takes well over one 10-minute command: in a short GPU window run gpu-check instead.
+# It takes a long time: where GPU time is short, run gpu-check instead.
 PY ?= $(BIN)/python
 gpu-results:
 	$(PY) -m uvic_kernels.bench --shapes "128,8,257,64;256,8,334,64;32,8,1024,64;4,8,4096,64"
@@ -66,8 +66,8 @@ gpu-results:
 	$(PY) scripts/bench_sampling.py --compile off,reduce-overhead
 
 # The budgeted GPU check: the most valuable measurements first, within
-# --budget-s (default 420 s), every finished row in its JSON at once. Run it first in any
-# GPU window; kernels/BENCHMARKS.md, "The budgeted GPU check", has the whole recipe:
+# --budget-s (default 420 s), every finished row in its JSON at once. Run it first on a
+# GPU; kernels/BENCHMARKS.md, "The budgeted GPU check", has the whole recipe:
 #   here:               make gpu-wheels          (the wheels the GPU machine lacks, .whl/)
 #   on the GPU machine: make gpu-install gpu-check PY=python3
 # `make gpu-check ARGS=--smoke` runs its tiny CPU smoke anywhere.

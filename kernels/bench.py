@@ -1,23 +1,10 @@
 """Benchmark the fused Cog / softmax / expressive / sigmoid kernels against PyTorch attention.
 
-Run ``python -m uvic_kernels.bench [--out runs/bench/kernels.json]`` on a GPU.  For
-each shape (B, H, N, D) and method it measures forward and forward+backward time
-(median, ``triton.testing.do_bench``; also with CUDA graphs for small shapes),
-TFLOP/s (forward ``4*B*H*N^2*D``, backward 2.5x that) and the peak extra memory
-(``torch.cuda.max_memory_allocated`` above the inputs).  Methods:
-
-* ``cog (ours)``, ``softmax (ours)``, ``expressive (ours)``, ``sigmoid (ours)``:
-  :func:`uvic_kernels.attention` (sigmoid with its default bias ``-log N``);
-* ``sdpa flash``, ``sdpa cudnn``: PyTorch SDPA with one backend forced (softmax);
-* ``cog eager``: the paper's Figure 3 form ``sign(S) * softmax(|S|) @ V`` (N x N);
-* ``cog eager compiled``: ``torch.compile`` of the eager form;
-* ``sigmoid eager compiled``: ``torch.compile`` of ``sigmoid(S - log N) @ V`` (N x N).
-
-A cell that runs out of memory reports ``OOM``, an unsupported one ``n/a``, any other
-failure ``error`` (with the message in the JSON); the run goes on with the next cell.
-Without CUDA the script runs a small smoke configuration on the CPU and says that
-timings need a GPU.  Installed as the command ``uvic-bench-kernels``; the methods and
-the measurement are in ``uvic_kernels.bench_cells``.
+Run on a GPU: ``python -m uvic_kernels.bench [--out runs/bench/kernels.json]`` (installed
+as ``uvic-bench-kernels``).  For each shape (B, H, N, D) and method it measures forward and
+forward+backward time, TFLOP/s and peak extra memory; a cell that fails reports ``OOM``,
+``n/a`` or ``error`` and the run goes on.  Without CUDA it runs a small CPU smoke
+configuration.  The methods and the measurement: kernels/BENCHMARKS.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
-"""Triton releases the kernels run under: what differs between them, found by trying.
+"""Differences between the Triton releases the kernels run under (3.6 to the pinned 3.8),
+detected by behaviour, never by version strings.
 
-The GPU machine runs an older stack (Triton 3.6, numpy 2.5) than the pins (Triton 3.8);
-what differs is detected by behaviour, never by version strings:
-
-* ``fix_interpreter_scalar_index``: Triton's interpreter (``TRITON_INTERPRET=1``) turns a
-  scalar kernel argument into a one-element array, and in Triton 3.6 its tensors'
-  ``__index__`` is ``int(array)`` (3.8's squeezes first), which numpy >= 2.4 refuses ("only
-  0-dimensional arrays can be converted to Python scalars").  Every ``range(lo, hi,
-  BLOCK)`` over runtime bounds in our kernels calls it.  Where the interpreter's own
-  ``__index__`` fails on a one-element array, it is replaced, for interpreted calls only
-  (Triton installs it per call and restores it after), by one that reads the single
-  element (``.item()``); where it works, or where the interpreter is not laid out as
-  expected, nothing is changed.
+``fix_interpreter_scalar_index``: Triton 3.6's interpreter (``TRITON_INTERPRET=1``) turns a
+scalar kernel argument into a one-element array whose ``__index__`` numpy >= 2.4 refuses,
+and every ``range(lo, hi, BLOCK)`` over runtime bounds in our kernels calls it.  Where it
+fails, interpreted calls get an ``__index__`` that reads the single element.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Public entry point: ``attention(q, k, v, mode="cog")``, with autograd and a choice of backend.
-
-Backends: ``"triton"``, the fused kernels of :mod:`uvic_kernels.triton_attention` (compiled
-on CUDA, or run by Triton's interpreter on the CPU under ``TRITON_INTERPRET=1``);
-``"torch"``, the same algorithm in PyTorch (:mod:`uvic_kernels.torch_attention`); and,
-softmax only, ``"sdpa"``, PyTorch's ``scaled_dot_product_attention`` as a baseline.  The
-implementations run as PyTorch custom ops, opaque to ``torch.compile`` and fake tensors.
-The kernel module is imported lazily: ``import uvic_kernels`` neither needs Triton nor
-fixes the interpreter setting.
+"""Public entry point: ``attention(q, k, v, mode="cog")``, with autograd and a choice of backend:
+``"triton"`` (the fused kernels, compiled on CUDA or interpreted on the CPU under
+``TRITON_INTERPRET=1``), ``"torch"`` (the same algorithm in PyTorch) and, softmax only,
+``"sdpa"``. They run as PyTorch custom ops, opaque to ``torch.compile`` and fake tensors;
+the kernel module is imported lazily.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
-"""Tiles of the fused attention kernels: tables, autotuning configs, pruning, remainders.
+"""Tiles of the fused attention kernels (:mod:`uvic_kernels.triton_attention`): the tiles each
+kernel may run, which of them suit a launch (``prune``), and how a sequence splits into
+full blocks plus remainder steps and programs.
 
-Plain Python beside the JIT kernels of :mod:`uvic_kernels.triton_attention`: which
-``(BLOCK_M, BLOCK_N, num_stages, num_warps)`` tiles each kernel may run, which of them
-suit a launch (``prune``), and how a sequence splits into full blocks plus remainder
-steps and programs (``num_programs``, ``computed_fraction``).
-
-Short sequences.  U-ViT's sequences (257 tokens on CIFAR-10, 334 on MS-COCO) are just
-above a multiple of the block sizes, so whole blocks for the leftovers would waste up
-to half of the computed scores.  Every kernel therefore splits both of its sequence
-dimensions into full blocks plus a remainder:
-
-* the loop dimension (keys in the forward and dQ kernels, queries in the dK/dV kernel)
-  runs full ``BLOCK`` steps unmasked, then unmasked ``TAIL``-wide (16) steps, then at
-  most one masked ``TAIL``-wide step;
-* the program dimension gets, after the full-block programs of a head, remainder
-  programs of ``TAIL`` rows (keys for dK/dV); those run 16-row mma.sync tiles, about
-  ``REMAINDER_COST`` (4) times the cost per row of a full block, so a remainder of more
-  than ``BLOCK / 4`` rows runs instead as one masked program of ``BLOCK`` rows.
-
-``computed_fraction`` gives the share of computed scores that are real: at least 86%
-for every tile at N = 257 and N = 334, against 54% (N = 257) with whole blocks.
+U-ViT's sequences (257 tokens on CIFAR-10, 334 on MS-COCO) lie just above a multiple of the
+block sizes, so each kernel loops over full blocks, then ``TAIL``-wide (16) steps, the last
+one masked; after a head's full-block programs come ``TAIL``-row remainder programs, or one
+masked full-size program where those would cost more (``REMAINDER_COST``).
 """
 
 from __future__ import annotations
@@ -149,7 +135,8 @@ def num_programs(n: int, block: int) -> int:
 
 
 def computed_fraction(n_q: int, n_kv: int, block_m: int, block_n: int, kind: str) -> float:
-    """Share of the score elements a kernel computes that are real (not padding).
+    """Share of the score elements a kernel computes that are real (not padding): at least
+    86% for every tile at N = 257 and N = 334, against 54% (N = 257) with whole blocks.
 
     ``kind`` is ``"fwd"``, ``"dq"`` or ``"dkdv"``: each pads its program dimension to
     full blocks plus remainder programs (``remainder``) and its loop dimension to full

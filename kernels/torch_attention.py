@@ -1,13 +1,8 @@
-"""PyTorch implementation of the fused attention algorithm (CPU fallback).
-
-Same interface and the same maths as :mod:`uvic_kernels.triton_attention`: the
-forward returns ``O`` and an fp32 row statistic (the log-sum-exp of ``S`` or ``|S|``,
-expressive attention's row sum ``N``, or sigmoid attention's bias per row), the backward
-recomputes the weights from it.
-Work runs over chunks of query rows, so at most ``CHUNK_ELEMENTS`` score entries (per
-chunk, over all heads) are alive at once, and nothing of size N x N is kept for the
-backward.  Computation is in fp32 (autocast disabled); results are returned in the
-input dtype.
+"""PyTorch implementation of the fused attention algorithm (the CPU fallback), with the
+interface and maths of :mod:`uvic_kernels.triton_attention`: the forward returns ``O`` and
+an fp32 row statistic, from which the backward recomputes the weights. It works over chunks
+of query rows (at most ``CHUNK_ELEMENTS`` score entries alive at once), in fp32, and returns
+the input dtype.
 """
 
 from __future__ import annotations

@@ -1,102 +1,24 @@
-"""Fused Cog / softmax / expressive / sigmoid attention in Triton (FlashAttention-2 structure).
+"""Fused softmax / Cog / expressive / sigmoid attention in Triton (FlashAttention-2 structure).
 
-For one head with scores ``S = scale * Q K^T`` the four modes are
+Per head, with scores ``S = scale * Q K^T`` and ``O = A V``: softmax ``A = softmax(S)``;
+cog ``A = sign(S) * softmax(|S|)`` (sign(0) = 0); expressive ``A = E / rowsum(E)`` with
+``E = S^2 / (1 + S^2)`` (an all-zero row gets A = 0); sigmoid ``A = sigmoid(S + b)``, no
+row normalisation, one bias ``b`` per head.  ``MODE`` is a ``tl.constexpr``, so each mode
+compiles to its own specialisation.  The forward keeps, per query row, with
+``c = scale * log2(e) > 0`` (the host makes the scale positive)::
 
-* softmax:    ``A = softmax(S)``, ``O = A V``;
-* cog:        ``P = softmax(|S|)``, ``A = sign(S) * P``, ``O = A V``   (sign(0) = 0);
-* expressive: ``E = S^2 / (1 + S^2)``, ``A = E / rowsum(E)``, ``O = A V`` (a row whose
-  scores are all exactly 0 has rowsum 0 and gets ``A = 0``, so ``O = 0``);
-* sigmoid:    ``A = sigmoid(S + b)``, ``O = A V``, no row normalisation (Gu et al. 2024; the
-  bias ``b`` is one value per head, by default ``-log N_kv``).
+    x = q K_j^T;  t = |x| (cog) or x;  m' = max(m, c * rowmax(t));  p = exp2(c * t - m')
+    l = l * exp2(m - m') + rowsum(p);  acc = acc * exp2(m - m') + (sign(x) * p or p) @ V_j
+    O = acc / l;  LSE = (m + log2 l) * ln 2
 
-Cog attention (Lv et al., eq. 3, "faster" form of Figure 3) only changes what the
-online softmax runs over: the running max and the running denominator are taken
-over ``|s|`` instead of ``s``, and the value accumulator receives
-``sign(s) * exp(|s| - m)`` instead of ``exp(s - m)``.  Because ``|s| >= 0`` the
-running max starts at 0, so the denominator is always >= 1.  Expressive attention
-("Reorganizing attention-space geometry with expressive attention") needs no
-running max at all: each term is below 1, so the forward only sums ``E`` and ``E V``
-and stores the row sum ``N`` instead of a log-sum-exp.  Sigmoid attention has no row
-statistic at all: every tile is independent.  Its bias arrives per query row in the
-buffer the other modes write their row statistic to (the host fills it with the head's
-bias, in natural units, before the forward; the forward and the backward both read it),
-so the kernels take no extra argument for it.  All modes share the same
-kernels; ``MODE`` is a ``tl.constexpr``, so each mode compiles to its own
-specialisation with no run-time branch.  The full derivation, backward included,
-is in ``docs/cog_attention.md``.
-
-Forward (one program per query block of one head), with ``c = scale * log2(e) > 0``::
-
-    m = 0 (cog) or -inf (softmax);  l = 0;  acc = 0
-    for each key block K_j, V_j:
-        x   = q K_j^T                                  # raw products, never scaled
-        t   = |x| (cog) or x (softmax)
-        m'  = max(m, c * rowmax(t))                    # c > 0 commutes with the max
-        p   = exp2(c * t - m')                         # one fused multiply-add, then exp2
-        l   = l * exp2(m - m') + rowsum(p)
-        acc = acc * exp2(m - m') + (sign(x) * p  or  p) @ V_j
-    O   = acc / l
-    LSE = (m + log2 l) * ln 2                          # natural log-sum-exp of |S| or S
-
-Folding the scale into the max and the exp's multiply-add saves a multiply per score
-(the scale is applied once per row to the max, and inside the FMA that feeds exp2).
-It needs ``c > 0``: the host wrappers run a negative scale as ``(-q)`` with ``|scale|``
-(and negate dQ), and a zero scale in Cog mode as ``q = 0`` (every score is then an
-exact zero, so every weight is 0, as ``sign(0) = 0`` demands).  For Cog, ``max|x|``
-is a single max with an absolute-value operand, and ``sign(x)`` is the sign bit of
-the raw product copied onto ``p`` (``sign(c x) = sign(x)`` for ``c > 0``).
-
-Only O and the fp32 row LSE are written: O(N) extra memory.
-
-Backward recomputes ``P = exp(|S| - LSE)`` (or ``exp(S - LSE)``) block by block::
-
-    dV = A^T dO            dA = dO V^T            Delta = rowsum(dO * O)
-    cog:      dS = sign(S) * P * (sign(S) * dA - Delta)
-    softmax:  dS = P * (dA - Delta)
-    dQ = scale * dS K      dK = scale * dS^T Q
-
-For cog, ``dP = sign(S) * dA`` and the softmax Jacobian gives
-``d|S| = P * (dP - rowsum(P * dP))``; ``rowsum(P * sign(S) * dA) = rowsum(A * dA)
-= rowsum(dO * O) = Delta`` as for softmax, and the chain rule through ``|S|``
-multiplies by ``sign(S)``.  The kernels evaluate it as ``|A| * dA - A * Delta``
-(``|A| = |sign(S)| * P``), which keeps one score-sized tile live instead of P and
-sign(S) and is, like the product above, exactly 0 where ``S == 0``, as autograd of
-``sign(S) * softmax(|S|)`` is (the algebraically equal ``P * dA - A * Delta`` is not).
-
-Expressive: ``A = E / N`` gives ``dL/dE = (dA - Delta) / N`` (the same Delta), and
-``dE/dS = 2 S / (1 + S^2)^2``; with ``S = scale * x`` and ``r = 1 / (1 + S^2)`` the
-kernels form ``(dA - Delta) / N * x * r^2`` and multiply dQ and dK by ``2 scale^2``
-once.  A row with ``N = 0`` has all ``x = 0``: its weights and gradients are 0.
-
-Sigmoid: ``dS = dA * A * (1 - A)`` (no Delta; the dQ kernel stores the row sums of dS in
-the Delta buffer instead, and the host sums them per head into the bias gradient, in a
-fixed order).  With ``u = (S + b) * log2(e)``, ``t = exp2(-|u|) = exp(-|S + b|) <= 1`` and
-``r = 1 / (1 + t)``, the weight is ``r`` for ``u >= 0`` and ``t r`` below (nothing
-overflows) and ``A (1 - A) = t r^2`` exactly, without the cancellation of ``1 - A`` when
-``A`` rounds to 1.
-
-Kernels, as in Triton's fused-attention tutorial, one per pass:
-
-* ``_attn_fwd``            O and LSE, one program per (head, query block);
-* ``_attn_bwd_dq``         dQ, one program per (head, query block), looping over keys;
-                           it also computes Delta = rowsum(dO * O) for its rows (it holds
-                           dO anyway) and stores it for the next kernel, so Delta costs
-                           no pass of its own;
-* ``_attn_bwd_dkdv``       dK, dV, one program per (head, key block), looping over
-                           queries; runs after ``_attn_bwd_dq`` (no atomics anywhere, so
-                           every result is bit-identical from run to run);
-* ``_attn_bwd_preprocess`` Delta alone, only when dQ is not needed.
-
-Short sequences (U-ViT's 257 and 334 tokens): every kernel splits both of its sequence
-dimensions into full blocks plus ``TAIL``-wide (16) steps and ``TAIL``-row programs (or
-one masked full-size program where those would cost more), so little of the computed
-scores is padding; the arithmetic and the tile tables are in :mod:`uvic_kernels.tiles`,
-the host side (argument preparation, launches) in :mod:`uvic_kernels.launch`.
-
-Head dims that are not powers of two (e.g. 72) are padded to ``BLOCK_D`` with masked
-loads.  The grid is one-dimensional (one program per (head, block)), so any number of
-heads fits within CUDA's grid limits; consecutive programs share a head, so K and V
-stay in L2.  All tensors are (B, H, N, D) with arbitrary strides.
+Cog's running max starts at 0 (so l >= 1); expressive needs no max (each term is below 1)
+and stores ``N = rowsum(E)`` instead of the LSE; sigmoid tiles are independent and read
+the bias from that row-statistic buffer.  The backward recomputes A from the statistic,
+with ``Delta = rowsum(dO * O)``: ``dS = A (dA - Delta)`` (softmax), ``sign(S) P (sign(S) dA
+- Delta)`` (cog), ``(dA - Delta) / N * dE/dS`` (expressive), ``dA * A (1 - A)`` (sigmoid).
+The derivations are in ``docs/cog_attention.md``, the tiling in :mod:`uvic_kernels.tiles`,
+the launches in :mod:`uvic_kernels.launch`.  Tensors are (B, H, N, D) with any strides;
+head dims that are not powers of two are padded to ``BLOCK_D`` with masked loads.
 """
 
 from __future__ import annotations
@@ -211,7 +133,8 @@ def _head_offset(off_hz, H, stride_z, stride_h, STRIDE_ALIGN: tl.constexpr):
 def _program_block(pid, N, BLOCK: tl.constexpr):
     """Split a 1-D program id into ``(head, first row, is_full, big_remainder)``.
 
-    Each head has ``N // BLOCK`` full-block programs followed by its remainder
+    A 1-D grid fits any number of heads, and consecutive programs share a head (K and V
+    stay in L2).  Each head has ``N // BLOCK`` full-block programs followed by its remainder
     programs (``uvic_kernels.tiles.remainder``): ``cdiv(N % BLOCK, TAIL)`` programs of
     ``TAIL`` rows, or, when ``big_remainder``, one masked program of ``BLOCK`` rows.
     """
@@ -387,7 +310,9 @@ def _attn_fwd(
     MODE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """O and the row LSE for one (head, query block) or one remainder program."""
+    """O and the row LSE for one (head, query block) or one remainder program.
+
+    Only O and the fp32 row statistic are written: O(N) extra memory."""
     stride_qm, stride_kn, stride_vn, stride_om = (
         stride_qm * STRIDE_ALIGN, stride_kn * STRIDE_ALIGN, stride_vn * STRIDE_ALIGN,
         stride_om * STRIDE_ALIGN)
@@ -507,7 +432,9 @@ def _attn_bwd_dkdv_inner(
             # constant 2 scale^2 is applied once to dK (sm_scale)
             dsT = (dpT - delta[None, :]) * (inv_n[None, :] * xT * r * r)
         elif MODE == COG_C:
-            # = sign(S) * P * (sign(S) * dA - Delta), as |A| = |sign(S)| * P
+            # = sign(S) * P * (sign(S) * dA - Delta), as |A| = |sign(S)| * P: one tile live
+            # instead of P and sign(S), and exactly 0 where S == 0 as autograd gives (the
+            # algebraically equal P * dA - A * Delta is not)
             dsT = tl.abs(aT) * dpT - aT * delta[None, :]
         else:
             dsT = aT * (dpT - delta[None, :])
@@ -590,7 +517,8 @@ def _attn_bwd_dkdv(
     MODE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """dK and dV for one (head, key block) or one remainder program."""
+    """dK and dV for one (head, key block) or one remainder program; runs after
+    ``_attn_bwd_dq`` (which writes Delta).  No atomics: results are bit-identical run to run."""
     stride_qm, stride_kn, stride_vn, stride_dom, stride_dkn, stride_dvn = (
         stride_qm * STRIDE_ALIGN, stride_kn * STRIDE_ALIGN, stride_vn * STRIDE_ALIGN,
         stride_dom * STRIDE_ALIGN, stride_dkn * STRIDE_ALIGN, stride_dvn * STRIDE_ALIGN)
@@ -778,7 +706,8 @@ def _attn_bwd_dq(
     MODE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STRIDE_ALIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """dQ (and Delta) for one (head, query block) or one remainder program."""
+    """dQ (and Delta) for one (head, query block) or one remainder program; it computes
+    Delta for its rows because it holds dO anyway, so Delta costs no pass of its own."""
     stride_qm, stride_kn, stride_vn, stride_om, stride_dom, stride_dqm = (
         stride_qm * STRIDE_ALIGN, stride_kn * STRIDE_ALIGN, stride_vn * STRIDE_ALIGN,
         stride_om * STRIDE_ALIGN, stride_dom * STRIDE_ALIGN, stride_dqm * STRIDE_ALIGN)

@@ -1,27 +1,11 @@
 """uvic: U-ViT and U-ViC (Cog attention) diffusion transformers: train, sample, evaluate.
 
-The public API, one name per job (each imported on first use, so `import uvic` stays
-light: the command-line programs answer `--help` without loading torch):
-
-- `load_config(path, overrides=())` -> `Config`: read a config file (`configs/*.py`, or a
-  run's saved `config.json`) and apply `section.field=value` overrides; `Config` is the
-  typed dataclass of every setting, `ConfigError` what a bad file or value raises.
-- `preset_path(name)` -> Path: the file of a preset config by name (`"cifar10_uvic"`),
-  in a checkout or an installed copy; `resolve_config(text)` is what `--config` names.
-- `build_model(cfg)` -> `UViT`: the network a config's model section describes (fresh
-  weights); `load_model(cfg, ckpt, device)`: a checkpoint's weights in the architecture
-  it was trained with, ready to sample.
-- `train(cfg, resume=None, overwrite=False)` -> Path: the training loop (Accelerate,
-  EMA, checkpoints) into `cfg.train.output_dir`; returns the run folder.
-- `sample_to_folder(cfg, ckpts, out, n=...)`: sample images of one or more checkpoints
-  from the same noise into a folder (grid, PNGs, the settings used), as `uvic-sample`;
-  `generate(model, diffusion, cfg, indices, seed=...)`: the one sampling loop under it,
-  yielding batches of images.
-- `evaluate(cfg, ckpt, n=...)` -> dict: FID and KID of a checkpoint under the config's
-  protocol (clean-fid), as `uvic-fid`.
-
-The programs (`uvic-train`, `uvic-sample`, `uvic-fid`, `uvic-quickstart`, ...) are in
-`uvic.cli`; the fused attention kernels are the package `uvic_kernels`.
+The public API, each name imported on first use so that `import uvic` stays light:
+`load_config`, `Config`, `ConfigError` (configs and overrides); `preset_path`,
+`resolve_config` (preset configs by name); `build_model` (a fresh network), `load_model`
+(a checkpoint, in the architecture it was trained with); `train`; `sample_to_folder` and
+`generate` (sampling); `evaluate` (FID and KID). The programs are `uvic.cli`'s, the fused
+attention kernels the package `uvic_kernels`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""The preset configs (`configs/*.py`) by name, in a checkout and in an installed copy.
-
-The presets live in the repository's `configs/` folder; a wheel installs them as
-`uvic/configs/` (setup.py), so an installed copy has them without a checkout. Every
-program's `--config` takes a path as before, or a preset's name (`cifar10_uvic`), and a
-`configs/NAME.py` that does not exist where the program runs (an installed copy, run
-outside the checkout) is that preset. Also the quickstart's two models and the overrides
-of its GPU run, which its start-up check reads before torch loads. Imports nothing of
-uvic: the config loader may call it.
+"""The preset configs (`configs/*.py`) by name, in a checkout and in an installed copy (a
+wheel installs them as `uvic/configs/`). `--config` takes a path or a preset's name, and a
+`configs/NAME.py` that does not exist where the program runs is that preset. Also the
+quickstart's two models and its GPU run's overrides. Imports nothing of uvic: the config
+loader may call it.
 """
 
 from __future__ import annotations

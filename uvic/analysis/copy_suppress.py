@@ -1,14 +1,10 @@
-"""Copy-and-suppress: a task where the sign of an attention weight matters by construction.
+"""Copy-and-suppress: a toy task where the sign of an attention weight matters by construction.
 
-A prompt is BOS, ``slots`` tokens and a query. Among the slots are one token x of group 1
-and one token y of group 2; the rest are fillers. Query Q1 asks to raise x and lower y,
-query Q2 the reverse: the next-token target puts half its mass on the raised token, none
-on the lowered one and spreads the rest over the other group tokens. The same key must be
-added under one query and subtracted under the other, so a head whose weights cannot be
-negative (softmax, expressive, sigmoid) needs two heads of opposite output signs, while one
-Cog head can do both by the sign of q.k. A model solves the task when, on >= 99% of
-held-out prompts, the raised token is its top prediction and the lowered one its lowest
-among the group tokens.
+Query Q1 asks to raise the group-1 token of the prompt and lower the group-2 one, Q2 the
+reverse: the same key is added under one query and subtracted under the other, so heads
+whose weights cannot be negative need two heads of opposite output signs, while one Cog
+head can do both. Solved: on >= 99% of held-out prompts the raised token is the top
+prediction and the lowered one the lowest among the group tokens (`CopySuppressTask`).
 """
 
 from __future__ import annotations

@@ -1,32 +1,9 @@
 """Attention analysis of one or more U-ViT / U-ViC models on the same noised inputs.
 
-`analyze` noises a fixed set of images (pixels or latents, with their text contexts
-for text-to-image models) to a few levels of the training schedule, runs every model
-on exactly the same inputs with `BlockRecorder` hooks, and returns a JSON-ready dict
-(schema below, checked by `check_result`). `load_models` and `load_inputs` build the
+`analyze` noises a fixed set of images to a few levels of the training schedule, runs every
+model on exactly those inputs with `BlockRecorder` hooks, and returns a JSON-ready dict
+(`RESULT_SCHEMA` below, checked by `check_result`); `load_models` and `load_inputs` build
 models and inputs from a config and checkpoint files, for the command line.
-
-Result schema (version 2); L levels, h heads, Q query patches, P = rows * cols patches:
-    schema_version: 2
-    config_name: str, num_images: int, seed: int, sink_threshold: float
-    noise_levels: [{"timestep": int, "net_time": float, "alpha_bar": float}] * L
-    layout: {"num_tokens", "num_extras", "time_index", "text": [start, stop] | null,
-             "grid": [rows, cols]}
-    queries: [[row, col]] * Q  (query patches of the maps)
-    background: [rows_px][cols_px][3] floats in [0, 1] (image 0, drawn under the maps)
-    metrics: the names in HEAD_METRICS
-    models: {label: {"attention_modes": [str], "num_heads": h,
-        "sink_share": [L] (over the heads of all blocks), "blocks": [{
-        "index": int, "name": "in_blocks.0" | "mid_block" | "out_blocks.0", "mode": str,
-        "heads": {metric: [L][h]}, "mean": {metric: [L]} (over heads),
-        "sink_share": [L], "collapse": [L], "maps": [L][Q][P],
-        "massive_ratio": [L], "massive_ratio_std": [L],
-        "massive_tokens": [L][{"index": int, "kind": str, "images": int}]}]}}
-Head metrics average over the images and the patch-token queries (the rows that make
-the predicted noise); "maps" are rows of image 0, averaged over heads, on patch keys.
-"massive_*" (`uvic.analysis.massive`): the largest token's hidden-state norm over the
-mean of the others after the block, mean and spread over the images, and which tokens
-are the largest (kind: label, time, text or patch), in how many images.
 """
 
 from __future__ import annotations
@@ -47,6 +24,28 @@ from uvic.run.architecture import ModelChoice, resolve_model
 from uvic.sampling.load import load_model
 
 SCHEMA_VERSION = 2
+
+# RESULT_SCHEMA (version 2); L levels, h heads, Q query patches, P = rows * cols patches:
+#     schema_version: 2
+#     config_name: str, num_images: int, seed: int, sink_threshold: float
+#     noise_levels: [{"timestep": int, "net_time": float, "alpha_bar": float}] * L
+#     layout: {"num_tokens", "num_extras", "time_index", "text": [start, stop] | null,
+#              "grid": [rows, cols]}
+#     queries: [[row, col]] * Q  (query patches of the maps)
+#     background: [rows_px][cols_px][3] floats in [0, 1] (image 0, drawn under the maps)
+#     metrics: the names in HEAD_METRICS
+#     models: {label: {"attention_modes": [str], "num_heads": h,
+#         "sink_share": [L] (over the heads of all blocks), "blocks": [{
+#         "index": int, "name": "in_blocks.0" | "mid_block" | "out_blocks.0", "mode": str,
+#         "heads": {metric: [L][h]}, "mean": {metric: [L]} (over heads),
+#         "sink_share": [L], "collapse": [L], "maps": [L][Q][P],
+#         "massive_ratio": [L], "massive_ratio_std": [L],
+#         "massive_tokens": [L][{"index": int, "kind": str, "images": int}]}]}}
+# Head metrics average over the images and the patch-token queries (the rows that make
+# the predicted noise); "maps" are rows of image 0, averaged over heads, on patch keys.
+# "massive_*" (`uvic.analysis.massive`): the largest token's hidden-state norm over the
+# mean of the others after the block, mean and spread over the images, and which tokens
+# are the largest (kind: label, time, text or patch), in how many images.
 
 
 def spread_timesteps(num_levels: int, num_train_timesteps: int) -> list[int]:
@@ -147,7 +146,7 @@ def _record_levels(model: nn.Module, levels: list, layout: TokenLayout,
 def _analyze_model(model: nn.Module, levels: list, layout: TokenLayout,
                    queries: list[tuple[int, int]], contexts: Tensor | None,
                    labels: Tensor | None, batch_size: int, threshold: float) -> dict:
-    """One model's entry of the result (see the schema above)."""
+    """One model's entry of the result (RESULT_SCHEMA above)."""
     per_level = _record_levels(model, levels, layout, queries, contexts, labels, batch_size)
     blocks = []
     for i, (name, blk) in enumerate(zip(block_names(model), model.blocks())):
@@ -177,7 +176,7 @@ def analyze(
     queries: list[tuple[int, int]] | None = None, batch_size: int = 16, seed: int = 0,
     sink_threshold: float = 0.3,
 ) -> dict:
-    """Attention metrics of every model, block, head and noise level (schema above).
+    """Attention metrics of every model, block, head and noise level (RESULT_SCHEMA above).
 
     images (B, C, H, W): clean images in [-1, 1] or scaled latents; contexts
     (B, tokens, clip_dim) for text-conditional models; labels (B,) for class-conditional
@@ -212,7 +211,7 @@ def analyze(
 
 
 def check_result(result: dict) -> None:
-    """Raise ValueError naming the first key of `result` that breaks the schema above."""
+    """Raise ValueError naming the first key of `result` that breaks RESULT_SCHEMA (above)."""
     try:
         _check_result(result)
     except (KeyError, IndexError, TypeError) as err:

@@ -1,13 +1,8 @@
-"""PNG figures of an analysis result (the dict of `uvic.analysis.analyze` or its JSON).
-
-* ``heatmap_<metric>.png``: one panel per model, block (rows) x noise level (columns),
-  the value averaged over heads; all panels share one colour scale.
-* ``maps_<label>_t<timestep>.png``: per block (rows) and query patch (columns), that
-  query's attention over the patches (mean over heads), drawn over image 0: blue for
-  positive weights, red for negative ones; the query patch is outlined.
-* ``overview.png``: a few key metrics (columns) for every model (rows), one figure.
-* ``massive_activations.png``: per block, one line per model: the share of sink heads
-  (left) and the massive-activation ratio, mean and spread over images and levels (right).
+"""PNG figures of an analysis result (the dict of `uvic.analysis.analyze` or its JSON):
+``heatmap_<metric>.png`` (block x noise level per model, one colour scale),
+``maps_<label>_t<timestep>.png`` (each query patch's attention over image 0: blue positive,
+red negative), ``overview.png`` and ``massive_activations.png`` (sink heads and the
+massive-activation ratio per block).
 """
 
 from __future__ import annotations

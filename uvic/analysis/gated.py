@@ -1,35 +1,13 @@
-"""Gated attention blocks: distil an attention block into heads that do not share work.
+"""Gated attention blocks (Mathwin et al. 2024): distil an attention block into more heads,
+each head's pattern gated per (query, key) pair, with an L0.6 penalty across heads that
+pushes each behaviour into one head (docs/gated_attention.md, "The gated block").
 
-Attention heads can hold more behaviours than there are heads by working together
-("head superposition": several heads attend from the same query to the same key and only
-their summed outputs give the right answer). A gated attention block is trained to
-reproduce an attention block's outputs on the same inputs, with two changes that push
-each behaviour into one head:
-
-* per head h, a query gate ``gq = x Wgq_h + bgq_h`` and a key gate ``gk = x Wgk_h + bgk_h``
-  (width ``d_gate``, 1 by default); the gate pattern ``G_h = clamp(gq gk^T, 0, 1)``
-  multiplies the head's attention pattern ``A_h`` (any uvic mode: softmax, Cog, ...);
-* the loss is ``MSE(block(x), teacher(x)) + coef * mean(||G[:, :, i, j]||_0.6)``: the
-  L0.6 "norm" over the heads of each (query, key) gate, which is small when one head's
-  gate is open there and large when several are.
-
-More heads than the teacher (``expansion`` x, 2 by default) leave room for one head per
-behaviour. The value and output weights are normalised (unit columns of W_V over the
-input, unit rows of W_O over the output) in every forward pass, so that the penalty
-cannot be dodged by small gates and large weights; Q, K, V, O start Xavier-normal, the
-gate weights random orthogonal. This is the recipe of Mathwin et al. (2024), "Gated
-Attention Blocks: Preliminary Progress toward Removing Attention Head Superposition",
-with an output bias added so that blocks whose projection has one can be matched
-(``output_bias=False`` and ``fit(..., variance=None)``: the recipe exactly).
-
-The attention pattern of every mode comes from the kernel family's reference formulas
-(``uvic_kernels.reference.attention_weights``, the oracle every kernel is tested
-against), so each mode the kernels know is available here, causal too.
+The heads' pattern is any uvic mode, causal too, from the kernels' reference formulas
+(`uvic_kernels.reference.attention_weights`, the oracle every kernel is tested against).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -37,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from uvic_kernels.fused_attention import MAX_HEAD_DIM
 from uvic_kernels.reference import attention_weights
 
 L0_P = 0.6  # the sparsity "norm" across heads
@@ -110,6 +87,8 @@ class GatedAttentionBlock(nn.Module):
         """Each head's share of the output (B, N, h, d_out), without the output bias."""
         q = self._project(x, self.W_Q, self.b_Q)
         k = self._project(x, self.W_K, self.b_K)
+        # unit columns of W_V and unit rows of W_O: small gates with large weights cannot
+        # dodge the penalty
         v = self._project(x, F.normalize(self.W_V, dim=1), self.b_V)
         gq = self._project(x, self.W_gate_Q, self.b_gate_Q)
         gk = self._project(x, self.W_gate_K, self.b_gate_K)
@@ -236,8 +215,3 @@ def expanded_heads(teacher_heads: int, expansion: int) -> int:
     if teacher_heads < 1 or expansion < 1:
         raise ValueError(f"heads ({teacher_heads}) and expansion ({expansion}) must be >= 1")
     return teacher_heads * expansion
-
-
-def default_head_dim(d_in: int, teacher_heads: int) -> int:
-    """The teacher's head width when it splits its width evenly, capped by the kernel."""
-    return max(1, min(MAX_HEAD_DIM, math.ceil(d_in / teacher_heads)))

@@ -1,12 +1,8 @@
-"""Distil an attention module of a real model (U-ViT / U-ViC, diffusers) into a gated block.
-
-The module's inputs and outputs are captured with a forward hook while the whole model
-runs on real inputs (noised data for a diffusion model), then a
-:class:`~uvic.analysis.gated.GatedAttentionBlock` with ``expansion`` x the module's heads
-is fitted to map the captured inputs to the captured outputs, in the module's own
-attention mode. Supported modules: uvic's ``Attention`` (``uvic.models.uvit``; its input
-is the block's normalised tokens) and diffusers' ``Attention`` in self-attention (its
-processor's mode when it runs uvic's kernel, softmax otherwise).
+"""Distil an attention module of a real model (U-ViT / U-ViC, diffusers) into a gated block:
+`capture` records the module's inputs and outputs with a forward hook while the whole model
+runs on real inputs, and `distil_module` fits a `GatedAttentionBlock` with `expansion` x its
+heads, in the module's own attention mode. Supported: uvic's `Attention` and diffusers'
+`Attention` in self-attention.
 """
 
 from __future__ import annotations
@@ -26,7 +22,8 @@ from uvic.analysis.gated import (
 
 
 def module_attention(module: nn.Module) -> tuple[str, int]:
-    """(mode, heads) of an attention module: uvic's Attention or diffusers' Attention."""
+    """(mode, heads) of an attention module: uvic's Attention (its input is the block's
+    normalised tokens) or diffusers' Attention (its processor's mode, softmax by default)."""
     if hasattr(module, "qkv") and hasattr(module, "num_heads"):  # uvic.models.uvit.Attention
         return module.mode, module.num_heads
     if hasattr(module, "heads") and hasattr(module, "processor"):  # diffusers Attention

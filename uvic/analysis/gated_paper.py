@@ -1,24 +1,10 @@
-"""The control: Mathwin et al.'s published models (2024, "Gated Attention Blocks") through uvic.
+"""The control: Mathwin et al.'s published models (2024, "Gated Attention Blocks") run through
+uvic (`uvic-gated-attention control`; docs/gated_attention.md, "The control").
 
-The paper's code saves its one-layer originals (``toy_model_{h}H_{n}ST.st``) and gated
-blocks (``gated_block_{2h}H_{n}ST.st``) as safetensors; :func:`load_original` and
-:func:`load_gated` read them into :class:`~uvic.analysis.skip_trigrams.ToyAttentionModel`
-and :class:`~uvic.analysis.gated.GatedAttentionBlock`. Their conventions are uvic's:
-tokens A = 0, B = 1..n, C = n+1..2n, BOS = 2n+1; one-hot embedding and unembedding; the
-same (heads, d_model, d_head) weight layout; scores divided by sqrt(d_head); a causal
-mask (theirs fills -1e5 in the originals, -inf in the gated blocks: the same weights,
-0); W_V normalised over d_model and W_O over d_model in the gated forward; the gate
-``clamp(gq gk^T, 0, 1)`` times the softmax pattern. Their files hold no output bias, so
-both load with ``output_bias=False``.
-
-The paper's head test (:func:`paper_head_test`, :func:`paper_check`) differs from
-:func:`~uvic.analysis.skip_trigrams.head_encodings`: the heads' outputs are summed alone
-(no embedding, no output bias), only prompts with exactly one trigram count, at least
-one other head is removed (the whole block is never tested), and a head passes at
-more than 99% of the prompts. Its prompts (:func:`paper_prompts`) can draw BOS after
-the first position, and a B at a prompt's last position counts as a trigram.
-:func:`control` runs both tests on the three published settings and compares them with
-what the paper's own check reports (:data:`PAPER_EXPECTED`).
+`load_original` and `load_gated` read the paper's safetensors files (uvic's conventions,
+without output bias) into `ToyAttentionModel` and `GatedAttentionBlock`; `control` runs
+uvic's head test and the paper's (`paper_check`, on `paper_prompts`) on the three published
+settings and compares both with the paper's own report (`PAPER_EXPECTED`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""Massive activations per block: how far the largest token's hidden state stands out.
-
-Gu et al. (2024, "When Attention Sink Emerges in Language Models: An Empirical View",
-Figure 29) follow attention sinks in a second signal, on the hidden states rather than
-the attention weights: the L2 norm of the sink token's hidden state after each block
-over the mean norm of the other tokens. Softmax language models show a peak of 16 to 20
-in their middle blocks; sigmoid attention without normalisation stays flat. Here the
-token is not assumed: for the output h (N tokens) of a block,
+"""Massive activations per block: how far the largest token's hidden state stands out (Gu et
+al. 2024, Figure 29; docs/analysis.md). For a block's output h (N tokens), per image and
+noise level,
 
     ratio = max_j |h_j| / mean_{i != k} |h_i|,   k = argmax_j |h_j|
 
-per image and noise level, and k says which token it is (the time token, a label or text
-token, or a patch). 1 means no token stands out (the largest is as large as the average
-of the others); the ratio is never below 1. `BlockRecorder` measures it with a forward
-hook on each block, in the same pass that captures the attention matrices.
+and k says which token it is (time, label, text or patch); 1 means no token stands out.
 """
 
 from __future__ import annotations

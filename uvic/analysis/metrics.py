@@ -1,16 +1,10 @@
-"""Attention metrics on explicit attention matrices, one value per query row.
+"""Attention metrics on explicit attention weights ``A`` (..., Nq, N), one value per query row
+(the analysis averages them over images and queries to one value per head).
 
-Every function takes attention weights ``A`` of shape (..., Nq, N): Nq query rows over
-N keys. Softmax rows are >= 0 and sum to 1; Cog rows may hold negative weights and
-their absolute values sum to 1; sigmoid rows (no normalisation) are in (0, 1) each and
-sum to anything in (0, N). To treat any mode alike, the metrics look at |A|
-normalised per row (the share of the row's attention each key receives) and, apart
-from that, at the signs; for rows that are not normalised, `key_weight` gives a key's
-weight itself and `row_sum` the row's total. A row whose weights are all 0 counts as
-"no attention": its shares are 0 and its entropy is 0.
-
-Row metrics return (..., Nq); the analysis averages them over images and queries
-to one value per head.
+To treat every mode alike (softmax rows sum to 1, Cog rows' absolute values sum to 1,
+sigmoid rows to anything in (0, N)), the metrics look at |A| normalised per row and, apart
+from that, at the signs; `key_weight` and `row_sum` read the weights themselves. A row of
+zeros counts as no attention: shares 0, entropy 0.
 """
 
 from __future__ import annotations

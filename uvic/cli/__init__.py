@@ -1,15 +1,10 @@
 """The command-line programs, one module each, installed as commands (pyproject.toml's
-[project.scripts]): `uvic-train`, `uvic-sample`, `uvic-fid`, `uvic-fid-table`,
-`uvic-quickstart`, `uvic-analyze-attention`, `uvic-table3`, `uvic-release-table`,
-`uvic-extract-mscoco`, `uvic-extract-imagenet`, `uvic-bench-train`, `uvic-bench-sampling`,
-`uvic-posthoc-ema` (and, from `uvic_kernels`, `uvic-bench-kernels`). The
-files in `scripts/` and `eval/` run the same `main`.
+[project.scripts]); the files in `scripts/` and `eval/` run the same `main`.
 
-A program parses its arguments before it imports torch or the library, so that `--help`
-and a usage error answer at once: this package, and each program's module, import only
-the standard library and light modules of uvic at module level. The argparse types here
-turn a bad number into argparse's one-line usage error; `input_error` says why an input
-path cannot be read, before anything heavy loads; `summary` is a program's description."""
+A program parses its arguments before it imports torch or the library, so that `--help` and
+a usage error answer at once: this package and each program's module import only the
+standard library and light modules of uvic at module level.
+"""
 
 from __future__ import annotations
 

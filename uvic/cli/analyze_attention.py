@@ -3,24 +3,10 @@
     uvic-analyze-attention --config configs/cifar10_uvit.py \
         --checkpoint U-ViT=runs/cifar10_uvit/ema.safetensors \
         --checkpoint U-ViC=runs/cifar10_uvic/ema.safetensors --out analysis/cifar10
-    # a released checkpoint run with another per-block pattern:
-    uvic-analyze-attention --config configs/mscoco_uvit.py \
-        --checkpoint released=nnet_ema.pth --attention released=uvic --out analysis/coco
 
-On `--num-images` images of the config's data (MS-COCO: latents and captions from the
-feature folder) noised to `--levels` levels spread over the schedule, it measures for
-every model, block, head and level: the negative share of the attention, the entropy
-and effective number of attended tokens, the weight on the time (and text) tokens, the
-share of sink heads, the mean pairwise cosine of the patch tokens, and the massive
-activations (the largest token's hidden-state norm over the mean of the others, and
-which token it is); and it draws the attention maps of a few query patches. Writes
-`attention.json` and PNG figures to `--out` and prints the massive activations beside
-the sink share, per block. Each checkpoint is built as the architecture it was trained
-with (the model config stored in its metadata, else its run folder's config.json;
-`--config`'s for a released nnet_ema.pth), as `uvic-sample` does: a `--set model.*`
-value that differs from it is refused with one line unless `--model-from-config`.
-`--attention LABEL=SPEC` then runs one checkpoint under another attention pattern.
-(`python scripts/analyze_attention.py` runs the same program.)
+Writes `attention.json` and figures to `--out` (docs/analysis.md). Each checkpoint is built
+as the architecture it was trained with, as `uvic-sample` does; `--attention LABEL=SPEC`
+runs one under another attention pattern (a released `nnet_ema.pth` as U-ViC, say).
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""Where a benchmarked step spends its time: a `torch.profiler` breakdown of a few calls.
+"""Where a benchmarked step spends its time: a `torch.profiler` breakdown of a few calls
+(`uvic-bench-train --profile`, kernels/BENCHMARKS.md).
 
-`uvic-bench-train --profile` profiles each row's training step after timing it and adds
-to the row's record (`profile`):
-
-* ``wall_ms``: the wall time of one step under the profiler (synchronised; the profiler
-  adds a little host time of its own, so this is a bit above the row's ms/step);
-* ``device_ms``: the time one step keeps the GPU busy, the sum of its kernels' device
-  times (one stream: kernels do not overlap), and ``gpu_busy`` = device_ms / wall_ms, the
-  fraction of the step the GPU computes (None on a CPU). A step at 17% busy is bound by
-  the host (Python, autograd, launches) or by gaps between small kernels, not by them;
-* ``host_top``: the operators with the most host (CPU) time of their own per step, with
-  their calls per step, so that a host-bound step says which calls to remove or fuse;
-* ``kernels_top``: the same for device time (CUDA only).
-
-This answers "is the step overhead-bound, and where?" with numbers that a graph capture
-or a compile mode then changes. Imports no torch at module level (`--help` stays light).
+A row's `profile` record holds the wall and device time of one step, ``gpu_busy`` (their
+ratio: a step at 17% busy is bound by the host or by gaps between small kernels), and the
+operators with the most host time (``host_top``) and device time (``kernels_top``). Imports
+no torch at module level, so `--help` stays light.
 """
 
 from __future__ import annotations

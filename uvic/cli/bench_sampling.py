@@ -1,33 +1,12 @@
 """Sampling speed of U-ViT and U-ViC per network evaluation, and the time of FID runs.
 
-Eager and compiled, with the projected wall time of a 50k-sample FID run under each
-paper / release protocol.
-
     uvic-bench-sampling [--compile off,reduce-overhead] [--precision fp16] [--out FILE]
-    # or: python scripts/bench_sampling.py ...
 
-For each dataset config (CIFAR-10: 500 images a batch; MS-COCO: 50, guided, so every
-network call runs 100 rows), model (the real U-ViT-S/2 and U-ViC-S/2 of
-configs/*_uvit.py, *_uvic.py, random weights: speed does not depend on them), attention
-backend and `sample.compile` mode, it times the network call the solvers make
-(`uvic.sampling.generate.guided_eps` on the network as `uvic.sampling.compiled` builds it,
-under inference mode and autocast) and, for latent configs, the decoding by a randomly
-initialised Stable Diffusion KL-f8 VAE (same architecture as sd-vae-ft-ema; eager).
-
-One network evaluation is one row through the network: a guided call of B images runs
-2B. A protocol (`uvic.evaluation.protocols.RELEASE`, and the preset's own where it
-differs) costs `evals_per_image` = solver calls per image x 2 with classifier-free
-guidance x 2 with autoguidance (its guide is a second network), the doublings only for the
-calls in `sample.guidance_interval` (`network_passes`), so a run of n samples
-takes n (evals_per_image / images_per_s_per_eval + 1 / decode_images_per_s) seconds on
-one device: `projected_50k_minutes` for n = 50,000, `projected_minutes` for the
-protocol's own sample count. Left out: the solver's arithmetic, writing PNGs and the
-Inception features.
-
-Writes a JSON record file (`--out`; on a GPU by default
-kernels/results/<date>_<device>_sampling.json): device, versions, date, git commit and
-one record per (dataset, model, backend, compile, protocol). Without CUDA (or with
-`--smoke`) it runs a tiny configuration on the CPU, whose figures are not timings.
+Times the network call the solvers make (and, for latent configs, the VAE decoding) per
+dataset config, model, attention backend and `sample.compile` mode, on random weights, and
+projects the wall time of a 50k-sample FID run under each protocol. Without CUDA (or with
+`--smoke`) it runs a tiny CPU configuration whose figures are not timings
+(kernels/BENCHMARKS.md).
 """
 
 from __future__ import annotations

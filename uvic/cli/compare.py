@@ -6,26 +6,9 @@ confidence intervals.
     uvic-compare --variant-file variants.json --seeds 5 --every 500
     uvic-compare --plan runs/compare/compare.json --target heldout_mse=0.001  # seeds needed
 
-(`python scripts/compare.py` runs the same program.) Variants (default: every attention
-preset, `uvic.config.models.ATTENTION_PRESETS`) x seeds (default 3: train.seed, +1, +2):
-every run is trained through the real loop (`uvic.training.trainer`, Accelerate,
-resumable) from `--config` (default the quickstart's) with `--set` and the variant's
-overrides, keeps a checkpoint at every step of the evaluation grid (`--steps` and/or
-`--every`, always the last step) and is evaluated there on `--metrics`: the held-out
-MSE of the EMA weights (noise, or velocity under flow matching, named so in the report),
-the stand-in FID (eval.features=projection, no download), FID under the config's protocol
-(Inception weights needed) and the Shapes quality figures.
-Seed s of every variant starts from the same initial weights (checked before training),
-data order and noise, so the report pairs them by seed (`uvic.evaluation.paired`).
-
-Outputs in `--out`: runs/<variant>_seed<s>/ (run folders), evals/ (one file per run and
-step), compare.md, compare.tex, compare.json and compare.png. Every stage resumes: run the
-same command again after an interruption. One seed is refused (no interval); so are an
-unknown variant, a table step off the grid and variants that differ in attention only but
-not in their parameters or initial weights. The stages are in `uvic.cli.compare_run`.
-Each pair states the difference it could detect (MDE at 80% power) and, with `--margin
-METRIC=VALUE`, whether it is equivalent within it (TOST); `--plan` reads a pilot's
-compare.json and says how many seeds a target difference needs.
+Each variant trains with each seed through the real loop and is evaluated at every step of
+the grid; the report in `--out` pairs the variants by seed (docs/comparisons.md). Every
+stage resumes: run the same command again. The stages are in `uvic.cli.compare_run`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """One run of `uvic-compare`: train it (resumed), then evaluate it at every step of the grid
 from the checkpoints the run kept (`train.keep_steps` holds the grid).
 
-Each evaluation is one file, <out>/evals/<run>/step_<N>.json, written once its metrics are
-all there; a rerun skips a step whose file names the same checkpoint (SHA-256), settings
-and metrics, so a killed comparison resumes where it stopped (training from the run's
-newest checkpoint, sampling from the samples on disk: `uvic.evaluation.fid`). Each cell
-(the training, each evaluation) is timed for the comparison's progress (`CellTime`).
-
-Paired by seed: the held-out MSE draws its noise levels and noise from the run's seed
-(`uvic.evaluation.heldout`), on the same held-out images; samples are seeded by the run's
-seed too, so seed s of every variant starts from the same sampling noise.
+Each evaluation is one file, <out>/evals/<run>/step_<N>.json; a rerun skips a step whose
+file names the same checkpoint (SHA-256), settings and metrics. The held-out MSE and the
+samples draw their noise from the run's seed, so seed s of every variant is paired.
 """
 
 from __future__ import annotations

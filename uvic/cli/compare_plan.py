@@ -1,13 +1,7 @@
-"""What `uvic-compare` runs: its variants, seeds and evaluation grid, every run's config,
-the checks that refuse a comparison that would not be one, and the plan it states.
-
-A variant is a name and `--set` overrides: an attention preset by its name (the presets of
-`uvic.config.models.ATTENTION_PRESETS`: `uvit` is `model.attention=uvit`, and a preset
-added there is a variant here), or one defined with `--variant NAME:KEY=VALUE[;KEY=VALUE]`
-or a variant file (JSON: {"name": ["key=value", ...]}). Seed s of every variant gets
-`train.seed=s`: the same initial weights where the variants share parameters, the same
-data order and the same training and sampling noise, so the variants' numbers pair by
-seed. No torch at import (`--help`).
+"""What `uvic-compare` runs: its variants (an attention preset by name, or `--set` overrides
+named by `--variant` or a variant file), seeds and evaluation grid, every run's config, the
+checks that refuse a comparison that would not be one, and the plan it states. Seed s of
+every variant gets `train.seed=s`, so the variants' numbers pair by seed. No torch at import.
 """
 
 from __future__ import annotations

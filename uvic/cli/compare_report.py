@@ -1,14 +1,9 @@
-"""`uvic-compare`'s report from the evaluation files: <out>/compare.md (markdown), compare.tex
-(LaTeX), compare.json (every run's numbers, the statistics and the provenance) and
-compare.png (each metric against the step, the variants' means with their 95% bands).
+"""`uvic-compare`'s report from the evaluation files: <out>/compare.md, compare.tex,
+compare.json (every run's numbers, the statistics and the provenance) and compare.png (each
+metric against the step, the variants' means with their 95% bands).
 
-Statistics: `uvic.evaluation.paired` (Student-t intervals over seeds; per pair of
-variants the paired difference with its t interval, paired t-test p-value, the difference
-it could detect (MDE at 80% power), its verdict, the TOST p-value where `--margin` gives
-the metric a margin, and the percentile bootstrap interval and p-value, replaced by "needs
->= N seeds" below `bootstrap_min_seeds`). "Best step" figures, with `--best`, take each
-run's best step on the metric itself: selected on the evaluation metric, so optimistic,
-and marked so in every table.
+The statistics are `uvic.evaluation.paired`'s. "Best step" figures (`--best`) are selected
+on the evaluation metric itself, so optimistic, and marked so in every table.
 """
 
 from __future__ import annotations

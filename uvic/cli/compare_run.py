@@ -1,13 +1,7 @@
 """`uvic-compare`'s stages on parsed arguments: plan (and the pairing check), train and
-evaluate every run (several at once on a CPU, one process each), then the report.
-
-On a CPU the runs go `--jobs` at a time, each in its own process with `--threads` split
-between them (a small model keeps the cores busier that way, as in the quickstart); each
-worker's output goes to <out>/logs/<run>.log. Under `accelerate launch` with several
-processes the runs go one after another, every process taking part in each. Each finished
-cell (a run's training, an evaluation) is saved at once (a rerun skips it) and prints a
-progress line with the time left from the cells measured so far; `--dry-run` times a few
-training steps and forwards of one run's model here and states the time of every cell.
+evaluate every run, then the report. On a CPU the runs go `--jobs` at a time, each in its
+own process on its share of `--threads` (log: <out>/logs/<run>.log); under `accelerate
+launch` with several processes they go one after another, every process taking part.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The config options the uvic commands share, declared once: `--config` (a config file or
-a preset's name), `--set KEY=VALUE` and `--model-from-config`; and `startup_config`, the
-start-up check of those options that every command runs before it imports torch. Light
-(no torch), so that `--help` and a wrong option or config answer at once (importing torch
-takes seconds).
-
-`--config` is resolved as it is parsed (`uvic.presets.resolve_config`): the program sees
-the path of the file it names, and a name that is neither a file nor a preset ends the
-program with one line, `error: no preset config 'NAME' (presets: ...)`, and exit status 2.
+"""The config options the uvic commands share, declared once: `--config` (a file or a
+preset's name, resolved as it is parsed), `--set KEY=VALUE` and `--model-from-config`; and
+`startup_config`, their start-up check, run before torch is imported so that `--help` and a
+wrong option or config answer at once.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Export a uvic run, checkpoint or released U-ViT as a diffusers pipeline folder.
 
-    python scripts/export.py runs/cifar10_uvic --out exported/cifar10_uvic
-    python scripts/export.py runs/cifar10_uvic/checkpoints/step_050000 --out exported/step50k
-    python scripts/export.py cifar10_uvit_small.pth --config configs/cifar10_uvit.py \\
+    uvic-export runs/cifar10_uvic --out exported/cifar10_uvic
+    uvic-export cifar10_uvit_small.pth --config configs/cifar10_uvit.py \
         --out exported/cifar10_uvit_release
 
-The source is a run folder or checkpoint folder (its ema.safetensors and config.json), an
-EMA .safetensors file (its architecture is in the file; the schedule, VAE and text encoder
-come from the config.json beside it or of its run, or from --config), or a released
-nnet_ema.pth with --config (a file or a preset's name, e.g. cifar10_uvit). The folder
-written holds model_index.json, transformer/, scheduler/, for latent models vae/ and,
-for a run that samples with autoguidance, guide/ (its weaker model: the pipeline samples
-as `uvic-sample` does; `--set sample.autoguidance_scale=0` exports unguided)
-(uvic.pipelines.export); load it with `UViTPipeline.from_pretrained(folder)`
-(uvic.pipelines). Installed as `uvic-export`; `scripts/export.py` runs the same. A source
+Load the folder with `UViTPipeline.from_pretrained(folder)` (docs/diffusers.md). A source
 that is none of these, or an output folder that is not empty, ends with a one-line
 `error: ...` and exit status 2.
 """

@@ -3,14 +3,9 @@
     uvic-extract-imagenet --imagenet data/imagenet --out data/imagenet256_features --resolution 256
     uvic-extract-imagenet --imagenet data/imagenet --out data/imagenet512_features --resolution 512
 
-Reads ``<imagenet>/train/<wnid>/*.JPEG`` (ILSVRC-2012 in class folders; class index = sorted
-wnid order), crops every image the release's way at `--resolution` and stores the Stable
-Diffusion VAE's posterior moments of the crop and of its mirror image, with the labels
-(layout: `uvic.data.imagenet`; `configs/imagenet256_*.py` and `imagenet512_*.py` read it as
-`data.root`). Run it again after an interruption: committed chunks are kept. A missing or
-empty class folder or an unreadable image is named in one line before or when it is met
-(`--skip-corrupt` records unreadable images and leaves them out instead). Also
-``python scripts/extract_imagenet_features.py``.
+Reads ``<imagenet>/train/<wnid>/*.JPEG`` and stores the Stable Diffusion VAE's posterior
+moments of each release crop and of its mirror image, with the labels (docs/training.md).
+Run it again after an interruption: committed chunks are kept.
 """
 
 from __future__ import annotations

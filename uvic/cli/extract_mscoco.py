@@ -1,19 +1,12 @@
 """Extract MS-COCO 2014 features for text-to-image U-ViT / U-ViC (the release's protocol):
-VAE moments of every image and CLIP token states of every caption, resumable. What is
-extracted and how is described in `uvic.data.mscoco_extraction`.
+VAE moments of every image and CLIP token states of every caption, resumable.
 
-Work is done in chunks of images. A chunk is committed by flushing the preallocated
-memory-mapped arrays and then atomically rewriting ``progress.json``; a rerun with the same
-settings skips committed chunks, so an interrupted extraction resumes where it stopped.
+    uvic-extract-mscoco --coco data/coco --out data/mscoco_features \
+        [--splits train val] [--vae CompVis/stable-diffusion-v1-4/vae] [--device cuda]
 
-    uvic-extract-mscoco --coco data/coco --out data/mscoco_features \\
-        [--splits train val] [--vae CompVis/stable-diffusion-v1-4/vae] \\
-        [--clip-model ViT-L-14-quickgelu] [--clip-pretrained openai] [--batch-size 64] \\
-        [--device cuda] [--limit N]
-
-Expects ``<coco>/{train,val}2014/*.jpg`` and ``<coco>/annotations/captions_{train,val}2014.json``.
-(`python scripts/extract_mscoco_features.py` runs the same program; the extraction itself
-is `uvic.data.mscoco_extraction`.)
+Expects ``<coco>/{train,val}2014/*.jpg`` and
+``<coco>/annotations/captions_{train,val}2014.json``; run it again after an interruption:
+committed chunks are kept (docs/training.md, "Training MS-COCO").
 """
 
 from __future__ import annotations

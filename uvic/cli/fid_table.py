@@ -2,15 +2,9 @@
 
     uvic-fid-table runs/fid --out runs/fid/table.md     # or: python eval/fid_table.py ...
 
-Rows U-ViT / U-ViC; one column per (dataset, FID protocol) with our best FID under that
-protocol, beside the paper's and the U-ViT release's numbers; the protocols are listed
-under the table and the release's is marked; columns of stand-in features
-(eval.features=projection) are marked as not comparable with Inception FID; results of
-one protocol scored against different reference statistics (`reference_digest`) get a
-column each, marked `ref <digest>`, and a note naming their files. Missing cells
-show "—". A folder with no result JSON, or a JSON that is not one, stops it with one line
-and exit status 2: the paper's numbers alone would read like a result. Built by
-`uvic.evaluation.protocols.protocol_table`.
+Rows U-ViT / U-ViC, one column per (dataset, FID protocol, reference statistics) with our
+best FID, beside the paper's and the release's numbers (docs/evaluation.md). A folder with
+no result JSON, or a JSON that is not one, stops it with one line and exit status 2.
 """
 
 from __future__ import annotations

@@ -3,30 +3,10 @@ wall-time budget, with every finished row on disk at once.
 
     uvic-gpu-check [--budget-s 420] [--out FILE] [--smoke]   # or: make gpu-check
 
-Run it first whenever a GPU is available (kernels/BENCHMARKS.md, "The budgeted GPU check",
-says how on the GPU machine's own stack). The rows (`uvic.cli.gpu_check_plan`: training
-steps of U-ViT / U-ViC through our kernels and SDPA, eager and `reduce-overhead`, at
-CIFAR-10 and MS-COCO sizes; the attention alone; sampling eager vs graphed; U-ViT-H/2 and
-longer sequences) run in that order, each isolated:
-
-* a row whose estimated cost (the plan's cost model, Triton compiles counted once per
-  kernel family) exceeds what is left of `--budget-s` is skipped and recorded as skipped,
-  and the rows after it still get their chance;
-* an exception in a row is recorded with its one-line reason and the next row runs;
-* a row still running when the budget runs out is stopped (status `timeout`) and the
-  rest recorded as skipped, so the command ends within the budget plus its summary (the
-  interrupted row may leave the process half-way through an import or a compile, which
-  is why no row runs after it);
-* after each row the whole record file is rewritten atomically
-  (`uvic.files.write_json`): a run killed at any moment leaves a valid file holding
-  every finished row (`"finished": false` until the end).
-
-The end prints one screen (`uvic.cli.gpu_check_report`): the stack (Python, torch,
-Triton, CUDA, device), the rows with their figures, MFU, estimated and actual seconds,
-and each of its targets as met / missed / not measured. Each record names the stack
-too. Default output: `kernels/results/<date>_<device>_gpu-check.json` on a GPU;
-`runs/bench/gpu-check.json` for the CPU smoke (`--smoke`, or no CUDA: tiny shapes, not a
-timing). The schema is in kernels/results/README.md.
+A row (`uvic.cli.gpu_check_plan`) whose estimated cost does not fit what is left is skipped,
+a failing row is recorded with its reason, a row still running when the budget runs out is
+stopped and the rest skipped; the record file is rewritten atomically after every row
+(kernels/BENCHMARKS.md, "The budgeted GPU check"; the schema: kernels/results/README.md).
 """
 
 from __future__ import annotations
@@ -153,7 +133,8 @@ class Check:
         try:
             with deadline(left):
                 result = row.run()
-        except BudgetSpent:
+        except BudgetSpent:  # the process may be half-way through an import or a compile:
+            # no row runs after it
             self.record(row, "timeout", f"budget: the budget ran out after "
                         f"{time.monotonic() - started:.0f} s in this row (estimated "
                         f"{estimate:.0f} s)", estimate, time.monotonic() - started)

@@ -1,29 +1,9 @@
 """The rows of `uvic-gpu-check`, in the order of their value, and what each should cost.
 
-Rows, each one measurement of an existing benchmark:
-
-1. CIFAR-10 U-ViT-S/2, batch 128 (N = 257): U-ViT through our kernels, U-ViT through
-   SDPA, U-ViC through our kernels; eager, then `reduce-overhead` (`uvic.cli.bench_train`,
-   each with its profile on a GPU);
-2. the same for MS-COCO, batch 64 (N = 334);
-3. the attention alone at U-ViT's lengths (B, H, N, D) = (128, 8, 257, 64) and
-   (256, 8, 334, 64): ours Cog and softmax vs SDPA's cuDNN and flash backends, forward
-   and forward + backward, plain and with CUDA graphs (`uvic_kernels.bench_cells`);
-4. sampling: images / s per network evaluation at 500 rows a call (CIFAR-10 500 images,
-   MS-COCO 250 guided), U-ViC and U-ViT through our kernels, eager and graphed
-   (`reduce-overhead`), in bf16 as the training rows (`uvic.cli.bench_sampling`);
-5. U-ViT-H/2 at ImageNet-256 latent size, batch 128, eager, without and with gradient
-   checkpointing; the attention alone at N = 1024 and 4096.
-
-The cost model (`CostModel`, seconds on an H100 from cold Triton and inductor caches,
-chosen on the high side): a training or sampling row costs its model's build, its steps
-at a guessed step time (the model's FLOPs at `mfu_guess` of the peak plus host time a
-step), and, compiled, an inductor compile with CUDA-graph recording; a row that first uses
-one of our kernels' passes in a dtype and mode compiles each of its autotuning configs
-once (`triton_config_s` each: the forward's, the backward's dQ and dK/dV), and each row
-through our kernels times every config at its new autotuning key. On the CPU (`--smoke`)
-the same rows run at tiny sizes, our kernels' rows through PyTorch's path; rows that
-need CUDA (compiled modes, SDPA's GPU backends) are skipped there and say so.
+Each row is one measurement of an existing benchmark: training steps of U-ViT / U-ViC
+through our kernels and SDPA at CIFAR-10 and MS-COCO sizes, the attention alone, sampling,
+then U-ViT-H/2 and longer sequences (kernels/BENCHMARKS.md, "The budgeted GPU check"). On
+the CPU (`--smoke`) the same rows run at tiny sizes, and those that need CUDA are skipped.
 """
 
 from __future__ import annotations
@@ -54,7 +34,10 @@ SAMPLING_MODELS = ("uvic", "uvit")
 
 @dataclass(frozen=True)
 class CostModel:
-    """Seconds each part of a row is expected to take (see the module's docstring)."""
+    """Seconds each part of a row is expected to take on an H100 from cold Triton and
+    inductor caches, on the high side: a model's build, its steps at `mfu_guess` of the
+    peak plus host time, an inductor compile, and each autotuning config of our kernels
+    compiled once per pass, dtype and mode (`triton_config_s`) and timed per new key."""
 
     model_build_s: float = 4.0
     triton_config_s: float = 2.5

@@ -1,19 +1,7 @@
-"""The end of `uvic-gpu-check`: the check's targets as met / missed / not measured, and the
-one-screen summary (stack, rows, MFU, targets).
-
-Targets (bf16, one run, side by side):
-
-* U-ViT through our kernels at most as slow as through SDPA, eager and in the best mode
-  (per dataset);
-* U-ViC in its best mode at most 1.05x U-ViT through SDPA in its best mode;
-* CIFAR-10 U-ViT-S/2 batch 128 (our kernels, best mode) at most 30 ms / step and at
-  least 35% MFU; MS-COCO batch 64 at most 25 ms / step;
-* sampling: graphed (`reduce-overhead`) at least 2x the eager images / s per network
-  evaluation (per dataset, every model measured).
-
-A mode's "best" is the fastest row that finished among the modes the check runs; while
-any of those rows was skipped or cut off by the budget, the best mode is not measured.
-A CPU smoke measures nothing.
+"""The end of `uvic-gpu-check`: the check's targets as met / missed / not measured
+(`evaluate_targets`: our kernels against SDPA, U-ViC against U-ViT, step time and MFU,
+graphed against eager sampling; bf16, one run, side by side), and the one-screen summary
+(stack, rows, MFU, targets). A CPU smoke measures nothing.
 """
 
 from __future__ import annotations
@@ -41,7 +29,8 @@ def _train(records: list[dict[str, Any]], dataset: str, model: str, impl: str,
 def best(records: list[dict[str, Any]], dataset: str, model: str, impl: str,
          mode: str | None = None) -> tuple[dict[str, Any] | None, str]:
     """The fastest finished row of (dataset, model, impl) (in `mode` only, if given), or
-    None and why not: a row not run, or none finished."""
+    None and why not: while any of those rows was skipped or cut off by the budget, or none
+    finished, the best is not measured."""
     rows = _train(records, dataset, model, impl, mode)
     label = f"{model} {impl}" + (f" {mode}" if mode else "")
     if not rows:

@@ -3,18 +3,10 @@
     uvic-posthoc-ema runs/cifar10_uvic --sigma-rel 0.08 --out runs/cifar10_uvic/phema_0.080
     uvic-posthoc-ema runs/cifar10_uvic --sigma-rel 0.12 --step 200000 --out phema_0.12_200k
 
-The run must have been trained with train.posthoc_ema_stds (e.g. [0.05,0.1]): it saved
-the power-function EMA profiles under posthoc_ema/. The weights of the EMA of relative
-length --sigma-rel (in (0, 0.2887)) at --step (a step with snapshots; default the newest)
-are the least-squares combination of the snapshots up to that step
-(`uvic.training.posthoc_reconstruct`). --out (new or empty) gets ema.safetensors, the
-run's config.json and posthoc_ema.json; sample it with
-`uvic-sample --config OUT/config.json --ckpt OUT/ema.safetensors`, evaluate it with
-`uvic-fid`, export it with `uvic-export OUT`. The line printed states the fit: how far
-(relative L2) the combination of the saved profiles is from the requested one. Installed as
-`uvic-posthoc-ema`; `scripts/posthoc_ema.py` runs the same. A missing run folder, a run
-without snapshots, a sigma_rel out of range or a step without snapshots ends with a
-one-line `error: ...` and exit status 2.
+The run must have been trained with train.posthoc_ema_stds. --out is a checkpoint folder
+for `uvic-sample`, `uvic-fid` and `uvic-export`; the line printed states the fit
+(docs/training.md, "Post-hoc EMA"). Bad input ends with a one-line `error: ...` and exit
+status 2.
 """
 
 from __future__ import annotations

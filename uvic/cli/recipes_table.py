@@ -6,22 +6,8 @@ guidance interval), U-ViT and its U-ViC twin.
     uvic-recipes-table --only imagenet256       # one row (both models); --only uvic: twins
     uvic-recipes-table --smoke                  # the whole chain on a CPU (~30 s)
 
-(`python scripts/reproduce_recipes_table.py` runs the same program.) Each row trains its
-presets (configs/cifar10_<model>_flow.py, configs/imagenet256_<model>_large_flow.py:
-docs/recipes.md, "The recipe configs") to their length and scores them under their own
-protocol. The runner is Table 3's (`uvic.cli.table_runner`): every stage resumes per row;
-outputs go to <out>/runs, <out>/fid and <out>/recipes_table.md. The plan states per row
-the training images, what REPA's encoder adds, and the network calls of one FID sample
-(Heun: 2 steps - 1; the SDE: steps; guidance: two passes only at the steps inside
-`sample.guidance_interval`).
-
-`--smoke` runs both rows shrunk (the release table's smoke sizes: a ~30k-parameter model,
-30 training steps, 10 sampling steps, 16 samples scored with eval.features=projection, a
-stand-in for Inception) on data it writes: the CIFAR-10 row on 16 x 16 Shapes with
-post-hoc EMA snapshots on; the ImageNet row on 8 x 8 latents of Shapes pictures in
-ImageNet's class folders, extracted by `uvic-extract-imagenet` with a tiny random VAE and
-a tiny random DINOv2 encoder of timm's class (`uvic.cli.smoke_data`), so REPA, logit-normal
-times, the SDE and guidance on part of the steps all run, with no download.
+The runner is Table 3's (`uvic.cli.table_runner`): every stage resumes per row, and the
+smoke runs both rows shrunk on data it writes, with no download (docs/recipes.md).
 """
 
 from __future__ import annotations

@@ -6,19 +6,9 @@ CIFAR-10 and MS-COCO rows.
     uvic-release-table --only imagenet256_huge   # one row (both models); --only uvic: twins
     uvic-release-table --smoke                   # the whole chain on a CPU (~1 min)
 
-(`python scripts/reproduce_release_table.py` runs the same program.) Each row trains its
-preset (configs/<row's preset>.py) to the release's length and is scored under the release's
-protocol (`uvic.evaluation.protocols.RELEASE_ROWS`: the configs' defaults) against the
-release's reference statistics file named by eval.ref_stats (`data/fid_stats/...`;
-`--set eval.ref_stats=PATH` elsewhere). The runner is Table 3's (`uvic.cli.table_runner`):
-every stage resumes per row; outputs go to <out>/runs, <out>/fid and <out>/release_table.md.
-
-`--smoke` runs one row of each kind of data, U-ViT and U-ViC, shrunk (a ~30k-parameter model
-at 16x16 pixels or 8x8 latents, 30 training steps, 10 sampling steps, 16 samples scored
-with eval.features=projection, a stand-in for Inception) on tiny data it writes in the real
-on-disk formats (`uvic.cli.smoke_data`): CelebA 64 (CelebA's layout), ImageNet 64 (class
-folders of JPEGs, class-conditional) and ImageNet 256 H/2 (latents extracted by
-`uvic-extract-imagenet` with a tiny random VAE; discrete time, guided by the null class).
+Each row is scored under the release's protocol against its reference statistics file
+(eval.ref_stats); the runner is Table 3's (`uvic.cli.table_runner`), and the smoke writes
+tiny data in the real formats (docs/evaluation.md, "The release's table by command").
 """
 
 from __future__ import annotations

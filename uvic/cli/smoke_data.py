@@ -1,19 +1,10 @@
-"""Tiny data in the real on-disk formats, for `uvic-release-table --smoke` (no download).
+"""Tiny data in the real on-disk formats, for the table programs' `--smoke` (no download),
+read by the same loaders as the real data.
 
-`write_smoke_data(folder)` writes, once (a `.complete` marker; a rerun reuses it):
-
-    <folder>/imagenet/train/<wnid>/<wnid>_<n>.JPEG   ILSVRC-2012's class folders (3 classes
-                                                     of Shapes pictures, mixed sizes)
-    <folder>/celeba/img_align_celeba/000001.jpg ...  CelebA's aligned images (178 x 218)
-    <folder>/celeba/list_eval_partition.txt          and its partition list
-    <folder>/vae/                                    a tiny random SD-layout AutoencoderKL
-    <folder>/imagenet_features/                      `uvic-extract-imagenet --resolution 64`
-                                                     of the ImageNet folder with that VAE
-
-read by the same loaders as the real data (`uvic.data.imagenet`, `uvic.data.celeba`).
-`write_recipes_smoke_data(folder)`, for `uvic-recipes-table --smoke`, writes the ImageNet
-folders, the VAE, a tiny random REPA encoder (`tiny_repa_encoder`) and
-`<folder>/imagenet_features/` extracted with that encoder's features (`--repa-encoder`).
+`write_smoke_data(folder)` (`uvic-release-table --smoke`) writes, once, ImageNet class
+folders of Shapes pictures, CelebA's layout, a tiny random VAE and `imagenet_features/`
+extracted with it; `write_recipes_smoke_data(folder)` (`uvic-recipes-table --smoke`) adds a
+tiny random REPA encoder and extracts its features too.
 """
 
 from __future__ import annotations

@@ -4,21 +4,10 @@
     accelerate launch --multi_gpu --num_processes 8 scripts/reproduce_table3.py
     uvic-table3 --smoke           # the whole chain on a CPU (~10 s)
 
-(`python scripts/reproduce_table3.py` runs the same program.)
-
-Pairs: CIFAR-10 and MS-COCO, each with U-ViT and U-ViC (configs/<dataset>_<model>.py),
-trained to the paper's length and scored under the release's FID protocol (the configs'
-defaults, `uvic.evaluation.protocols`). Every stage resumes: training continues from the run's
-newest checkpoint and is skipped once it reached train.max_steps; FID reuses the samples
-on disk and is skipped when a result for the same checkpoint and protocol exists; the
-table is rebuilt from all results in <out>/fid. Run it again after an interruption.
-
-`--smoke` swaps in configs/table3_smoke.py (tiny model, 16x16 Shapes, both attentions,
-eval.features=projection: a fixed random projection in place of Inception), so it needs no
-data, weights or GPU. Its U-ViT and U-ViC numbers come out (nearly) equal, and the table
-says why, measured on their samples (`smoke_note`). `--only cifar10` / `--only uvic` pick
-pairs; `--set` overrides every config. The program is `uvic.cli.table_runner`'s, run on
-the `TABLE3` description (`uvic-release-table` runs it on the release's rows).
+CIFAR-10 and MS-COCO, each with U-ViT and U-ViC, trained to the paper's length and scored
+under the release's FID protocol; every stage resumes, so run it again after an
+interruption (docs/evaluation.md, "Table 3 by command"). The program is
+`uvic.cli.table_runner`'s, run on the `TABLE3` description.
 """
 
 from __future__ import annotations

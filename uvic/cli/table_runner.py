@@ -1,20 +1,10 @@
 """One program for the tables built by command (`uvic-table3`, `uvic-release-table`,
-`uvic-recipes-table`): for every row of a `Table`, train, then FID, then the table;
-resumable at every stage.
+`uvic-recipes-table`): for every row of a `Table`, train, then FID, then the table.
 
-A `Table` names its runs (`Row`: a row name, U-ViT or U-ViC, the preset and overrides),
-its smoke runs (tiny models on tiny generated data, with `prepare_smoke` writing the data
-first) and how results become markdown (`render`). Every stage resumes: training continues
-from the run's newest checkpoint and is skipped once it reached train.max_steps; FID reuses
-the samples on disk and is skipped when a result for the same checkpoint and protocol
-exists; the table is rebuilt from all results in <out>/fid. Run it again after an
-interruption. Outputs: <out>/runs/<row>_<model>/, <out>/fid/<row>_<model>.json and
-<out>/<table>.md.
-
-Each finished cell (a row's training, its FID) prints a progress line with the time left,
-from the cells measured so far (`uvic.cli.progress`); `--dry-run` states each row's time
-and the total, calibrated on a few timed steps of one row's model where no run has
-measured its own.
+Every stage resumes: training continues from the run's newest checkpoint and is skipped at
+train.max_steps, FID reuses the samples on disk and is skipped when a result for the same
+checkpoint and protocol exists, and the table is rebuilt from every result in <out>/fid.
+Outputs: <out>/runs/<row>_<model>/, <out>/fid/<row>_<model>.json and <out>/<table>.md.
 """
 
 from __future__ import annotations

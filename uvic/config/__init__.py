@@ -1,19 +1,10 @@
-"""Typed run configuration: one `Config` fully describes a training/sampling/evaluation run.
+"""Typed run configuration: one `Config` fully describes a training, sampling or evaluation run.
 
-Config files are Python modules in `configs/` that define `get_config() -> Config`.
-Any field can be overridden from the command line with `--set section.field=value`
-(for example `--set train.batch_size=64 --set model.attention=uvic`). Values are parsed
-with the field's declared type; an unknown key or a value of the wrong type raises a
-`ConfigError` naming the key. The resolved config is saved as JSON next to every run's
-outputs and can be loaded back with `load_config("run/config.json")` (a run's config.json
-also lists what each resume changed, under `resumes`: see `uvic.run.prepare`).
-
-This package is the bottom layer (docs/architecture.md) and imports nothing above it: this
-module, loading and `--set` parsing; `uvic.config.schema`, the sections' fields; beside
-them the rules on values, one module per section's domain (`uvic.config.models`, `.data`,
-`.diffusion`, `.sampling`, `.training`, `.evaluation`: which names a field accepts, which
-numbers are in range), `uvic.config.validation.validate`, which runs them all, and
-`uvic.config.compare`. None of them imports torch.
+Config files are Python modules (`configs/*.py`, defining `get_config() -> Config`) or a
+run's saved `config.json`; `load_config(path, overrides)` applies `section.field=value`
+overrides (`--set`), parsed with the field's declared type, and a bad key or value raises
+a `ConfigError` naming it. This package is the bottom layer (docs/architecture.md): none
+of its modules imports torch.
 """
 
 from __future__ import annotations

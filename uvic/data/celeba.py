@@ -1,20 +1,8 @@
-"""CelebA 64x64 (`data.name="celeba"`), read from its own on-disk layout, cropped as the
-U-ViT release crops it.
-
-The release trains on torchvision's ``CelebA(split="train")``: the aligned images listed
-with partition 0 in ``list_eval_partition.txt`` (162,770 images; 1 is val, 2 is test). We
-read the two things that uses, without torchvision's check of the attribute, identity,
-bounding-box and landmark files (which the crop never reads)::
-
-    <data.root>/img_align_celeba/000001.jpg ...   the aligned images, 178 x 218
-    <data.root>/list_eval_partition.txt           "000001.jpg 0" per line
-
-(or the same under ``<data.root>/celeba/``, torchvision's folder, where the release's
-``assets/datasets/celeba`` holds them). Each image: the 128 x 128 square around the face
-centre (x, y) = (89, 121), i.e. rows 57..184 and columns 25..152, resized to `model.img_size`
-by torchvision's ``resize`` (bilinear, antialiased: the release's ``transforms.Resize``),
-mirrored left-right with probability 1/2 (`data.random_flip`), in [-1, 1]. Items:
-``{"x": (3, H, W)}``; the release's CelebA model is unconditional.
+"""CelebA 64x64 (`data.name="celeba"`), read from its own layout (``img_align_celeba/`` and
+``list_eval_partition.txt`` in `data.root` or in ``<data.root>/celeba/``) and cropped as the
+U-ViT release crops it: the train partition's aligned images (162,770), the 128 x 128
+square centred at (89, 121), resized to `model.img_size`, optionally mirrored. The
+release's CelebA model is unconditional: items are ``{"x": (3, H, W)}`` in [-1, 1].
 """
 
 from __future__ import annotations
@@ -67,7 +55,8 @@ def read_partition(folder: Path, split: str) -> list[str]:
 
 
 def release_crop(image: Image.Image, resolution: int, path: Path) -> Image.Image:
-    """The release's CelebA crop and resize of one RGB image (`path` names it in errors)."""
+    """The release's CelebA crop and resize of one RGB image (`path` names it in errors):
+    rows 57..184, columns 25..152, then torchvision's bilinear antialiased ``resize``."""
     width, height = image.size
     if width < CROP_LEFT + CROP_SIZE or height < CROP_TOP + CROP_SIZE:
         raise DatasetError(f"CelebA image {path} is {width}x{height}, too small for the "
@@ -78,7 +67,7 @@ def release_crop(image: Image.Image, resolution: int, path: Path) -> Image.Image
 
 
 class CelebAImages(Dataset):
-    """CelebA aligned images of one split, cropped as the release does (module docstring).
+    """CelebA aligned images of one split, cropped as the release does (`release_crop`).
 
     The global torch RNG decides the flips (the training loop seeds it per item).
     """

@@ -1,15 +1,9 @@
 """Resumable feature extraction: preallocated ``.npy`` arrays filled chunk by chunk.
 
-An extraction writes rows of memory-mapped arrays in chunks of rows. A chunk is committed by
-flushing the arrays, then atomically rewriting ``progress.json``; a process killed at any
-moment leaves every committed chunk intact, and a restart with the same settings redoes
-only the chunks not committed. ``progress.json``::
-
-    {"fingerprint": {...settings...}, "num_chunks": K, "done_chunks": [...],
-     "skipped": [{"index": row, "file": ..., "error": ...}, ...], "complete": bool}
-
-A restart whose settings (`fingerprint`) differ from the folder's is refused, naming the
-setting, so that one folder never mixes two extractions.
+A chunk is committed by flushing the arrays, then atomically rewriting ``progress.json``,
+so a process killed at any moment leaves every committed chunk intact and a restart redoes
+only the others. A restart with other settings (the fingerprint) is refused, naming the
+setting: one folder never mixes two extractions.
 """
 
 from __future__ import annotations
@@ -24,6 +18,8 @@ import numpy as np
 from uvic.data.base import DatasetError
 from uvic.files import atomic_write, write_json
 
+# {"fingerprint": {...settings...}, "num_chunks": K, "done_chunks": [...],
+#  "skipped": [{"index": row, "file": ..., "error": ...}, ...], "complete": bool}
 PROGRESS_FILE = "progress.json"
 
 

@@ -1,25 +1,10 @@
-"""Training data: CIFAR-10 pixels, the built-in Shapes quickstart set, MS-COCO latent features.
+"""Training data: CIFAR-10 pixels, the built-in Shapes quickstart set, MS-COCO latent
+features; `build_dataset` dispatches to these and to ImageNet (`uvic.data.imagenet`) and
+CelebA (`uvic.data.celeba`).
 
-Every dataset yields dicts ``{"x": FloatTensor (C, H, W)}`` in the model's input space:
-pixels in [-1, 1] for CIFAR-10 and Shapes, scaled Stable Diffusion latents for MS-COCO,
-which also carries ``"context": FloatTensor (77, 768)`` (CLIP token states of one of the
-image's captions, drawn at random each time). ImageNet (pixels and latent features, with
-class labels under ``"y"``) and CelebA live in `uvic.data.imagenet` and `uvic.data.celeba`;
-`build_dataset` dispatches to all of them.
-
-MS-COCO features are written by ``scripts/extract_mscoco_features.py`` in this layout::
-
-    <root>/meta.json                      VAE, CLIP model, padding, resolution, versions
-    <root>/empty_context.npy              (77, D) float32, the empty prompt ""
-    <root>/sample_prompts.json            prompts for sample grids
-    <root>/sample_contexts.npy            (P, 77, D) float32
-    <root>/<split>/moments.npy            (N, 8, h, w) VAE posterior [mean, logvar]
-    <root>/<split>/contexts.npy           (M, 77, D) caption token states
-    <root>/<split>/caption_offsets.npy    (N + 1,) int64: image i has rows offsets[i]:offsets[i+1]
-    <root>/<split>/captions.json          the M caption texts
-    <root>/<split>/image_ids.npy          (N,) int64 COCO image ids (sorted)
-    <root>/<split>/repa.npy               optional (N, L, D) float16 REPA encoder features
-    <root>/<split>/progress.json          extraction progress; "complete": true when done
+Every item is a dict ``{"x": (C, H, W)}`` in the model's input space (pixels in [-1, 1],
+or scaled VAE latents), with ``"context"`` (a caption's CLIP token states) for MS-COCO
+and the class under ``"y"`` for class-conditional data.
 """
 
 from __future__ import annotations
@@ -44,17 +29,18 @@ from uvic.models.autoencoder import sample_from_moments
 
 SPLITS = ("train", "val", "test")
 
-# MS-COCO feature folder layout (shared with scripts/extract_mscoco_features.py).
-META_FILE = "meta.json"
-EMPTY_CONTEXT_FILE = "empty_context.npy"
-SAMPLE_PROMPTS_FILE = "sample_prompts.json"
-SAMPLE_CONTEXTS_FILE = "sample_contexts.npy"
-MOMENTS_FILE = "moments.npy"
-CONTEXTS_FILE = "contexts.npy"
-OFFSETS_FILE = "caption_offsets.npy"
-CAPTIONS_FILE = "captions.json"
-IMAGE_IDS_FILE = "image_ids.npy"
-PROGRESS_FILE = "progress.json"
+# MS-COCO feature folder layout (written by scripts/extract_mscoco_features.py): in <root>,
+META_FILE = "meta.json"  # VAE, CLIP model, padding, resolution, versions
+EMPTY_CONTEXT_FILE = "empty_context.npy"  # (77, D) float32, the empty prompt ""
+SAMPLE_PROMPTS_FILE = "sample_prompts.json"  # prompts for sample grids
+SAMPLE_CONTEXTS_FILE = "sample_contexts.npy"  # (P, 77, D) float32
+# and in <root>/<split>/:
+MOMENTS_FILE = "moments.npy"  # (N, 8, h, w) VAE posterior [mean, logvar]
+CONTEXTS_FILE = "contexts.npy"  # (M, 77, D) caption token states
+OFFSETS_FILE = "caption_offsets.npy"  # (N + 1,) int64: image i has rows offsets[i]:offsets[i+1]
+CAPTIONS_FILE = "captions.json"  # the M caption texts
+IMAGE_IDS_FILE = "image_ids.npy"  # (N,) int64 COCO image ids (sorted)
+PROGRESS_FILE = "progress.json"  # extraction progress; "complete": true when done
 REPA_FILE = "repa.npy"  # optional (N, L, D) float16 REPA encoder features (--repa-encoder)
 EXTRACT_HINT = "run `python scripts/extract_mscoco_features.py --coco data/coco --out {root}`"
 

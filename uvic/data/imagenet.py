@@ -1,38 +1,7 @@
-"""ImageNet for the U-ViT release's class-conditional rows: 64x64 pixels, 256 and 512 latents.
-
-**Pixels** (`data.name="imagenet"`, ImageNet 64): the ILSVRC-2012 train set in its standard
-class-folder layout, ``<data.root>/train/<wnid>/*.JPEG``. The class index of an image is the
-position of its folder's wnid among all wnids in sorted order (n01440764 -> 0, ...), as the
-release numbers them. Each image is cropped the release's way (ADM's ``center_crop_arr``,
-`adm_center_crop`) to `model.img_size` and, with `data.random_flip`, mirrored left-right
-with probability 1/2 after the crop. Items: ``{"x": (3, H, W) in [-1, 1], "y": class}``.
-
-**Latents** (`data.name="imagenet_features"`, ImageNet 256 and 512): the Stable Diffusion
-VAE's posterior moments of the same crops at 256 or 512 px, and of their mirror images,
-written once by ``uvic-extract-imagenet`` (`uvic.data.imagenet_extraction`)::
-
-    <root>/meta.json                  extraction settings (VAE, resolution, crop) and versions
-    <root>/<split>/classes.json       the wnids, in class-index order
-    <root>/<split>/files.json         the N images, relative to the split folder, in row order
-    <root>/<split>/labels.npy         (N,) int64 class index of each row
-    <root>/<split>/moments.npy        (N, 8, h, w) VAE posterior [mean, logvar] of each crop
-    <root>/<split>/moments_flip.npy   (N, 8, h, w) the same for the crop mirrored left-right
-    <root>/<split>/repa.npy           (N, L, D) float16, optional: REPA encoder patch features
-                                      of each crop (`--repa-encoder`; meta.json "repa")
-    <root>/<split>/progress.json      extraction progress; "complete": true when done
-
-As in the release, which stores every image's features and its mirror image's as separate
-items, the dataset has 2N items (the N crops, then the N mirrored crops; with
-`data.random_flip=false`, only the N crops). Each access draws a fresh latent
-``(mean + exp(logvar / 2) * noise) * data.scale_factor`` (0.18215 for ImageNet: the
-release's autoencoder default) and gives ``{"x": (4, h, w), "y": class}``.
-
-With `repa` (a run with `train.repa_encoder`) items also carry ``"repa": (L, D)``, the
-stored encoder features of the crop; a mirrored item mirrors them on their patch grid (the
-features of the mirror image itself are not stored: they would double the largest file).
-Without class conditioning (`model.num_classes=-1`) items carry no "y". The classifier-free
-null class (the release's label 1000 of `num_classes=1001`) is never in the data: the
-training objective puts it in place of a label (`diffusion.p_uncond`).
+"""ImageNet for the U-ViT release's class-conditional rows: 64x64 pixels read from the
+ILSVRC-2012 class folders (`data.name="imagenet"`), or 256 and 512 px latents drawn from
+the VAE moments that `uvic-extract-imagenet` stores (`data.name="imagenet_features"`).
+A class index is its wnid's position in sorted order, as the release numbers them.
 """
 
 from __future__ import annotations
@@ -55,7 +24,11 @@ from uvic.models.autoencoder import sample_from_moments
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif")  # what the release lists, in any case
 VAE_FACTOR = 8  # KL-f8: a 256x256 image has 32x32 latents
 
-# Feature folder layout (written by uvic.data.imagenet_extraction)
+# Feature folder layout (written by uvic.data.imagenet_extraction): <root>/meta.json (the
+# extraction settings), and in <root>/<split>/: classes.json (wnids in class order),
+# files.json (images in row order), labels.npy (N,), moments.npy and moments_flip.npy
+# (N, 8, h, w: VAE [mean, logvar] of each crop and of its mirror image), the optional
+# repa.npy ((N, L, D) float16 encoder features) and progress.json ("complete" when done).
 META_FILE = "meta.json"
 CLASSES_FILE = "classes.json"
 FILES_FILE = "files.json"
@@ -219,8 +192,9 @@ class ImageNetFeatures(Dataset):
     """ImageNet VAE moments (and their mirror images') from the extractor's arrays.
 
     Item i < n (n = images, less those the extraction skipped as unreadable): a fresh latent
-    of image i; item n + i: of its mirror image (only with `flip`). The arrays are opened
-    lazily in each DataLoader worker; latents draw from the global torch RNG.
+    ``(mean + exp(logvar / 2) * noise) * scale_factor`` of image i; item n + i: of its mirror
+    image (only with `flip`), as the release stores both. The arrays are opened lazily in
+    each DataLoader worker; latents draw from the global torch RNG.
     """
 
     def __init__(self, root: str | Path, split: str = "train", scale_factor: float = 0.18215,

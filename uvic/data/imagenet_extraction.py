@@ -1,17 +1,11 @@
-"""ImageNet 256 / 512 latent features, as the release extracts them, resumable and checked.
+"""ImageNet 256 / 512 latent features as the release extracts them (``uvic-extract-imagenet``):
+for every image of a class-folder split, in the release's order, the Stable Diffusion VAE's
+posterior moments of the release's crop and of its mirror image, encoded in one batch as
+the release does (layout: `uvic.data.imagenet`).
 
-For every image of a class-folder split, in the release's order (`read_class_folders`): the
-release's crop at the target resolution (`adm_center_crop`, 256 or 512 px), then the Stable
-Diffusion VAE's posterior moments (mean and log-variance, 8 x res/8 x res/8) of the crop and
-of the crop mirrored left-right, encoded together in one batch as the release does
-(``scripts/extract_imagenet_feature.py``: ``cat([img, img.flip(-1)])``). Latents are drawn
-from the moments at load time (`uvic.data.imagenet.ImageNetFeatures`). The layout is in
-`uvic.data.imagenet`; ``uvic-extract-imagenet`` (`uvic.cli.extract_imagenet`) runs this.
-
-Work is done in chunks of images (`uvic.data.chunks`): a rerun with the same settings skips
-the committed chunks, so an extraction killed at any moment resumes where it stopped. An
-unreadable image stops the extraction naming the file, or with `skip_corrupt` is recorded in
-``progress.json`` and left out of the dataset (its rows stay zero).
+Work is done in chunks (`uvic.data.chunks`): a rerun with the same settings skips committed
+chunks, so a killed extraction resumes where it stopped. An unreadable image stops it naming
+the file, or with `skip_corrupt` is recorded in ``progress.json`` and left out.
 """
 
 from __future__ import annotations

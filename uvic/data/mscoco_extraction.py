@@ -1,18 +1,9 @@
-"""MS-COCO 2014 features for text-to-image U-ViT / U-ViC (the release's protocol).
-
-For every image of a split (sorted by COCO id): center square crop, LANCZOS resize to 256
-(the release's ``center_crop``), Stable Diffusion KL-f8 VAE posterior moments (8 x 32 x 32,
-mean and logvar; latents are sampled at load time). For every caption (~5 per image): the
-77 CLIP ViT-L/14 token states after ``ln_final``, with the release's end-of-text padding
-(see uvic/models/text_encoder.py). Also the empty-prompt context and a few fixed prompts for
-sample grids. The layout is documented in uvic/data/datasets.py.
-
-Work is done in chunks of images. A chunk is committed by flushing the preallocated
-memory-mapped arrays and then atomically rewriting ``progress.json``; a rerun with the same
-settings skips committed chunks, so an interrupted extraction resumes where it stopped.
-
-Expects ``<coco>/{train,val}2014/*.jpg`` and ``<coco>/annotations/captions_{train,val}2014.json``.
-The program is `uvic-extract-mscoco` (`uvic.cli.extract_mscoco`).
+"""MS-COCO 2014 features for text-to-image U-ViT / U-ViC, the release's way
+(``uvic-extract-mscoco``): per image, sorted by COCO id, the Stable Diffusion VAE moments of
+its 256 px center crop; per caption, the 77 CLIP ViT-L/14 token states
+(`uvic.models.text_encoder`); and the empty-prompt and sample-grid contexts (layout:
+`uvic.data.datasets`). Expects ``<coco>/{train,val}2014/*.jpg`` and
+``<coco>/annotations/captions_{train,val}2014.json``; work is done in resumable chunks.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Data order for training: what a step sees is a pure function of the run's seed and
-its position, so a resumed run continues exactly and every process sees its own share.
-
-* the order of the data is a permutation drawn from (seed, epoch) (`EpochSampler`), and a
-  resumed run skips the batches of the current epoch that were already used;
-* the global random generators are seeded from (seed, epoch, index) around each item
-  (`SeededItems`), so item randomness (flips, caption choice) is the same whatever the
-  worker or process.
-
-The seeds themselves come from `uvic.seeds`.
+"""Data order for training: what a step sees is a function of the run's seed and its position,
+so a resumed run continues exactly and every process sees its own share. The order is a
+permutation drawn from (seed, epoch) (`EpochSampler`), and the global generators are seeded
+from (seed, epoch, index) around each item (`SeededItems`), so flips and caption choice do
+not depend on the worker or process.
 """
 
 from __future__ import annotations

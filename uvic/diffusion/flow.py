@@ -1,32 +1,9 @@
-"""Flow matching: interpolants, velocity training inputs and the flow samplers.
+"""Flow matching (`diffusion.objective="velocity"`): the interpolants between data (t = 0) and
+noise (t = 1), the velocity training inputs, and the samplers `flow_euler`, `flow_heun` and
+`flow_euler_maruyama` (docs/recipes.md, "Flow matching").
 
-With `diffusion.objective="velocity"` the network predicts the velocity v = dx_t/dt of an
-interpolant x_t = alpha(t) x0 + sigma(t) e between the data x0 (t = 0) and Gaussian noise
-e (t = 1), `diffusion.interpolant`:
-
-* linear (SiT, REPA; diffusers' flow-match schedulers): x_t = (1 - t) x0 + t e, v = e - x0;
-* trigonometric: x_t = cos(pi t / 2) x0 + sin(pi t / 2) e,
-  v = (pi / 2) (cos(pi t / 2) e - sin(pi t / 2) x0).
-
-Training (`velocity_inputs`) draws t by `diffusion.timestep_sampling` (`sample_times`:
-uniform, or logit-normal t = sigmoid(m + s n), n ~ N(0, 1), which the eps objective on the
-continuous VP schedule uses too) and regresses v with a mean squared error. The network
-sees 999 t, the time input of the release's continuous VP schedule: one time embedding for
-both objectives. Sampling integrates dx/dt = v(x, t) from x_1 = the initial noise to t = 0
-(`flow_sample`); guidance is linear in the network output, so it applies to v unchanged.
-
-* `flow_euler`: Euler on t_i = 1 - i / steps (`steps` network calls).
-* `flow_heun`: Heun (explicit trapezoid) on the same grid, the last step Euler, as REPA's
-  sampler does (2 steps - 1 calls).
-* `flow_euler_maruyama`: Euler-Maruyama on the reverse-time SDE with the ODE's marginals,
-  dx = (v - g^2 / 2 * score) dt + g dW, with g(t)^2 = 2 sigma(t) (REPA's 2 t on the linear
-  path) and the score from v through the interpolant: e_hat = (alpha v - alpha' x) /
-  (alpha sigma' - alpha' sigma), score = -e_hat / sigma, so the drift is v + e_hat. Times
-  linspace(1, 0.04, steps), then a last noiseless step (its mean) to t = 0 (`steps` calls).
-  Per-step noise comes from the per-sample generators.
-* `FlowMatchEulerDiscreteScheduler` (diffusers; linear interpolant only): its sigma is t and
-  its step x + (sigma_next - sigma) v is Euler's, on its own grid (sigma from 1 to 1/N,
-  then 0); with the grid of `flow_euler` given as `sigmas` it computes the same samples.
+The network sees 999 t, the continuous VP schedule's time input, so both objectives share
+one time embedding; guidance is linear in the network output, so it applies to v unchanged.
 """
 
 from __future__ import annotations
@@ -149,8 +126,9 @@ def ode_solve(v_fn: VFn, x: torch.Tensor, grid: Sequence[float], heun: bool = Fa
 def sde_solve(v_fn: VFn, x: torch.Tensor, grid: Sequence[float], interpolant: Interpolant,
               generator: torch.Generator | list[torch.Generator],
               progress: bool = False) -> torch.Tensor:
-    """Euler-Maruyama on the reverse SDE (module docstring) over `grid`; the last step
-    keeps its noiseless mean."""
+    """Euler-Maruyama over `grid` on the reverse SDE with the ODE's marginals, dx = (v - g^2 / 2
+    score) dt + g dW with g^2 = 2 sigma(t): the drift is v + e_hat (`noise_from_velocity`).
+    The last step keeps its noiseless mean."""
     x = x.float()
     for i in tqdm(range(len(grid) - 1), desc="sampling", disable=not progress, leave=False):
         t, h = grid[i], grid[i + 1] - grid[i]  # h < 0

@@ -1,24 +1,9 @@
-"""The guidance interval (Kynkaanniemi et al. 2024, "Applying guidance in a limited interval
-improves sample and distribution quality in diffusion models"): guidance only at the
-middle noise levels.
+"""The guidance interval (Kynkaanniemi et al. 2024): classifier-free guidance and autoguidance
+only where the noise level lies in (low, high] (`sample.guidance_interval`); the other steps
+run the conditional model alone, one network call instead of two.
 
-Guidance (classifier-free and autoguidance) is applied only where the noise level lies in
-(low, high] (`sample.guidance_interval`); at the other steps the sampler gets the
-conditional model's own prediction, and neither the unconditional pass nor the weaker
-model runs: those steps cost one network call instead of two.
-
-The noise level is EDM's sigma = sigma_t / alpha_t of x_t = alpha_t x0 + sigma_t eps (the
-noise-to-signal ratio of x_t: x_t / alpha_t = x0 + sigma eps), the unit the paper states
-its intervals in. It is one axis for every schedule and objective, so an interval carries
-over between them (`edm_sigma`):
-
-* VP schedules (both of uvic's): sigma = sqrt((1 - alpha_bar) / alpha_bar).
-* a linear interpolant x_t = (1 - t) x0 + t eps (flow matching, SiT, REPA): t / (1 - t).
-* a trigonometric one x_t = cos(pi t / 2) x0 + sin(pi t / 2) eps: tan(pi t / 2).
-
-An interval stated in time (REPA guides t <= 0.7 on SiT's linear interpolant) converts
-through the same formulas: t in [0, 0.7] is sigma in (0, 0.7 / 0.3] = (0, 2.33].
-`sigma_of_time` does it for every schedule and interpolant.
+The noise level is EDM's sigma = sigma_t / alpha_t, one axis for every schedule and
+objective (`edm_sigma`), so an interval carries over between them (docs/sampling.md).
 """
 
 from __future__ import annotations
@@ -40,7 +25,7 @@ EpsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def edm_sigma(diffusion: Diffusion, net_t: torch.Tensor) -> torch.Tensor:
     """EDM's noise level sigma = sigma_t / alpha_t at the network's time input `net_t` (any
     shape; float64), the axis of `sample.guidance_interval`. A new schedule or objective
-    adds its branch here (module docstring: the linear and trigonometric interpolants).
+    adds its branch here (interpolants: linear t / (1 - t), trigonometric tan(pi t / 2)).
 
     vp_continuous: net time 999 t, log alpha_bar = -t^2 (beta_max - beta_min) / 2 -
     beta_min t. scaled_linear: net time n (the table's step n = k + 1, or N t in the
@@ -88,8 +73,8 @@ def limited(guided: EpsFn, plain: EpsFn, diffusion: Diffusion,
             interval: Sequence[float]) -> EpsFn:
     """The noise prediction of a guidance interval: `guided(x, t)` at the network times
     whose sigma lies in `interval`, `plain(x, t)` (the conditional model alone) elsewhere;
-    only the one needed is called. An empty interval returns `guided` itself (today's
-    sampling, bit for bit). Rows of one call at different noise levels (uvic's samplers
+    only the one needed is called. An empty interval returns `guided` itself (every step
+    guided, bit for bit). Rows of one call at different noise levels (uvic's samplers
     give every row the same time) get each their own, both being computed."""
     if not interval:
         return guided

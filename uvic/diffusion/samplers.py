@@ -1,38 +1,7 @@
-"""Samplers by name: our fast DPM-Solver++, the U-ViT release's two FID protocols, or any
-diffusers scheduler, all run by one loop on a noise-prediction function; velocity models
-(diffusion.objective="velocity") go to the flow samplers of `uvic.diffusion.flow`.
-
-* `dpm_solver++` (ours): multistep DPM-Solver++ of order `sample.order` on a logSNR-uniform
-  grid, ending with a denoising step to t = 0: `DPMSolverMultistepScheduler(algorithm_type=
-  "dpmsolver++", solver_order=order, final_sigmas_type="zero", use_lu_lambdas=True)`.
-* `dpm_solver`: the same with noise-space updates (`algorithm_type="dpmsolver"`,
-  `final_sigmas_type="sigma_min"`, which diffusers requires there).
-* `dpm_solver++_fast_time_uniform`: the release's MS-COCO protocol (and ImageNet H/2, H/4),
-  its `dpm_solver_pp.py` `DPM_Solver(predict_x0=True).sample(x, steps=50, eps=1/N, T=1)`:
-  singlestep DPM-Solver++ "fast" (16 order-3 updates and one of order 2 for 50 network
-  evaluations) on `steps` + 1 time-uniform points from t = 1 to 1/N, each update spanning
-  as many intervals as its order and evaluating the network at the points it spans.
-* `dpm_solver_fast_logsnr`: the release's ImageNet-64 and ImageNet L/2, L/4 protocol, its
-  `dpm_solver_pytorch.py` `DPM_Solver(...).sample(x, steps=50, eps=1e-4,
-  fast_version=True)`: singlestep DPM-Solver "fast" with the noise prediction, one update
-  per interval of steps // 3 + 1 logSNR-uniform intervals from t = 1 to 1e-4, intermediate
-  points at 1/3 and 2/3 (order 2: 1/2) of each interval in logSNR.
-  Both are written here (`release_fast`), with no final denoising step and the network fed
-  999 t (vp_continuous) or N t (scaled_linear); `sample.order` does not apply. diffusers'
-  `DPMSolverSinglestepScheduler` has the time-uniform protocol's structure on integer steps
-  (1.5e-4 from it on Gaussian data, README Fidelity). `dpm_solver_fast` (uvic's former
-  MS-COCO sampler, neither of these) is refused, naming both.
-* `euler_maruyama`: the release's CIFAR-10 protocol, Euler-Maruyama on the reverse VP SDE
-  from t = 1 to t = 1/steps, keeping the noiseless mean at the last step: diffusers'
-  `ScoreSdeVpScheduler(beta_min, beta_max, sampling_eps=1/steps)` (wherever diffusers keeps
-  it), whose dt = -1/steps is the release's spacing (1 - eps) / (steps - 1) for eps =
-  1/steps (its 1e-3 at 1000 steps); the network sees 999 t.
-* any other name: a diffusers scheduler class (also one of `diffusers.schedulers.deprecated`),
-  built with the schedule's table and `clip_sample=False` where it has that argument.
-
-`sample.scheduler_kwargs` go to the constructor last (e.g. `{"use_lu_lambdas": false}`:
-diffusers' time-uniform grid). Stochastic samplers draw their step noise from the per-sample
-generators (`uvic.sampling.noise`): sample i is the same image in any batch.
+"""Samplers by name, all run by `run_sampler` on a noise-prediction function: diffusers'
+multistep DPM-Solver++ (`dpm_solver++`, ours), the U-ViT release's FID protocols
+(`euler_maruyama`, and the two "fast" DPM-Solvers written here), or any diffusers scheduler
+class. Velocity models go to `uvic.diffusion.flow`; docs/sampling.md has the table of names.
 """
 
 from __future__ import annotations
@@ -69,7 +38,9 @@ def make_scheduler(
     steps: int = 50,
     scheduler_kwargs: dict[str, Any] | None = None,
 ) -> SchedulerMixin:
-    """A fresh diffusers scheduler for `name` on this schedule (table in the module doc)."""
+    """A fresh diffusers scheduler for `name` on this schedule (docs/sampling.md): any other
+    diffusers class gets the schedule's table and `clip_sample=False` where it takes them;
+    `scheduler_kwargs` go to the constructor last."""
     extra = dict(scheduler_kwargs or {})
     table = diffusion.scheduler_kwargs()
     if name in ("dpm_solver++", "dpm_solver"):
@@ -84,6 +55,7 @@ def make_scheduler(
         if diffusion.cfg.schedule != "vp_continuous":
             raise ValueError("sample.scheduler='euler_maruyama' needs "
                              f"diffusion.schedule='vp_continuous', got {diffusion.cfg.schedule!r}")
+        # its dt = -1/steps is the release's spacing (1 - eps) / (steps - 1) for eps = 1/steps
         cls = diffusers_class("ScoreSdeVpScheduler")
         kwargs = {"num_train_timesteps": diffusion.num_timesteps,
                   "beta_min": diffusion.cfg.beta_min, "beta_max": diffusion.cfg.beta_max,
@@ -160,7 +132,7 @@ def run_sampler(
 ) -> torch.Tensor:
     """Solve from x_T = `noise` (B, ...) to x_0 with `eps_fn(x, net_time) -> eps`, float32.
 
-    `scheduler` is a name (module docstring) or a diffusers scheduler object, which is
+    `scheduler` is a name (docs/sampling.md) or a diffusers scheduler object, which is
     stepped as it is configured (`uvic.pipelines`: any scheduler swapped into a pipeline).
     `net_time` is the network's time input, shape (B,). `generator` (one per sample) feeds
     the step noise of stochastic samplers; without one they draw from a private generator
@@ -218,7 +190,7 @@ def run_sampler(
 #   an update of order k spans k consecutive intervals and evaluates the network at the
 #   grid points it spans (its r1, r2 are those points' fractions of the span in lambda).
 #   Here `dpm_solver++_fast_time_uniform`.
-# (Neither takes a final denoising step; the network sees 999 t or N t: module docstring.)
+# (Neither takes a final denoising step; the network sees 999 t (vp_continuous) or N t.)
 
 # The end time t_0 of each protocol: the release's `eps` argument (None: 1 / N).
 FAST_END = {FAST_LOGSNR: 1e-4, FAST_TIME_UNIFORM: None}

@@ -1,22 +1,10 @@
-"""Noise schedules: the one definition that training and sampling share.
+"""Noise schedules: the one definition that training and sampling share (docs/conventions.md).
 
-Two schedules, as in the U-ViT release (docs/conventions.md):
-
-* ``vp_continuous`` (CIFAR-10): beta(t) = beta_min + t (beta_max - beta_min), so
-  alpha_bar(t) = exp(-t^2 (beta_max - beta_min) / 2 - beta_min t). Training draws
-  t ~ U(0, 1); the network sees ``999 * t``. For diffusers' discrete solvers the
-  schedule is written as a table on the grid t_i = (i + 1) / T (``trained_betas``
-  chosen so that the cumulative product equals alpha_bar(t_i) exactly), and a
-  diffusers timestep i is fed to the network as ``999 * t_i``.
-* ``scaled_linear`` (MS-COCO): Stable Diffusion's discrete betas,
-  linspace(sqrt(beta_start), sqrt(beta_end), T)^2. Training draws k in {0..T-1}
-  and noises with diffusers' ``add_noise``; the network sees the step n = k + 1.
-
-Both use noise prediction with a mean squared error, optionally Min-SNR-gamma weighted
-per sample (`min_snr_gamma`, off in the paper configs). `diffusion.objective="velocity"`
-replaces both by flow matching (`uvic.diffusion.flow`: an interpolant, velocity MSE), through
-the same `training_inputs` and `diffusion_loss`; `timestep_sampling="logit_normal"` draws the
-continuous times t of either objective as sigmoid(N(mean, std^2)).
+Two schedules, as in the U-ViT release: ``vp_continuous`` (CIFAR-10; t ~ U(0, 1), the
+network sees ``999 t``, and diffusers' solvers get it as an exact table on the grid
+t_i = (i + 1) / T) and ``scaled_linear`` (MS-COCO; Stable Diffusion's discrete betas, the
+network sees the step k + 1). Both train noise prediction, optionally Min-SNR-gamma
+weighted; `diffusion.objective="velocity"` is flow matching (`uvic.diffusion.flow`).
 """
 
 from __future__ import annotations

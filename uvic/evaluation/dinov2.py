@@ -1,25 +1,10 @@
-"""The DINOv2 image encoder of FD-DINOv2 (Stein et al. 2023; EDM2 reports it beside FID):
-its weights, the network (timm's `VisionTransformer`) and the features of image files.
+"""The DINOv2 image encoder of FD-DINOv2 (Stein et al. 2023; EDM2 reports it beside FID): its
+weights (`eval.dinov2_path`, docs/evaluation.md), the network (timm's `VisionTransformer`)
+and the features of image files.
 
-Protocol (dgm-eval's, which EDM2 follows): each image as uint8 RGB, resized to 224x224
-with PIL's bicubic filter, scaled to [0, 1] and normalised with the ImageNet mean and
-standard deviation; the feature is the CLS token after the final LayerNorm (1024 values
-for ViT-L/14). The checkpoints hold position embeddings for a 37x37 grid (518 pixels);
-they are resampled once, when loading, to the 16x16 grid of 224 pixels as DINOv2's own
-code does at every call (bicubic, scale factor (16 + 0.1) / 37, no antialiasing).
-
-Weights (`eval.dinov2_path`), all loaded into timm's DINOv2 ViT (the architecture is read
-from the weights: width, depth, patch, registers; DINOv2's heads are all 64 wide):
-* "" (default): the original checkpoint torch.hub keeps when one loads
-  `facebookresearch/dinov2` `dinov2_vitl14` (dgm-eval does),
-  `~/.cache/torch/hub/checkpoints/dinov2_vitl14_pretrain.pth`;
-* a local file: that checkpoint, or timm's (`model.safetensors` of
-  `timm/vit_large_patch14_dinov2.lvd142m`, or a saved state dict);
-* a Hugging Face hub name (`timm/vit_large_patch14_dinov2.lvd142m`, `hf-hub:` optional),
-  read from the local hub cache.
-Nothing is downloaded unless asked (`allow_download`); a missing file is one line naming
-the path (`DINOv2WeightsMissing`), a file that is no DINOv2 ViT one line naming it and why
-(`DINOv2WeightsInvalid`).
+Preprocessing is dgm-eval's, which EDM2 follows (`PROTOCOL`): uint8 RGB resized to 224x224
+with PIL's bicubic filter, normalised with the ImageNet mean and standard deviation; the
+feature is the CLS token after the final LayerNorm.
 """
 
 from __future__ import annotations
@@ -72,7 +57,8 @@ def is_hub_name(spec: str) -> bool:
 
 
 def resolve_weights(spec: str, allow_download: bool = False) -> Path:
-    """The local weights file `eval.dinov2_path` names (see the module), downloading it
+    """The local weights file `eval.dinov2_path` names ("": torch.hub's original ViT-L/14,
+    a local file of DINOv2's or timm's, or a hub name in the local cache), downloading it
     only with `allow_download`; else DINOv2WeightsMissing, one line naming the path."""
     hint = (f"set eval.dinov2_path (--dinov2-path) to a local copy (the original "
             f"{DINOV2_FILE} or timm's model.safetensors) or a hub name such as {HUB_NAME}")

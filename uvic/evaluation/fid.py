@@ -1,32 +1,9 @@
-"""FID / KID of a checkpoint with clean-fid: generate N samples, extract features, compare.
+"""FID / KID of a checkpoint with clean-fid (`evaluate`): generate N samples, extract their
+features, compare them with reference statistics, and write a result JSON that names its
+protocol (the U-ViT release's protocols: `uvic.evaluation.protocols`, docs/evaluation.md).
 
-Protocol (the U-ViT release's, see `uvic.evaluation.protocols` and docs/conventions.md): CIFAR-10,
-50,000 unconditional samples (Euler-Maruyama, 1000 steps) against the CIFAR-10 train set
-(clean-fid's named statistics `cifar10`/train/32, or statistics built from a local CIFAR-10
-copy); MS-COCO 256, 30,000 samples whose captions are drawn from the val split, the
-release's DPM-Solver "fast" 50 steps with guidance `eps = c + 1.0 (c - u)`, against val2014
-at 256x256 (center crop, resize). Class-conditional models: each sample's class drawn as the
-release draws it (`uvic.sampling.labels.FIDLabels`: uniform for the latent ImageNet rows,
-in the training set's class frequencies for ImageNet 64). `evaluate` does all of it and
-writes a result JSON; every result names its protocol
-(`uvic.evaluation.protocols.protocol_of`), and `eval/fid_table.py` turns a folder of
-results into the paper's Table 3. Inception features come from
-`uvic.evaluation.statistics`, reference statistics from `uvic.evaluation.reference`.
-eval.features=projection swaps Inception for a download-free stand-in (reference statistics
-built with it from local images): the pipeline runs end to end offline, and every result
-and table says its number is not comparable with FID.
-
-Frechet distance and KID: `uvic.evaluation.statistics` (our own float64 Frechet distance:
-clean-fid's fails with SciPy 1.18).
-
-The model is the architecture the checkpoint was trained with (`uvic.run.architecture.
-resolve_model`: its stored model config; the config's for a released nnet_ema.pth, or with
-`ModelChoice(from_config=True)`); the result (its `model`, `attention` and `config`) and
-the sample folder's settings describe that model, not the given config's `model.*`.
-
-Samples are PNG files `{index:06d}.png`. Sample i is seeded by (seed, i) (see
-`uvic.sampling.noise.SampleGenerator`), so a run can be interrupted and resumed (samples on disk
-are kept) and split over any number of processes (Accelerate) with identical results.
+Sample i is the PNG `{i:06d}.png`, seeded by (seed, i): a run resumes where it stopped and
+splits over any number of processes (Accelerate) with identical results.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
-"""Fingerprints of what reference statistics were computed from, so that a cache is used
-only for the data, feature extractor, mode and resolution it was built from.
+"""Fingerprints of what reference statistics were computed from, so that a cache is used only
+for the data, feature extractor, mode and resolution it was built from.
 
-uvic caches the statistics it builds from local files (`uvic.evaluation.reference`) under
-names like `cifar10_train_<mode>_<features>_<res>.npz`: a name says which split, not which
-copy of it. The fingerprint says which: for a folder of images, every image's path
-relative to the folder, its size and modification time (one `stat` a file, no reading);
-for a few large files (CIFAR-10's batches), their size, modification time and a hash of
-their first and last MiB; plus the feature extractor (its name and weights), the mode and
-the resolution. It is stored inside the statistics file (one atomic write, no separate
-file to get out of step) and compared with the current one before the file is reused;
-`change` says in one line what differs. `digest` is a short hash of a fingerprint, written
-into every FID result (`reference_digest`): two results with different digests were
-scored against different reference statistics.
+For a folder of images: each image's relative path, size and modification time (one `stat`
+a file); for a few large files (CIFAR-10's batches), their size, time and a hash of their
+first and last MiB. The fingerprint is stored inside the statistics file, and its `digest`
+in every FID result (`reference_digest`); `change` says in one line what differs.
 """
 
 from __future__ import annotations

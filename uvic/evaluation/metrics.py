@@ -1,24 +1,10 @@
-"""The metrics `uvic-fid` reports beside FID (`eval.metrics`): FD-DINOv2 and precision/recall.
+"""The metrics `uvic-fid` reports beside FID (`eval.metrics`, docs/evaluation.md): FD-DINOv2
+(`uvic.evaluation.dinov2`) and precision/recall (`uvic.evaluation.precision_recall`).
 
-* fd_dinov2: the Frechet distance (`uvic.evaluation.statistics.frechet_distance`, FID's
-  routine) between DINOv2 ViT-L/14 CLS features (`uvic.evaluation.dinov2`: its weights and
-  preprocessing) of the samples and of the reference images. The reference statistics are
-  built once from the local reference images (`uvic.evaluation.reference.reference_images`:
-  eval.ref_images, Shapes' held-out set, a CIFAR-10 copy) and cached in the stats folder
-  like Inception's, under a name holding the encoder's weights digest and with a
-  fingerprint of the images, the encoder (name, weights) and the preprocessing: another
-  encoder, other weights or other images never reuse a cache.
-* precision_recall: Kynkaanniemi et al. 2019 (`uvic.evaluation.precision_recall`) with
-  k = eval.pr_k, in the features eval.pr_features names: "inception" (FID's extractor, the
-  paper's choice; the reference features come with the reference statistics: built from
-  images, clean-fid's `_kid` file, or a statistics file holding `feats`) or "dinov2". The
-  reference set is eval.pr_n_ref images (0: as many as samples), a seeded subset when the
-  reference holds more.
-
-Every input is checked before sampling (`MetricsPlan.check`: weights, reference images,
-reference features), and the result records each metric's value and, under
-`protocol.metrics`, its encoder, weights and settings. With eval.metrics = ("fid",) (the
-default) nothing here runs and a result is exactly what it was before these metrics.
+`MetricsPlan.check` checks every input (weights, reference images, reference features)
+before sampling; DINOv2 reference statistics are cached under a fingerprint of the images,
+the encoder and the preprocessing. With eval.metrics = ("fid",), the default, nothing here
+runs.
 """
 
 from __future__ import annotations

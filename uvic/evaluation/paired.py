@@ -1,30 +1,10 @@
-"""Statistics over seeds: each variant's mean with a 95% Student-t interval, and paired
-differences between variants (`uvic-compare`; the seeded rows of `uvic-table3` and
-`uvic-release-table`).
+"""Statistics over seeds (`uvic-compare`, the seeded rows of `uvic-table3` and
+`uvic-release-table`): each variant's mean with a 95% Student-t interval, and paired
+differences between variants (docs/comparisons.md).
 
-Seed s of every variant starts from the same initial weights (where the variants share
-parameters) and sees the same batches and noise, so the numbers of two variants are pairs:
-their difference per seed removes what the seed alone moves. For a pair (a, b) the
-difference is d_s = b_s - a_s over the seeds both have, and we report:
-
-* the mean difference with its Student-t interval, mean(d) +- t(0.975, n-1) sd(d) / sqrt(n)
-  (`t interval`);
-* the two-sided paired t-test p-value for "mean difference 0" (`paired t p`); a constant
-  difference (sd 0) gives p = 0, or 1 when it is 0 everywhere;
-* a percentile bootstrap interval of the mean difference (`bootstrap interval`) and a
-  bootstrap p-value (the share of resampled means of the centred differences d - mean(d)
-  at least as far from 0 as mean(d)). For n <= `EXACT_BOOTSTRAP_MAX` seeds every one of
-  the n**n resamples is enumerated (exact, no randomness); beyond, `BOOTSTRAP_DRAWS`
-  seeded draws. The bootstrap is read only from `BOOTSTRAP_MIN_SEEDS` seeds on
-  (`bootstrap_min_seeds`, `bootstrap_valid`): below, reports say "needs >= 6 seeds";
-* the minimum detectable difference (`mde`): the true difference the paired t-test finds
-  with 80% power at this n and sd: an interval that contains 0 is inconclusive, and the
-  MDE says how large a difference could have gone unseen; given an equivalence margin m,
-  the two one-sided tests (TOST) p-value of "the difference lies within +-m" (`tost_p`).
-  Only TOST says "no difference": `verdict`.
-
-One number per seed is required; one seed gives no interval and is refused
-(`OneSeedError`) rather than reported as if it had one. No torch here.
+Seed s of every variant starts from the same weights and sees the same batches and noise,
+so d_s = b_s - a_s removes what the seed alone moves; one seed gives no interval and is
+refused (`OneSeedError`). No torch here.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
-"""Improved precision and recall (Kynkaanniemi et al. 2019, "Improved Precision and Recall
-Metric for Assessing Generative Models") of generated against real feature sets.
+"""Improved precision and recall (Kynkaanniemi et al. 2019) of generated against real feature
+sets: each set covers the union of balls around its points, reaching each point's k-th
+nearest neighbour in its own set; precision is the share of generated points inside the
+real set's balls, recall the share of real points inside the generated set's.
 
-Each set's manifold is the union of balls around its points, a ball's radius the distance
-to the point's k-th nearest neighbour in its own set (k = 3 in the paper; the point itself
-is not counted). Precision: the fraction of generated points inside the real manifold
-(are the samples realistic?); recall: the fraction of real points inside the generated
-manifold (is the data covered?). The paper computes both on Inception pool features of
-50,000 images each.
-
-Pairwise distances are computed in blocks of rows (and columns) whose matrix stays under
-`max_bytes`, so 50,000 x 50,000 points never need the full matrix; squared Euclidean
-distances in float64 by default (||a||^2 + ||b||^2 - 2 a.b, clamped at 0), compared
-squared, so no square root changes a comparison.
+Squared distances (float64 by default) are computed in blocks under `max_bytes`, so 50,000
+x 50,000 points never need the full matrix, and compared squared.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""FID protocols: what a number was measured under, named in every result and table column.
+"""FID protocols: what a number was measured under (sampler and steps, guidance, samples,
+clean-fid mode, reference statistics, features), named in every result and table column.
 
-An FID is only comparable with another measured under the same protocol: the sampler and
-its steps, the number of samples, clean-fid's mode, the reference statistics and the
-feature extractor. `protocol_of(cfg)` reads it from a config; `RELEASE` holds the U-ViT
-release's protocols, which the paper's Table 3 follows (the paper defers to U-ViT's
-setup), and `RELEASE_ROWS` its protocol for every row of its own table (CelebA, ImageNet
-64, 256, 512 besides CIFAR-10 and MS-COCO: sampler, steps, guidance in the release's and
-diffusers' conventions, sample count, its statistics file); `protocol_table` renders Table
-3 with one column per (dataset, protocol), so two protocols never share a column (nor
-two reference statistics: `uvic.evaluation.reference_split`). A
-protocol whose features are not Inception (the download-free eval.features=projection,
-test extractors) is a stand-in: its label, its column and its result say it is not
-comparable with Inception FID. A result recorded under a retired sampler name
-(`OLD_SAMPLERS`) is read back under a name saying so, so it never shares a column, nor a
-label, with results of the protocol that replaced it.
+`protocol_of(cfg)` reads it from a config; `RELEASE_ROWS` holds the U-ViT release's protocol
+for every row of its table (`RELEASE`: those of Table 3, which the paper follows);
+`protocol_table` renders Table 3 with a column per (dataset, protocol). A protocol whose
+features are not Inception is a stand-in and says it is not comparable with FID.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
-"""Download-free sample-quality figures for the Shapes quickstart.
-
-FID needs Inception weights; these two figures need nothing and tell a clean sample of
-coloured shapes from a noisy one:
-
-* `hf_energy`: mean absolute Laplacian (3x3, per channel, interior pixels) of images in
-  [0, 1]. Shapes images are flat except along their edges, so their figure is small;
-  per-pixel noise left by the sampler raises it many times. Compare samples with real
-  images through the ratio `hf_energy(samples) / hf_energy(real)` (1 is ideal).
-* `palette_share`: share of pixels within `radius` (RGB distance, [0, 1] units) of one of
-  the image's `k` dominant colours (a small per-image k-means). A Shapes image is a
-  background and one or two flat shapes, so nearly all its pixels sit on one of three
-  colours; a noise image scatters its pixels over the colour cube and scores near zero.
-
-* `shape_share`: share of images that hold a shape at all: at least `min_area` of their
-  pixels on a dominant colour other than the background (the most common one) and at
-  least `contrast` away from it. Every Shapes image has one or two shapes and scores 1; a
-  plain background, the commonest failure of an undertrained model, scores 0, as does a
-  noise image (almost no pixel sits on any colour).
-
-All are deterministic functions of the images (no random initialisation).
+"""Download-free sample-quality figures for the Shapes quickstart, deterministic functions of
+the images that tell a clean sample of coloured shapes from a noisy one: `hf_energy` (mean
+absolute Laplacian, compared with real images as a ratio, 1 ideal), `palette_share` (pixels
+on one of their image's dominant colours; noise scores near 0) and `shape_share` (images
+that hold a shape at all; a plain background, an undertrained model's commonest failure,
+scores 0).
 """
 
 from __future__ import annotations

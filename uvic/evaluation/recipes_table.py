@@ -1,11 +1,5 @@
-"""The modern-recipe table from FID result JSONs (`uvic-recipes-table`): one line per recipe
-row and protocol, U-ViT and its U-ViC twin side by side.
-
-A result belongs to the row its config is named after (`<row>_<model>`, as the table
-program names its runs, or the row's presets, e.g. `imagenet256_uvit_large_flow`). As in
-the release table (`uvic.evaluation.release_table`), results of different protocols never
-share a line, nor do results of one protocol scored against different reference statistics,
-and stand-in features (eval.features=projection) are marked as not comparable with FID.
+"""The modern-recipe table from FID result JSONs (`uvic-recipes-table`, a `TwinTable`): one
+line per recipe row and protocol, U-ViT and its U-ViC twin side by side.
 """
 
 from __future__ import annotations
@@ -13,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from uvic.evaluation.twin_table import TwinTable, row_of
+from uvic.evaluation.twin_table import TwinTable
 
 
 @dataclass(frozen=True)
@@ -39,11 +33,6 @@ RECIPES_TABLE: TwinTable[RecipeRow] = TwinTable(
     "Lower is better. Each row is its presets' recipe (docs/recipes.md, \"The recipe "
     "configs\"); the U-ViT release reports no number under these recipes.",
 )
-
-
-def recipe_row_of(result: dict[str, Any]) -> RecipeRow:
-    """The recipe row of a result, by its config name; ValueError naming the file if none."""
-    return row_of(RECIPE_ROWS, result, "recipe")
 
 
 def recipes_table(results: list[dict[str, Any]]) -> str:

@@ -1,19 +1,8 @@
-"""Reference statistics for FID: where they come from and how they are built, with
-clean-fid.
-
-In order (`stats_plan`): eval.ref_stats as a local .npz (built there from the images if
-missing); clean-fid's named statistics (`cifar10`) in its package folder; statistics we
-build once from local images (eval.ref_images, center-cropped and resized to eval.ref_res;
-Shapes renders a held-out set; CIFAR-10 from a torchvision copy) and cache in
-`default_stats_dir()`; clean-fid's download, only with `allow_download=True`. Missing
-statistics raise `ReferenceStatsMissing` naming the file, where, and the URL, before any
-sampling. A local .npz may be clean-fid's or uvic's, the U-ViT release's `fid_stats` (mu,
-sigma) or an ADM reference batch (mu/sigma of the pool features; or its `arr_0` images
-alone, scored with the local Inception weights); a missing key or a wrong shape is
-`ReferenceStatsInvalid`, also before any sampling. Statistics uvic builds carry the
-fingerprint of their source (`uvic.evaluation.fingerprint`: the files, feature extractor,
-mode and resolution) and are rebuilt, with a line saying why, when it no longer matches.
-The features are `uvic.evaluation.statistics`'.
+"""Reference statistics for FID, with clean-fid. In order (`stats_plan`): eval.ref_stats as a
+local .npz, clean-fid's named statistics (`cifar10`), statistics built once from local
+images and cached with the fingerprint of their source (rebuilt, saying why, when it no
+longer matches), or clean-fid's download with `allow_download=True`. Missing or invalid
+statistics (`ReferenceStatsMissing`, `ReferenceStatsInvalid`) stop before any sampling.
 """
 
 from __future__ import annotations

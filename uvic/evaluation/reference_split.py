@@ -1,22 +1,9 @@
 """Results scored against different reference statistics never share a table column or line.
 
-Every FID result records `reference_digest` (`uvic.evaluation.fingerprint`): a digest of
-the reference statistics it was scored against; results written before that have none
-(an *unknown* reference). Two results under one protocol but with different digests were
-scored against different statistics (another copy of the data, a changed file): their
-FIDs are not comparable, even though their protocols are equal.
-
-The rule, for Table 3 (`protocol_table`) and the release table (`release_table`): a
-column or line holds one protocol *and* one reference. Where all results of a protocol
-(in a dataset, or a release row) have the same digest, or none has one, the table is
-exactly as it would be without digests. Where they have several (an unknown reference
-counting as one), the protocol gets a column or line per reference, labelled `ref
-<first 8 hex digits>` or `ref unknown`; the best FID is picked within each only; and a
-note under the table names every result file of each reference, saying they were scored
-against different reference statistics. Splitting, rather than showing one reference and
-listing the others, keeps every number in view, and never sets a U-ViT and a U-ViC number
-scored against different statistics side by side as if comparable. The split columns of
-one protocol sit next to each other: known digests in hex order, the unknown one last.
+A result's `reference_digest` names the statistics it was scored against. Where the results
+of one protocol (in a dataset, or a release row) have several, the protocol gets a column or
+line per reference (`ref <8 hex digits>`; `ref unknown` last), the best FID is picked within
+each, and a note under the table names every file of each (docs/evaluation.md).
 """
 
 from __future__ import annotations

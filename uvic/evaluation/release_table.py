@@ -1,13 +1,6 @@
-"""The U-ViT release's table from FID result JSONs: one line per release row and protocol,
-U-ViT and its U-ViC twin side by side, beside the FID the release reports.
-
-A result belongs to the row its config is named after (`<row>_<model>`, as
-`uvic-release-table` names its runs, or the row's preset, e.g. `imagenet256_uvit_large`).
-As in Table 3 (`protocol_table`), results of different protocols never share a line, nor
-do results of one protocol scored against different reference statistics (their own line
-each, marked `ref <digest>`, and a note naming their files: `uvic.evaluation.
-reference_split`); the release's protocol is marked, and stand-in features
-(eval.features=projection) are marked as not comparable with Inception FID.
+"""The U-ViT release's table from FID result JSONs (a `TwinTable`): one line per release row
+and protocol, U-ViT and its U-ViC twin side by side, beside the FID the release reports;
+the release's protocol is marked.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
-"""Features for FID with clean-fid (Inception or a stand-in), their statistics, and the
-distances between two sets of them (Frechet, KID).
+"""Features for FID with clean-fid (Inception, or the download-free `ProjectionFeatures`
+stand-in), their statistics, and the distances between two sets of them (Frechet, KID).
 
-What we take from clean-fid and what we do ourselves:
-
-* Features: clean-fid's resizing ("clean" PIL bicubic, or "legacy_pytorch") and its
-  Inception networks, through `cleanfid.fid.get_files_features`.
-* Reference statistics: clean-fid's named statistics (`cifar10`), a local .npz
-  (eval.ref_stats), or statistics we build once from local images (eval.ref_images,
-  center-cropped and resized to eval.ref_res; Shapes renders a held-out set) and cache.
-* Downloads: clean-fid silently downloads the Inception weights to
-  /tmp/inception-2015-12-05.pt (emptied on reboot) and statistics into its package folder,
-  failing offline with a urllib traceback. We keep the weights in the user cache
-  (`cache_dir()`, ~/.cache/uvic), check every file first and raise
-  `InceptionWeightsMissing` / `ReferenceStatsMissing` saying which file, where, and the URL
-  clean-fid would use; downloading happens only with `allow_download=True` (`--download`).
-* Without downloads: eval.features=projection replaces Inception by `ProjectionFeatures`
-  (a fixed random projection) and builds the reference statistics with it from local
-  images, so the whole pipeline runs offline; its numbers are not comparable with FID.
-
-Frechet distance: our own float64 implementation. clean-fid 0.1.35 computes it with
-`scipy.linalg.sqrtm(..., disp=False)`, and SciPy 1.18 removed `disp`, so
-`cleanfid.fid.compute_fid` / `frechet_distance` fail there. We never call them.
-
-The reference statistics are `uvic.evaluation.reference`'s, the protocol and the
-evaluation `uvic.evaluation.fid`'s.
+Missing weights or statistics raise `InceptionWeightsMissing` / `ReferenceStatsMissing`
+naming the file and URL; nothing is downloaded without `allow_download=True` (`--download`).
+The Frechet distance is our own float64 one: clean-fid's calls an argument of
+`scipy.linalg.sqrtm` that SciPy 1.18 removed.
 """
 
 from __future__ import annotations

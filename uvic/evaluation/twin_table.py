@@ -1,13 +1,8 @@
 """A table of twin rows from FID result JSONs: one line per row, protocol and reference
-digest, a U-ViT and its U-ViC twin side by side. The release table (`release_table`) and
-the modern-recipe table (`recipes_table`) are two `TwinTable`s.
-
-A result belongs to the row its config is named after (`<row>_<model>`, as the table
-programs name their runs, or one of the row's presets). As in Table 3 (`protocol_table`),
-results of different protocols never share a line, nor do results of one protocol scored
-against different reference statistics (their own line each, marked `ref <digest>`, and a
-note naming their files: `uvic.evaluation.reference_split`); stand-in features
-(eval.features=projection) are marked as not comparable with Inception FID.
+digest, a U-ViT and its U-ViC twin side by side (the release table and the modern-recipe
+table are two `TwinTable`s). A result belongs to the row its config is named after
+(`<row>_<model>`, or one of the row's presets); as in Table 3, results of different
+protocols or reference statistics never share a line.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Cog, expressive, sigmoid and softmax attention for diffusers models, on uvic's fused kernel.
 
-diffusers' ``Attention`` modules (DiT, PixArt, the UNets' transformer blocks, ...) hand
-their work to a *processor*: ``processor(attn, hidden_states, encoder_hidden_states,
-attention_mask, temb)``.  The processors here do what diffusers' default,
-``AttnProcessor2_0``, does (spatial and group norms, the q/k/v projections, q/k norms,
-cross-attention, 4-D inputs, the output projection, residual and output rescaling) with
-one change: the attention op is ``uvic_kernels.attention`` in Cog, expressive, sigmoid or
-softmax mode instead of ``scaled_dot_product_attention``.  The kernel is differentiable, so a
-model with these processors trains as it is; on a CPU it runs the kernel's PyTorch
-implementation.
-
-``kernel_processor(mode)`` gives the processor of any kernel mode. uvic's own ``UViT``
-takes its attention from its config instead (``model.attention``, ``UViT.set_attention``).
-
-``set_cog_attention(model)`` puts a processor on every ``Attention`` module of a model,
-or on those of chosen transformer blocks (``keep_softmax="first_last"`` leaves the first
-and the last block as they are, as U-ViC keeps softmax there).  DiT has no
-``set_attn_processor`` of its own; this works on any ``nn.Module``.
+The processors do what diffusers' ``AttnProcessor2_0`` does, with ``uvic_kernels.attention``
+in place of ``scaled_dot_product_attention`` (differentiable; PyTorch on a CPU).
+``set_cog_attention(model)`` puts one on every ``Attention`` module of any model, or on
+chosen transformer blocks (``keep_softmax="first_last"``, as U-ViC); uvic's own ``UViT``
+takes its attention from its config instead (docs/diffusers.md).
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""Stable Diffusion KL-f8 autoencoder helpers (latent space of the MS-COCO and ImageNet models).
-
-The MS-COCO U-ViT / U-ViC works on 4 x 32 x 32 latents of 256 x 256 images. As in the
-release, feature extraction stores the encoder's Gaussian *moments* (mean and log-variance,
-8 channels); training samples ``z = mean + exp(logvar / 2) * noise`` afresh every time and
-multiplies by the scale factor 0.23010 (the release's value, not diffusers' 0.18215).
-Sampling divides by the same factor before decoding.
-
-Which autoencoder (docs/conventions.md, "Autoencoders"): the release extracts every row's
-features with its ``assets/stable-diffusion/autoencoder_kl.pth`` (Stable Diffusion's own
-KL-f8 autoencoder, `SD_VAE`) and decodes with it, except the ImageNet H rows, which decode
-with ``autoencoder_kl_ema.pth`` (`SD_VAE_FT_EMA`, the ft-EMA decoder fine-tune; same
-encoder). `load_vae` also reads those release files directly (LDM key names, converted by
-diffusers' own single-file converter).
+"""Stable Diffusion KL-f8 autoencoder helpers (the latent space of the MS-COCO and ImageNet
+models): load one (`load_vae`: a diffusers folder, a Hub name, or the release's LDM
+`.pth` files), encode images to its posterior moments, draw scaled latents from them, and
+decode. Which autoencoder and scale factor each row uses: docs/conventions.md,
+"Autoencoders".
 """
 
 from __future__ import annotations

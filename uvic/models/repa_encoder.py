@@ -1,24 +1,10 @@
-"""The frozen self-supervised image encoder of REPA (Yu et al. 2024, "Representation
-Alignment for Generation"): a timm ViT (the DINOv2 family) whose patch features the
-training loop aligns a U-ViT block with (`uvic.training.repa`), and which the feature
-extractors can run once per image instead (`uvic.data.imagenet_extraction`,
-`uvic.data.mscoco_extraction`).
+"""The frozen self-supervised image encoder of REPA (Yu et al. 2024): a timm ViT (the DINOv2
+family) whose patch features the training loop aligns a U-ViT block with
+(`uvic.training.repa`), or the feature extractors store once per image.
 
-Where the weights come from (`train.repa_encoder`, `train.repa_encoder_weights`):
-
-* a timm name, e.g. ``vit_base_patch14_dinov2.lvd142m``: timm's pretrained weights, from
-  the Hugging Face cache or the hub (``hf-hub:<repo>`` names a hub repository);
-* a local folder in timm's hub layout (``config.json`` + ``model.safetensors``), as
-  ``huggingface-cli download timm/vit_base_patch14_dinov2.lvd142m --local-dir DIR`` makes;
-* a timm name with a local weights file (timm's own, or DINOv2's release
-  ``dinov2_vitb14_pretrain.pth``: timm converts its keys).
-
-Resolution: the encoder's patch grid has to equal the U-ViT's token grid (one feature per
-token). As REPA does, the images are resized so that it does: the encoder is built for
-``grid x its patch size`` pixels (DINOv2/14 on a 16 x 16 token grid: 224 px; timm
-resamples the position embedding on load), and the images are resized to that size
-(bicubic, antialiased) and normalised with the encoder's own data config. Only the patch
-tokens of the last layer (after its norm) are kept: no CLS or register tokens.
+Images are resized so that the encoder's patch grid is the U-ViT's token grid (one feature
+per token); only the last layer's patch tokens, after its norm, are kept. Where the weights
+come from (`train.repa_encoder`, `train.repa_encoder_weights`): docs/training.md, "REPA".
 """
 
 from __future__ import annotations

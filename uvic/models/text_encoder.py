@@ -1,22 +1,7 @@
-"""CLIP ViT-L/14 text features for text-to-image U-ViT / U-ViC (the release's conditioning).
-
-The U-ViT release conditions on the 77 token states of OpenAI's CLIP ViT-L/14 text
-transformer, taken after the final LayerNorm (Hugging Face's ``last_hidden_state``), not
-the pooled ``encode_text`` vector. We compute the same states with open_clip's model and
-tokenize exactly as the release's transformers ``CLIPTokenizer`` does (`ReleaseTokenizer`;
-docs/conventions.md):
-
-* Cleaning. The release runs ``ftfy.fix_text``, collapses whitespace and lower-cases;
-  open_clip also HTML-unescapes twice, which changes captions such as ``fish &amp chips``
-  or ``x < y &amp; z`` (ftfy leaves text containing ``<`` or entities without ``;`` alone).
-* Special tokens. ``<|startoftext|>`` and ``<|endoftext|>`` in a caption are the special
-  ids in the release (open_clip's are ``<start_of_text>`` / ``<end_of_text>``).
-* Padding. The release pads every position after the end-of-text token with the
-  end-of-text id 49407 (``padding="max_length"``); open_clip pads with 0. The text
-  transformer is causal, so positions up to the end-of-text token do not care, but the
-  states after it do (and U-ViT attends to all 77).
-* Activation. OpenAI's weights were trained with QuickGELU: use ``ViT-L-14-quickgelu``
-  (with ``pretrained="openai"`` we force QuickGELU for any model name).
+"""CLIP ViT-L/14 text features for text-to-image U-ViT / U-ViC (the release's conditioning):
+the 77 token states after the text transformer's final LayerNorm, not the pooled vector,
+computed with open_clip's model (QuickGELU for OpenAI's weights) and tokenized exactly as
+the release's transformers ``CLIPTokenizer`` does (`ReleaseTokenizer`; docs/conventions.md).
 """
 
 from __future__ import annotations
@@ -59,7 +44,9 @@ class ReleaseTokenizer:
     """CLIP tokenization as the release's ``CLIPTokenizer(truncation=True, max_length=77,
     padding="max_length")``, on open_clip's BPE vocabulary (the same 49408 tokens).
 
-    Ids: start, the caption's BPE tokens (truncated to 75), end, then end-of-text padding.
+    Ids: start, the caption's BPE tokens (truncated to 75), end, then end-of-text padding
+    (not open_clip's 0: U-ViT attends to all 77 states). Cleaning as the release's (no double
+    HTML-unescape); ``<|startoftext|>`` / ``<|endoftext|>`` in a caption are special ids.
     """
 
     def __init__(self, bpe: open_clip.SimpleTokenizer | None = None,

@@ -1,27 +1,10 @@
 """diffusers' pipeline conventions that `UViTPipeline` needs code of its own for.
 
-**Loading with `DiffusionPipeline.from_pretrained`.** diffusers' generic loader looks a
-pipeline class up in the `diffusers` package by the name in `model_index.json`, where
-uvic's is not. For pipelines outside its package it offers custom pipelines: a
-`model_index.json` whose `_class_name` is a pair [module, class] names a module file of
-the same folder (or Hub repository), which the loader imports. A saved `UViTPipeline`
-(`save_pretrained`, `uvic-export`) therefore holds `pipeline_uvit.py`, a two-line module
-that imports the installed uvic's `UViTPipeline`, and `_class_name` is
-["pipeline_uvit", "UViTPipeline"]. Then
-
-    DiffusionPipeline.from_pretrained("exported/cifar10_uvic", trust_remote_code=True)
-    DiffusionPipeline.from_pretrained("user/repo", trust_remote_code=True)   # the Hub
-
-both give a `UViTPipeline`. diffusers runs no module of a folder or repository without
-`trust_remote_code=True`; the module is the two lines above, and the code it runs is the
-installed uvic's. `UViTPipeline.from_pretrained` loads the same folders without it: the
-class is given, so no module of the folder runs (`class_named`).
-
-**`callback_on_step_end`.** diffusers pipelines call `callback(pipe, i, t, kwargs)` after
-each denoising step with the tensors named in `callback_on_step_end_tensor_inputs`, and
-continue from what it returns. uvic's sampling loop (`uvic.diffusion.samplers.run_sampler`)
-steps a diffusers scheduler; `StepCallback` wraps that scheduler so that its `step`
-does this, leaving every other call to the scheduler as it was.
+Loading: a saved pipeline holds `pipeline_uvit.py`, a two-line module that imports the
+installed uvic's `UViTPipeline`, and names it in `model_index.json`'s `_class_name`, so
+`DiffusionPipeline.from_pretrained(folder or repo, trust_remote_code=True)` loads it
+(`write_entry`). `callback_on_step_end`: `StepCallback` wraps the scheduler that uvic's
+sampling loop steps, so that each `step` calls the callback.
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
-"""A uvic run, checkpoint or released U-ViT as a diffusers pipeline folder (`uvic-export`).
+"""A uvic run, checkpoint or released U-ViT as a diffusers pipeline folder (`uvic-export`,
+docs/diffusers.md): `export_source` finds a source's weights and config, `build_pipeline`
+assembles its `UViTPipeline`, and `export` writes the folder.
 
-Sources:
-* a run folder (`train.output_dir`) or a checkpoint folder (`checkpoints/step_N/`): its
-  `ema.safetensors` with the run's `config.json`;
-* a weights file `.safetensors` (a run's EMA): its architecture from its metadata
-  (`uvic.run.folder.stored_model_config`), the rest (noise schedule, VAE, text encoder,
-  sampler) from the `config.json` beside it or of its run, or from `--config`;
-* a released U-ViT `nnet_ema.pth` (or any `.pth` state dict of the release's layout),
-  whose file records no config: `--config` says what it is.
-
-The folder holds `model_index.json` (the pipeline's config: schedule, latent scale, text
-encoder to load, default guidance, guidance interval and autoguidance scale),
-`transformer/` (the U-ViT: config.json and safetensors), `scheduler/`, for latent models
-`vae/` and, for a run that samples with autoguidance, `guide/` (its weaker model, loaded
-from `sample.autoguidance_ckpt` as `uvic-sample` loads it: `load_guide`; a guide that is
-not found is an error, and `--set sample.autoguidance_scale=0` exports unguided);
-`UViTPipeline.from_pretrained` loads it with no run folder around. The model is built as
-`uvic-sample` builds the checkpoint (`uvic.run.folder.resolve_model`) and saved with
-`attention_backend="auto"` and no gradient checkpointing (how to run it is the loader's
-choice).
-
-The scheduler saved is the config's `sample.scheduler` built as uvic builds it
-(`uvic.diffusion.samplers.make_scheduler`). uvic's protocols that diffusers cannot load
-from a folder (the release's fast DPM-Solvers, written in uvic; `euler_maruyama`, a retired
-diffusers class) are saved as `dpm_solver++` of the same order, and stay one argument away:
-`pipe(..., sampler="dpm_solver++_fast_time_uniform")`. A velocity model's flow samplers
-(`uvic.diffusion.flow`) are saved as diffusers' `FlowMatchEulerDiscreteScheduler`, and the
-pipeline's `diffusion` config records the objective and interpolant.
+The model is saved with `attention_backend="auto"` and no gradient checkpointing (how to
+run it is the loader's choice). Samplers diffusers cannot load from a folder are saved as
+`dpm_solver++` of the same order (velocity models: `FlowMatchEulerDiscreteScheduler`) and
+stay one argument away: `pipe(..., sampler=...)`.
 """
 
 from __future__ import annotations
@@ -63,7 +42,9 @@ class ExportError(ValueError):
 
 
 def export_source(source: str | Path, config: str | Path | None = None) -> tuple[Path, Path]:
-    """(weights file, config file) of an export source (module docstring), or ExportError."""
+    """(weights file, config file) of an export source, or ExportError: a run or checkpoint
+    folder (its ema.safetensors and config.json), a .safetensors file (its config beside it,
+    its run's, or `config`), or a released .pth state dict with `config`."""
     source = Path(source)
     if source.is_dir():
         weights = source / RunFolder.EMA
@@ -149,7 +130,7 @@ def export(
     overrides: Sequence[str] = (), from_config: bool = False, null_class: int | None = None,
     say: Callable[[str], None] | None = None,
 ) -> Path:
-    """Write the pipeline folder of `source` (module docstring) to `out`, which must not
+    """Write the pipeline folder of `source` (`export_source`) to `out`, which must not
     exist or be empty; written to a temporary sibling and renamed, so a failed export
     leaves nothing. Returns `out`."""
     out = Path(out)

@@ -1,38 +1,12 @@
 """`UViTPipeline`: a diffusers pipeline for uvic's U-ViT / U-ViC, unconditional,
-class-conditional or text-to-image.
+class-conditional or text-to-image (docs/diffusers.md).
 
     pipe = UViTPipeline.from_pretrained("exported/mscoco_uvic")   # written by uvic-export
     pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config)
     images = pipe(["a red bus"], num_inference_steps=25, guidance_scale=2.0).images
 
-Components (saved by `save_pretrained`, loaded by `from_pretrained`): `transformer`, the
-`uvic.models.uvit.UViT` itself (a diffusers `ModelMixin`); `scheduler`, any diffusers
-scheduler with the model's noise schedule; `vae`, the Stable Diffusion `AutoencoderKL` of
-latent models (None for pixel models). The pipeline's config (model_index.json) records
-what is not a component: the noise schedule (`diffusion`, uvic's DiffusionConfig), the
-latent scale factor, the open_clip text encoder to load (`clip_model`, `clip_pretrained`;
-open_clip models are not diffusers components, so the pipeline loads the encoder by name
-on first use, or takes one as `text_encoder=`), the default guidance `cfg_scale`, the
-null class of class-conditional guidance, the default `guidance_interval` and the
-`autoguidance_scale` of the optional component `guide`, the weaker model of autoguidance
-(`eps = g + s (g - b)`, b the guide: the run's `sample.autoguidance_ckpt`).
-
-Sampling runs uvic's own code, not a copy: `uvic.sampling.generate.sample_images` (the
-guidance of `guided_eps`, and `uvic.diffusion.samplers.run_sampler`, which steps
-`pipe.scheduler` or one of uvic's named protocols, `sampler=`), then `model_to_pixels` and
-`to_uint8`. So, given the same model, scheduler, steps, guidance and initial noise, the
-images are `uvic-sample`'s (`generator=uvic.sampling.noise.sample_generators(seed,
-range(n))` draws `uvic-sample --seed seed`'s noise).
-
-`DiffusionPipeline.from_pretrained(folder)` loads a saved pipeline too (diffusers'
-custom-pipeline mechanism: `uvic.pipelines.conventions`), and `callback_on_step_end` is
-diffusers'.
-
-Conventions (`uvic.diffusion.schedule`): the network's time input is not the scheduler's
-timestep k but 999 (k + 1) / 1000 for the continuous VP schedule (CIFAR-10) and k + 1 for
-the scaled-linear one (MS-COCO); `Diffusion.net_time` converts. Guidance: the release
-writes `eps = c + s (c - u)` (`cfg_scale` s, 1.0 for its MS-COCO protocol), diffusers
-`eps = u + g (c - u)` (`guidance_scale` g); g = s + 1, and either may be given.
+Sampling runs uvic's own code (`uvic.sampling.generate.sample_images`), so with the same
+model, scheduler, steps, guidance and noise the images are `uvic-sample`'s.
 """
 
 from __future__ import annotations
@@ -64,7 +38,8 @@ OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
 
 class UViTPipeline(DiffusionPipeline):
-    """Generate images with a U-ViT / U-ViC (module docstring: components and conventions).
+    """Generate images with a U-ViT / U-ViC. What is not a component (the schedule, latent
+    scale, text encoder name, guidance defaults) is in the pipeline's config, model_index.json.
 
     Args:
         transformer: the noise-prediction network.

@@ -1,30 +1,9 @@
-"""The architecture a weights file records, and which model to build for it.
+"""The architecture and noise schedule a weights file records, and which model to build for
+it (`resolve_model`, for sampling, FID, autoguidance and the attention analysis alike).
 
-A checkpoint carries its architecture. Weights are read together with the model config
-they were trained with (`stored_model_config`): the `uvic.model` entry of the
-safetensors metadata (written into every weights file a run exports, `model_metadata`,
-so a file copied out of its run folder still knows it), else the `config.json` of the
-file's folder (a `checkpoints/step_N/` folder holds one), else that of its run folder
-(above `checkpoints/step_N/`, `uvic.run.folder.RunFolder.of_weights`). `resolve_model`
-decides what to build, for sampling, FID, autoguidance and the attention analysis alike:
-
-* a checkpoint with a stored model config is built as stored; a given config's `model.*`
-  is only a template there, and where it differs the one-line note says so;
-* a `model.*` value the user set explicitly (`--set model.attention=uvic`) that differs
-  from the stored one is refused with one line naming the key, both values and both
-  sources, unless `ModelChoice.from_config` (`--model-from-config`) builds the config's
-  model instead;
-* a file without a stored config (a released `nnet_ema.pth`) is built from the config.
-
-`model.attention_backend` and `model.grad_checkpointing` choose how the same function
-is computed, not which function: they always come from the given config.
-
-A checkpoint carries its noise schedule the same way: the `uvic.diffusion` metadata (every
-`diffusion.*` field: schedule, betas, the objective's p_uncond and min_snr_gamma), else
-the run's `config.json`. The stored settings win with the same rules: differences from
-the given config are in the note, an explicit `--set diffusion.*` that differs is refused
-unless `--model-from-config`, and a file without any (a released `.pth`) takes the
-config's. `ResolvedModel.applied(cfg)` is the config to sample the checkpoint with.
+A checkpoint is built as stored; a `--set model.*` or `diffusion.*` that differs is
+refused unless `--model-from-config`, and a file that records nothing (a released
+`nnet_ema.pth`) is built from the config (docs/sampling.md).
 """
 
 from __future__ import annotations
@@ -193,8 +172,8 @@ def _values(model: ModelConfig | DiffusionConfig, keys: Sequence[str],
 
 def resolve_model(cfg: Config, ckpt: str | Path, choice: ModelChoice | None = None
                   ) -> ResolvedModel:
-    """The model config to build for the weights `ckpt` under `cfg` (rules in the module
-    docstring): the checkpoint's stored one (with cfg's RUNTIME_MODEL_FIELDS), or cfg's
+    """The model config to build for the weights `ckpt` under `cfg`: the checkpoint's
+    stored one (with cfg's RUNTIME_MODEL_FIELDS), or cfg's
     for a file without one or under `choice.from_config`; likewise its diffusion settings.
 
     Raises ConfigError, one line, when a `model.*` field in `choice.set_keys` (or a

@@ -1,22 +1,10 @@
-"""A run folder (`train.output_dir`): `RunFolder` owns the path of everything in it.
-
-    config.json            the run's config and what each resume changed (uvic.run.prepare)
-    log.jsonl              one line per log step: step, loss, lr, grad_norm, images/s, time
-    tensorboard/           the tracker's logging folder
-    samples/step_N.png     sample grids of the EMA model
-    checkpoints/step_N/    complete checkpoints: Accelerate's state, trainer_state.json (the
-                           data position), config.json and ema.safetensors
-    ema.safetensors        the EMA weights of the latest checkpoint (what sampling loads)
-    posthoc_ema/           snapshots of the post-hoc EMA profiles (uvic.training.posthoc_ema)
-    summary.json           written at the end of a session
-    .run.lock              held while a run uses the folder (`uvic.run.lock`)
+"""A run folder (`train.output_dir`): `RunFolder` owns the path of everything in it, and
+finds, checks and commits its checkpoints.
 
 Checkpoints are written to `checkpoints/step_N.tmp/` and committed by an atomic rename
-(`commit_checkpoint`); folders are deleted by renaming them out of the checkpoint
-namespace first (`remove_tree`), so a kill never leaves a folder that looks like a
-complete checkpoint. `RunFolder.resolve_resume` picks the checkpoint of `--resume`,
-`checkpoint_problem` checks that a checkpoint's files read back, `checkpoint_step` finds
-the training step a weights file belongs to.
+(`commit_checkpoint`), and folders are renamed out of the checkpoint namespace before they
+are deleted (`remove_tree`), so a kill never leaves a folder that looks like a complete
+checkpoint.
 """
 
 from __future__ import annotations
@@ -53,19 +41,20 @@ def checkpoint_name(step: int) -> str:
 
 
 class RunFolder:
-    """The paths of one run folder (layout in the module docstring), and what is done to
-    the folder as a whole: its checkpoints listed and resolved for `--resume`, a previous
-    run's outputs found or cleared, the leftovers of a kill removed."""
+    """The paths of one run folder, and what is done to the folder as a whole: its
+    checkpoints listed and resolved for `--resume`, a previous run's outputs found or
+    cleared, the leftovers of a kill removed."""
 
-    CONFIG = "config.json"
-    LOG = "log.jsonl"
-    SUMMARY = "summary.json"
-    SAMPLES = "samples"
-    TENSORBOARD = "tensorboard"
+    CONFIG = "config.json"  # the run's config and what each resume changed (uvic.run.prepare)
+    LOG = "log.jsonl"  # one line per log step: step, loss, lr, grad_norm, images/s, time
+    SUMMARY = "summary.json"  # written at the end of a session
+    SAMPLES = "samples"  # step_N.png: sample grids of the EMA model
+    TENSORBOARD = "tensorboard"  # the tracker's logging folder
+    # step_N/: Accelerate's state, trainer_state.json, config.json and ema.safetensors
     CHECKPOINTS = "checkpoints"
-    EMA = "ema.safetensors"  # at the root and in every checkpoint
-    TRAINER_STATE = "trainer_state.json"  # in every complete checkpoint
-    POSTHOC_EMA = "posthoc_ema"
+    EMA = "ema.safetensors"  # in each checkpoint, and the latest one's at the root
+    TRAINER_STATE = "trainer_state.json"  # in every complete checkpoint: the data position
+    POSTHOC_EMA = "posthoc_ema"  # snapshots of the post-hoc EMA profiles
     # what a run writes (besides the lock): a fresh start refuses to overwrite it
     OUTPUTS = (CHECKPOINTS, EMA, LOG, SUMMARY, SAMPLES, TENSORBOARD, CONFIG, POSTHOC_EMA)
 

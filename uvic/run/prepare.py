@@ -1,17 +1,10 @@
-"""What a run folder holds and how a run may use it: the checks and repairs of a start,
-and the one-line account of a checkpoint write that failed.
+"""How a run may use its folder: the checks and repairs of a start, the config.json it keeps,
+and the one-line account of a checkpoint write that failed. Each function returns a
+message or raises OSError (a resume under a changed model or seed: ConfigError), which
+the trainer turns into its one-line errors.
 
-The folder's layout is `uvic.run.folder.RunFolder`'s; `.run.lock` (`uvic.run.lock`) keeps a
-second run out while one uses it. Each function returns a message or raises OSError (a
-resume under a changed model or seed: ConfigError); the trainer turns them into its
-one-line errors.
-
-`config.json` (the run's, and each checkpoint's copy) is the config the run is at now,
-with every change a resume made listed under `resumes`, oldest first:
-`{"step": 90, "changes": {"train.max_steps": [90, 120], "optim.lr": [0.001, 0.0005]},
-"time": "..."}` says that the steps after step 90 ran with the new values. Loaded with
-`--config`, the file gives the current config (`resumes` is skipped); `config_history`
-undoes the changes to give every config the run ran with, the original first.
+A run's `config.json` is the config the run is at now, with what each resume changed
+listed under `resumes`, oldest first; `config_history` undoes them (docs/training.md).
 """
 
 from __future__ import annotations

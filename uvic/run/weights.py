@@ -1,14 +1,9 @@
-"""Model weights on disk: load `.pth`/`.pt` (incl. the released `nnet_ema.pth`) and
+"""Model weights on disk: load `.pth`/`.pt` (the released `nnet_ema.pth` too) and
 `.safetensors`, save `.safetensors` atomically.
 
-Loading is strict by default and every mismatch is reported by name: missing keys,
-unexpected keys and shape mismatches, the first few of each in the error's one line and
-all of them in the file it names (`mismatch_report`). Prefixes added by wrappers
-(`_orig_mod.` from torch.compile, `module.` from DistributedDataParallel) are stripped
-from the file's keys, and the target model is unwrapped the same way.
-
-Which architecture a weights file is built as: `uvic.run.architecture`; the checkpoint
-folders of a run: `uvic.run.folder`.
+Loading is strict by default and names every mismatch (missing, unexpected and misshapen
+keys: the first few in the error's line, all in the file it names); wrapper prefixes
+(`_orig_mod.` of torch.compile, `module.` of DDP) are stripped on both sides.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The network call of sampling compiled (`sample.compile`), and the static batch it needs.
 
-`torch.compile(model, mode, dynamic=False, fullgraph=True)`: one graph per input shape,
-no graph breaks (a break would be an error, not a silent slowdown; the fused attention
-kernels are torch custom ops and compile whole). `reduce-overhead` replays the network
-as CUDA graphs on a GPU (on the CPU it compiles as `default`). A compiled network is
-built once per run (`generate`, a `SampleGrid`): each `torch.compile` call traces anew.
-
-Static shapes: with a compiled network every call of a run must see one batch size, or
-each new size compiles (and records CUDA graphs) again. `static_batch` pads the last,
-smaller batch of a run with copies of its last sample (same index: same noise, labels
-and context), and the padded rows are dropped after the solver: each row's arithmetic is
-its own, so the real rows are the images of any other batching (to float tolerance).
+`compile_network` compiles with static shapes and no graph breaks (a break is an error,
+not a silent slowdown); `reduce-overhead` replays CUDA graphs on a GPU. Each new batch size
+would compile again, so `static_batch` pads a run's last, smaller batch with copies of its
+last sample, dropped after the solver: every row's arithmetic is its own, so the real rows
+are the images of any other batching, to float tolerance.
 """
 
 from __future__ import annotations

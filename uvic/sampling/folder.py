@@ -1,12 +1,7 @@
 """Samples of one or more checkpoints, from the same noise, into a folder: the work of
-`uvic-sample` (`uvic.cli.sample`).
-
-Writes `grid.png` (with several checkpoints, their grids side by side, labelled),
-`grid_<label>.png` per checkpoint when there are several, `<label>/{i:06d}.png` with
-`save_individual` (native size) and `sample_config.json`. Each checkpoint is built as the
-architecture it was trained with (`uvic.run.architecture.resolve_model`); several
-checkpoints of a side-by-side may differ (U-ViT and U-ViC) but must take the same inputs.
-A class-conditional model's grid says which class each image shows (`uvic.sampling.labels`).
+`uvic-sample` (grids, optional individual PNGs, `sample_config.json`; docs/sampling.md).
+Each checkpoint is built as the architecture it was trained with; the checkpoints of a
+side-by-side may differ (U-ViT and U-ViC) but must take the same inputs.
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
-"""Sampling: DPM-Solver (or any diffusers scheduler) on a U-ViT / U-ViC noise predictor.
+"""Sampling a U-ViT / U-ViC: the one generate path of `uvic-sample`, the FID evaluator, the
+quickstart and the training loop's periodic grids.
 
-The one generate path, used by `uvic-sample` (`uvic.sampling.folder`), the FID evaluator,
-the quickstart and the training loop's periodic grids:
-
-* `sample_images`: the reverse process for a batch of initial noises x_T, with
-  classifier-free guidance `eps = c + s (c - u)` (the U-ViT release's convention) and
-  optional autoguidance by a weaker model (`uvic.sampling.load.load_guide`), both
-  optionally only in a noise-level interval (`uvic.diffusion.guidance_interval`).
-* `sample_generators` / `make_noise` (from `uvic.sampling.noise`): per-sample seeding from
-  (seed, index), so sample `i` of a run is the same image whatever the batch size, the
-  number of processes or the device.
-* `generate`: batches of (global indices, images in [0, 1]) for a list of sample indices,
-  including text contexts, mixed precision and VAE decoding; its progress bar counts
-  solver steps (network evaluations x batches) and the images done.
-* `sample_checkpoint`: `generate` for a checkpoint: its network and autoguidance guide
-  (`uvic.sampling.load`: built as the architecture the checkpoint was trained with), the
-  VAE and empty-prompt context (`uvic.sampling.assets.SamplingAssets`).
-* `SampleGrid`: fixed noise sampled again and again (the training grids).
-
-`sample.compile` compiles the network call (`uvic.sampling.compiled`): `generate` and
-`SampleGrid` compile the network (and the guide) once and give every call one batch size.
-
-Time conventions (see `uvic.diffusion.schedule`): a diffusers timestep k is fed to the network as
-`diffusion.net_time(k)`: 999 (k + 1) / 1000 for the continuous VP schedule (CIFAR-10),
-k + 1 for the discrete scaled-linear one (MS-COCO).
+`sample_images` runs the reverse process on a batch of noises, with classifier-free
+guidance (`eps = c + s (c - u)`) and autoguidance, optionally in a noise-level interval;
+`generate` samples a list of indices in batches and decodes them (sample i is seeded by
+(seed, i): the same image in any batch, process or device); `sample_checkpoint` does so for
+a checkpoint, and `SampleGrid` samples fixed noise again and again (the training grids).
 """
 
 from __future__ import annotations

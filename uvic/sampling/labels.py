@@ -1,17 +1,9 @@
-"""Which class each sample of a class-conditional model shows.
-
-* `shown_labels`: `uvic-sample`'s labels: the `--class-labels` ids, each filling a grid row
-  of max(1, n // #ids) images (as `--prompts` does with prompts), else image i shows class
-  i mod K (`uvic.sampling.generate.class_conditions`' default), K the real classes.
-* `FIDLabels`: FID's labels, drawn as the U-ViT release draws them (`sample_label` of its
-  datasets.py): uniform over the classes for the latent ImageNet rows, in proportion to the
-  training set's images per class for ImageNet 64 pixels. Unlike the release (torch's
-  global generator, per process), the label of sample i comes from its own generator
-  seeded by (seed, i), as its noise does (`uvic.sampling.noise`): the same for any batch
-  size, number of processes or resumed run.
-
-A label function maps global sample indices to class ids (a LongTensor), like the text
-path's `context_fn`.
+"""Which class each sample of a class-conditional model shows: `shown_labels` for
+`uvic-sample` (the `--class-labels` ids, a grid row each, else image i shows class i mod K),
+and `FIDLabels` for FID, drawn as the U-ViT release draws them but from a generator per
+sample seeded by (seed, i), so the labels are the same for any batch size, number of
+processes or resumed run (docs/evaluation.md). A label function maps global sample indices
+to class ids, like the text path's `context_fn`.
 """
 
 from __future__ import annotations

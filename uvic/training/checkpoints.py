@@ -1,12 +1,8 @@
-"""A training run's checkpoints: where a run starts (step 0, or a checkpoint to resume,
-with the checks that keep the run folder truthful), restoring a checkpoint, and writing
-one atomically.
-
-A checkpoint holds Accelerate's state (model, optimizer, LR schedule, grad scaler, RNG
-states, EMA), the EMA weights with their model config, the config the run is at (with its
-resume history) and `trainer_state.json` (the data position). It is written into
-`checkpoints/step_N.tmp/` and renamed when complete (`uvic.run.folder`), so a half-written
-one is never picked up.
+"""A training run's checkpoints: where a run starts (step 0, or a checkpoint to resume, with
+the checks that keep the run folder truthful), restoring a checkpoint, and writing one
+atomically (into `checkpoints/step_N.tmp/`, renamed when complete). A checkpoint holds
+Accelerate's state (model, optimizer, LR schedule, grad scaler, RNG, EMA), the EMA weights,
+the run's config and `trainer_state.json` (the data position).
 """
 
 from __future__ import annotations

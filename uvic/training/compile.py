@@ -1,25 +1,9 @@
-"""torch.compile of the training model through Accelerate (`train.compile`).
+"""torch.compile of the training model through Accelerate (`train.compile`, docs/training.md).
 
-The mode (`uvic.config.training.TRAIN_COMPILE_MODES`; a bool from an older config: true =
-"default", false = "off") becomes Accelerate's `TorchDynamoPlugin`: backend inductor,
-torch.compile's mode, `fullgraph=True` (U-ViT's forward has no graph break: a break would
-stop the run at its first step). Accelerate compiles the model last in `prepare`, around
-DistributedDataParallel where there is one, so that Dynamo's DDP optimizer can split the
-graph at the gradient buckets.
-
-What stays as without compile:
-
-* checkpoint keys: Accelerate's `save_state`/`load_state` use the module given to
-  `prepare`, not its compiled wrapper (whose weights are named `_orig_mod.<name>`), so
-  the checkpoints keep the plain names and a compiled run resumes uncompiled and vice
-  versa (tests/test_compile.py);
-* the EMA, which averages the plain module's parameters (`uvic.run.weights.unwrap_model`),
-  and the sample grids, which run the EMA copy (never compiled);
-* the seeded noise and condition dropping, drawn outside the model
-  (`uvic.diffusion.schedule.diffusion_loss`).
-
-"reduce-overhead" and "max-autotune" add CUDA graphs on a CUDA device; elsewhere torch
-compiles without them (said once, at start).
+The mode becomes Accelerate's `TorchDynamoPlugin`: inductor, `fullgraph=True` (U-ViT's
+forward has no graph break). Accelerate compiles the model last in `prepare`, around DDP,
+and saves the plain module, so checkpoints keep plain weight names and a run resumes
+compiled or not; the EMA, the sample grids and the seeded noise are as without compile.
 """
 
 from __future__ import annotations

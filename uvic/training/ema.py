@@ -1,20 +1,9 @@
 """Exponential moving average (EMA) of a model's weights, used for sampling and evaluation.
 
-The U-ViT release starts the average as an exact copy of the freshly initialised network
-(`ema_update(0)`) and then updates it after every optimizer step with rate 0.9999:
-
-    ema <- decay * ema + (1 - decay) * weights
-
-Here the average lives in its own float32 copy of the module (whatever precision the
-training uses), so it can be called like the model itself. `state_dict()` is the plain
-weight dict of that copy: it is what `Accelerator.register_for_checkpointing` saves with
-every checkpoint and what `uvic.run.weights.save_safetensors` exports.
-
-The update is `torch._foreach_lerp_`, which has no drift. The release's
-`p.mul_(0.9999).add_(0.0001 * src)` in float32 weights the two terms by a sum of
-1 - 1.66e-8 per step, slowly shrinking the average (measured: 0.99987x of the exact
-float64 average after 20k steps); our EMA therefore differs from the release's by up to
-~1.6e-4 relative, in the release's disfavour.
+As in the U-ViT release, the average starts as an exact copy of the initialised network
+and moves after every optimizer step, ema <- decay * ema + (1 - decay) * weights; here it
+is a float32 copy of the module updated with a drift-free lerp (docs/fidelity.md), and
+`state_dict()` is what checkpoints save and `uvic.run.weights.save_safetensors` exports.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from uvic.config import OptimConfig
 def make_optimizer(model: torch.nn.Module, optim: OptimConfig,
                    max_steps: int) -> tuple[torch.optim.Optimizer,
                                             torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW on all parameters and its LR schedule (uvic.config.training checks the name)."""
+    """AdamW on all parameters (the release ignores the model's `no_weight_decay()`) and its
+    LR schedule (uvic.config.training checks the name)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
                                   weight_decay=optim.weight_decay)
     if optim.lr_schedule == "cosine":  # decays to 0 at train.max_steps

@@ -1,28 +1,10 @@
-"""Post-hoc EMA (EDM2: Karras et al. 2024, "Analyzing and Improving the Training Dynamics
-of Diffusion Models", section 3 and appendix C): power-function EMA profiles kept during
-training and saved as snapshots, from which `uvic.training.posthoc_reconstruct` builds the
-weights of any EMA length afterwards.
+"""Post-hoc EMA (EDM2: Karras et al. 2024, section 3 and appendix C): power-function EMA
+profiles kept during training (`PosthocEMA`, `train.posthoc_ema_stds`) and saved as
+snapshots, from which `uvic.training.posthoc_reconstruct` builds the EMA of any length.
 
-A power-function EMA of exponent gamma averages the weights theta(tau) of the whole run up
-to step t with the profile p_t(tau) = (gamma + 1) tau^gamma / t^(gamma + 1) on [0, t]. Its
-length is stated as sigma_rel, the profile's standard deviation relative to t:
-
-    sigma_rel^2 = (gamma + 1) / ((gamma + 2)^2 (gamma + 3))
-
-(`gamma_to_sigma`; `sigma_to_gamma` solves this cubic in gamma). In training it is the
-recursion ema_t = beta_t ema_(t-1) + (1 - beta_t) theta_t, beta_t = (1 - 1/t)^(gamma + 1),
-after every optimizer step t = 1, 2, ... (beta_1 = 0: the first update copies the weights).
-The recursion gives step tau the weight (tau^(gamma+1) - (tau-1)^(gamma+1)) / t^(gamma+1),
-the integral of p_t over [tau - 1, tau]: for weights held constant within each step it
-*is* the continuous profile, so the closed-form inner products of profiles
-(`profile_products`) hold exactly for what training computes.
-
-`PosthocEMA` keeps one float32 copy of the model per profile (train.posthoc_ema_stds),
-updates them after every step, saves them as `posthoc_ema/step_NNNNNNN_std0.050.safetensors`
-every train.posthoc_ema_every steps and at train.max_steps (`kept_steps` bounds how many
-stay, train.posthoc_ema_keep), and is part of every checkpoint (Accelerate's custom state),
-so that a resumed run continues the profiles exactly. Off (no profile) by default: a run
-then writes and computes nothing of it.
+A profile of exponent gamma averages the run's weights up to step t with
+p_t(tau) = (gamma + 1) tau^gamma / t^(gamma + 1); its length sigma_rel is the profile's
+standard deviation relative to t (docs/training.md, "Post-hoc EMA").
 """
 
 from __future__ import annotations
@@ -74,7 +56,9 @@ def sigma_to_gamma(sigma_rel: float) -> float:
 
 
 def beta(gamma: float, step: int) -> float:
-    """The decay of the power-function EMA at optimizer step `step` >= 1."""
+    """The decay of the power-function EMA at optimizer step `step` >= 1 (beta_1 = 0: the first
+    update copies the weights). The recursion gives step tau the integral of p_t over
+    [tau - 1, tau], so `profile_products` hold exactly for what training computes."""
     return (1.0 - 1.0 / step) ** (gamma + 1.0)
 
 

@@ -1,23 +1,11 @@
 """Post-hoc EMA reconstruction (EDM2): the weights of a power-function EMA of any length
-sigma_rel, built after training from the snapshots a run saved
-(`uvic.training.posthoc_ema`), as a checkpoint folder that samples, evaluates and exports
-like any other.
+sigma_rel, built after training from the snapshots a run saved (`uvic.training.posthoc_ema`),
+as a checkpoint folder that samples, evaluates and exports like any other.
 
     uvic-posthoc-ema runs/cifar10_uvic --sigma-rel 0.08 --out runs/cifar10_uvic/phema_0.080
 
-The snapshots at or before the chosen step (default: the newest) of every profile are the
-basis: their least-squares combination closest to the requested profile
-(`solve_coefficients`, the L2 distance between profiles in closed form) gives the
-coefficients, and the same combination of the snapshots' weights (summed in float64) is
-the reconstruction. The fit, ||combination - target|| / ||target|| over the profiles, says
-how well the snapshots span the request: it bounds the error of the weights (for weights
-theta(tau) along the run, |error| <= fit * ||p|| * ||theta - mean theta||, Cauchy-Schwarz;
-the coefficients sum to 1, so a constant part of theta is reproduced exactly).
-
-The output folder holds `ema.safetensors` (the model and diffusion metadata of the run,
-plus `uvic.posthoc_ema`: step, sigma_rel, gamma, fit), the run's `config.json` (a relative
-sample.autoguidance_ckpt made absolute, as it names a file of the run) and
-`posthoc_ema.json` (the snapshots used and their coefficients).
+The coefficients are the least-squares fit of the requested profile by the snapshots'
+profiles (`solve_coefficients`); docs/training.md, "Post-hoc EMA", has the details.
 """
 
 from __future__ import annotations
@@ -60,7 +48,8 @@ class Snapshot:
 @dataclass
 class Reconstruction:
     """What `reconstruct` built: the request, the snapshots and their coefficients, the
-    fit (relative L2 distance of the profiles) and the file written."""
+    fit (relative L2 distance of the profiles) and the file written. The fit bounds the
+    weights' error: |error| <= fit * ||p|| * ||theta - mean theta|| (Cauchy-Schwarz)."""
 
     sigma_rel: float
     gamma: float
@@ -109,8 +98,9 @@ def reconstruct(run_dir: str | Path, sigma_rel: float, out: str | Path,
                 say: Callable[[str], None] | None = None) -> Reconstruction:
     """Write the weights of the power-function EMA `sigma_rel` at `step` (a step with
     snapshots; default the newest) of the run `run_dir` into the new (or empty) folder
-    `out`, from the snapshots up to that step (module docstring). Bad input is a
-    PosthocError or ConfigError naming it."""
+    `out`, from the snapshots up to that step (summed in float64), with the run's config.json
+    (a relative sample.autoguidance_ckpt made absolute); bad input is a PosthocError or
+    ConfigError naming it."""
     check_sigma_rel(sigma_rel, f"--sigma-rel {sigma_rel}")
     run, out = RunFolder(Path(run_dir)), Path(out)
     snapshots = read_snapshots(run.root)

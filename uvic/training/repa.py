@@ -1,21 +1,11 @@
-"""REPA: representation alignment as an extra training loss (Yu et al. 2024,
-"Representation Alignment for Generation"; docs/training.md, "REPA").
+"""REPA: representation alignment as an extra training loss (Yu et al. 2024; docs/training.md,
+"REPA").
 
-A forward hook on block `train.repa_block` of the trained U-ViT (0-based over in_blocks,
-mid_block, out_blocks: the order of `UViT.blocks()`) keeps that block's output; its patch
-tokens (time, label and context tokens dropped) go through the projector, a 3-layer MLP
-with SiLU (width `train.repa_projector_dim`, then the encoder's width), applied per token.
-The loss is the mean over tokens and images of the negative cosine similarity between
-projected tokens and the frozen encoder's patch features of the same (clean) images,
-times `train.repa_weight`, added to the diffusion loss; `repa_loss` (the unweighted
-negative cosine) is logged beside `loss`.
-
-Encoder features: for pixel datasets the encoder (`uvic.models.repa_encoder`) runs on the
-batch's images; latent datasets carry them precomputed under the batch key "repa" (the
-extractors' `--repa-encoder`). The projector is trained with the model (the same
-AdamW, prepared by Accelerate, so it is in every checkpoint and restored on resume) and
-is not part of the EMA, the exported model or sampling. With `train.repa_encoder` unset
-nothing here is built and the run is the plain one, bit for bit.
+A forward hook keeps the output of block `train.repa_block` (0-based in `UViT.blocks()`
+order); its patch tokens go through the projector, and the loss is their negative cosine
+similarity to the frozen encoder's patch features of the clean images, computed from the
+batch's pixels or stored with latent datasets (batch key "repa"). With
+`train.repa_encoder` unset nothing here is built.
 """
 
 from __future__ import annotations

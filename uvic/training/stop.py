@@ -1,22 +1,10 @@
-"""Stopping a run on a signal: SIGINT (Ctrl-C) and SIGTERM (what a cluster scheduler, and
-Accelerate's launcher on its own interrupt, send before they kill a job).
+"""Stopping a run on SIGINT (Ctrl-C) or SIGTERM (what a cluster scheduler, and Accelerate's
+launcher on its own interrupt, send before they kill a job).
 
-A signal does not stop a process where it happens to be: the handler only records it, and
-the training loop asks `StopSignals.agreed()` once per step whether to stop. With several
-processes the answer must be the same on all of them, at the same step, because the
-checkpoint that follows is written by every process in step. So each process posts its
-own flag in an asynchronous all-reduce (max, over a small gloo group, on the CPU: no GPU
-synchronisation) at every step and reads the previous step's result: all processes stop
-after the same step, one step after the first of them saw the signal, whichever process
-that was.
-
-Further signals while the run is stopping are ignored: Accelerate's launcher forwards the
-interrupt it receives itself, so each process of a Ctrl-C under the launcher gets SIGINT
-twice within milliseconds, and the second must not cut the checkpoint short. The launcher
-kills its processes 30 s after forwarding the signal (SIGKILL ends a run at once, losing
-the steps since the last checkpoint, like any kill). After the processes stop, the
-launcher prints a traceback of its own signal: the run's last line above it says what was
-saved.
+The handler only records the signal; the training loop asks `StopSignals.agreed()` once
+per step, so every process stops after the same step and they write the checkpoint
+together (docs/training.md). Further signals while stopping are ignored: under the
+launcher each process gets a Ctrl-C twice.
 """
 
 from __future__ import annotations
@@ -72,7 +60,9 @@ class StopSignals:
 
     def agreed(self) -> int:
         """The signal all processes stop on after this step (0: go on). Called once per
-        step by every process."""
+        step by every process: each posts its flag in an asynchronous all-reduce (max, on a
+        CPU gloo group, no GPU sync) and reads the previous step's, so all stop one step
+        after the first signal."""
         if self.group is None:
             return self.received
         agreed = 0

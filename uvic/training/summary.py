@@ -13,10 +13,10 @@ from uvic.run.folder import RunFolder
 
 def write_summary(run: RunFolder, step: int, start_step: int, train_time: float,
                   final_loss: float | None, facts: dict[str, Any]) -> None:
-    """summary.json of the run at `step` (this session started at `start_step`; `train_time`:
-    seconds in training steps over all sessions; `facts`: the other fields, global_batch
-    among them). A session that trained nothing keeps the summary a previous session wrote
-    at this step."""
+    """summary.json of the run at `step` (this launch started or resumed at `start_step`;
+    `train_time`: seconds in training steps over all launches; `facts`: the other fields,
+    global_batch among them). A launch that trained nothing keeps the summary a previous
+    one wrote at this step."""
     previous = run.summary
     if step == start_step and previous.is_file():
         with contextlib.suppress(ValueError, KeyError, TypeError):

@@ -2,42 +2,10 @@
 
     accelerate launch scripts/train.py --config configs/cifar10_uvic.py [--resume latest]
 
-Objective (docs/conventions.md): draw a noise level and noise with the run's schedule
-(`uvic.diffusion.schedule.Diffusion.training_inputs`, the object the sampler is built
-from), predict the noise, mean squared error; or, with `diffusion.objective="velocity"`,
-the velocity of an interpolant (`uvic.diffusion.flow`); with `train.repa_encoder`, plus
-REPA's alignment loss (`uvic.training.repa`). Conditional runs drop each caption (to the
-empty prompt) or class label (to the null class) with probability `diffusion.p_uncond`.
-Optimiser and EMA follow the U-ViT release: AdamW on all parameters (its optimizer ignores
-the model's `no_weight_decay()`), LR warm-up `min(step / warmup, 1)` from step 0, EMA
-started as an exact copy and updated after every optimizer step.
-
-Exact resumption: everything random in a step is a pure function of the seed and the
-position in the run (`uvic.data.order`: data order, item augmentations, noise), so a killed
-run continued from its last checkpoint reaches the same weights as an uninterrupted one.
-Checkpoints hold Accelerate's state (model, EMA, optimizer, LR schedule, grad scaler) and
-the data position; `uvic.training.checkpoints` writes, finds and restores them.
-
-Precision: `train.mixed_precision` when set, else the launcher's (`accelerate launch
---mixed_precision`, `accelerate config`); accumulation and the seed come from the config.
-Metrics go to `train.log_with` (an Accelerate tracker: tensorboard, wandb, ...). With
-several nodes, `train.output_dir` must be on a filesystem they share. A run says at start
-how many processes it runs, on which devices and in which precision ("launch: ...", also
-in summary.json and every checkpoint's trainer state), and refuses a launch that asked for
-several processes but got one (`make_accelerator`).
-
-The run folder (`train.output_dir`, layout in `uvic.run.folder`) gets config.json,
-log.jsonl, tensorboard/, sample grids of the EMA model from fixed noise, checkpoints (the
-last `train.keep_last`, those of `train.keep_steps`, and one when the run ends or stops on
-SIGINT/SIGTERM, `uvic.training.stop`), ema.safetensors and summary.json; with
-train.posthoc_ema_stds, the snapshots of post-hoc EMA profiles (`uvic.training.posthoc_ema`).
-
-Safety of the run folder: one run at a time (the lock); a fresh start over a previous run
-is refused unless `overwrite`; "latest" without a checkpoint is refused ("latest-or-new"
-starts the run); a resume refuses a changed model or seed and a train.max_steps below its
-step, applies and records (config.json `resumes`) every other change, and names a change
-of the LR schedule, so config.json describes what ran; a checkpoint with an unreadable or
-non-finite file is named ("latest-intact" skips it); a failed write is one line.
+Each step predicts the noise (or, with `diffusion.objective="velocity"`, a velocity) under
+the run's schedule, plus REPA's loss with `train.repa_encoder`. Everything random in a step
+is a function of the seed and the step (`uvic.data.order`), so a resumed run reaches the
+weights of an uninterrupted one; docs/training.md has the run folder's rules.
 """
 
 from __future__ import annotations
@@ -109,7 +77,7 @@ def start_config(cfg: Config) -> tuple[Config, str | None]:
 
 
 class Trainer:
-    """State of one training run; `fit()` runs the loop. See the module docstring."""
+    """State of one training run; `fit()` runs the loop."""
 
     def __init__(self, cfg: Config, resume: str | None = None, overwrite: bool = False) -> None:
         cfg, guide_note = start_config(cfg)
