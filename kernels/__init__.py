@@ -1,14 +1,9 @@
-"""Fused softmax / Cog / expressive / sigmoid attention kernels for U-ViT and U-ViC.
+"""Fused softmax / Cog / expressive / sigmoid attention kernels for U-ViT and U-ViC (import
+name ``uvic_kernels``).
 
-Import name ``uvic_kernels``.
-
-``attention(q, k, v, mode="cog")`` is the entry point; ``reference`` holds the plain
-PyTorch formulas used as test oracles.  See ``triton_attention`` for the algorithm (the
-JIT kernels), ``tiles`` for the tile tables and ``launch`` for the host side.
-
-The names below are imported on first use (PEP 562), so that importing the package, or
-running one of its programs' ``--help`` (``python -m uvic_kernels.bench``), loads neither
-torch nor triton.
+``attention(q, k, v, mode="cog")`` is the entry point, ``reference`` holds the plain PyTorch
+formulas the kernels are tested against; ``triton_attention`` has the algorithm. Names are
+imported on first use, so importing the package loads neither torch nor triton.
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ _API = {
     "attention_weights": "uvic_kernels.reference",
     "cog_attention_eq3": "uvic_kernels.reference",
     "cog_attention_reference": "uvic_kernels.reference",
+    "differential_attention_reference": "uvic_kernels.reference",
     "expressive_attention_reference": "uvic_kernels.reference",
     "sigmoid_attention_reference": "uvic_kernels.reference",
     "sigmoid_bias_default": "uvic_kernels.reference",
@@ -37,6 +33,7 @@ __all__ = [
     "attention_weights",
     "cog_attention_eq3",
     "cog_attention_reference",
+    "differential_attention_reference",
     "expressive_attention_reference",
     "sigmoid_attention_reference",
     "sigmoid_bias_default",

@@ -22,6 +22,7 @@ class Design:
     reference: str  # its float64 oracle in `uvic_kernels.reference`
     normalised: bool = True  # sum_j |A_ij| = 1 in every row
     sdpa: bool = False  # PyTorch's scaled_dot_product_attention computes it
+    kernel: bool = True  # a mode of the kernel family; else a module that calls the kernel
 
 
 DESIGNS = (
@@ -33,10 +34,13 @@ DESIGNS = (
            "E / rowsum(E), E = S^2 / (1 + S^2)", "expressive_attention_reference"),
     Design("sigmoid", "sigmoid attention", "G", "uvis", "sigmoid(S + b), b = -log N by default",
            "sigmoid_attention_reference", normalised=False),
+    Design("differential", "differential attention", "D", "uvid",
+           "softmax(S1) - lambda softmax(S2), h/2 heads of value width 2d",
+           "differential_attention_reference", normalised=False, sdpa=True, kernel=False),
 )
 DESIGN = {d.name: d for d in DESIGNS}
-MODES = tuple(DESIGN)
-# The modes each backend runs (SDPA: those PyTorch's own attention computes).
-BACKEND_MODES = {"triton": MODES, "torch": MODES,
-                 "sdpa": tuple(d.name for d in DESIGNS if d.sdpa)}
+MODES = tuple(d.name for d in DESIGNS if d.kernel)  # the kernels' modes
+# The designs each backend runs (SDPA: those made of PyTorch's own softmax attention).
+_ALL = tuple(DESIGN)
+BACKEND_MODES = {"triton": _ALL, "torch": _ALL, "sdpa": tuple(d.name for d in DESIGNS if d.sdpa)}
 BACKENDS = tuple(BACKEND_MODES)

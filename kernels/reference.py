@@ -1,30 +1,11 @@
-"""Plain PyTorch reference formulas for softmax, Cog, expressive and sigmoid attention
-(test oracles).
+"""Plain PyTorch reference formulas for softmax, Cog, expressive and sigmoid attention: the
+kernels' test oracles.
 
-Every function takes (..., N, D) tensors, builds the full N x N score matrix and is
-differentiated by autograd; run them in float64 to check the kernels.
-``attention_weights`` gives a mode's weights ``A`` (optionally causal, for analysis and
-toy language models); each ``<mode>_attention_reference`` is ``A @ v``.
-
-Cog attention has two published forms (Lv et al., eq. 3 and Figure 3) that agree
-everywhere except at scores that are exactly zero:
-
-* ``cog_attention_eq3`` is eq. 3 literally::
-
-      SignExp(p) = sign(p) * exp(sign(p) * p - max|p|)
-      phi(p)_j   = SignExp(p_j) / sum_k |SignExp(p_k)|
-
-  A zero score has ``SignExp(0) = sign(0) * ... = 0``: it gets weight 0 **and adds
-  nothing to the denominator**.
-
-* ``cog_attention_reference`` is the "faster" form, ``sign(p) * softmax(|p|)``: a
-  zero score still gets weight 0 (``sign(0) = 0``), but ``exp(|0| - max|p|)`` **is
-  counted in the denominator**.
-
-For a row without exact zeros ``|SignExp(p)| = exp(|p| - max|p|)`` and the two are
-equal.  The fused kernels implement the second form (the one the paper's code and
-``docs/cog_attention.md`` define); the difference only shows on exact ties at 0, e.g. an
-all-zero query row or key.
+Every function takes (..., N, D) tensors, forms the full N x N scores and is differentiated
+by autograd; run them in float64 to check the kernels. ``attention_weights`` gives a mode's
+weights ``A`` (optionally causal), each ``<mode>_attention_reference`` is ``A @ v``. Cog's
+two published forms differ only at exact zero scores: ``cog_attention_reference`` (the
+kernels' form) and ``cog_attention_eq3``.
 """
 
 from __future__ import annotations
@@ -161,3 +142,18 @@ def sigmoid_attention_reference(
     (shape () or (1,)), and gets its gradient from autograd.
     """
     return attention_weights(q, k, "sigmoid", scale, bias) @ v
+
+
+def differential_attention_reference(
+    q1: torch.Tensor,
+    k1: torch.Tensor,
+    q2: torch.Tensor,
+    k2: torch.Tensor,
+    v: torch.Tensor,
+    lam: float | torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """``(softmax(S1) - lam * softmax(S2)) @ v`` with ``S_i = scale * q_i k_i^T``: differential
+    attention's two maps (Ye et al., ICLR 2025) before its per-head norm; v may be wider."""
+    a1 = attention_weights(q1, k1, "softmax", scale)
+    return (a1 - lam * attention_weights(q2, k2, "softmax", scale)) @ v

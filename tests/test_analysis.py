@@ -24,9 +24,9 @@ from uvic.analysis import (
 from uvic.analysis import metrics as M
 from uvic.analysis.capture import TokenLayout, row_metrics, token_layout
 from uvic.config import load_config
-from uvic.config.models import ATTENTION_MODES
 from uvic.files import save_config, write_json
 from uvic.models.uvit import Attention, build_model
+from uvic_kernels.modes import MODES as KERNEL_MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.img_size=8", "model.patch_size=2", "model.embed_dim=16", "model.depth=2",
@@ -103,7 +103,7 @@ def test_mean_pairwise_cosine():
 # --------------------------------------------------------------------------- capture
 
 
-@pytest.mark.parametrize("mode", ATTENTION_MODES)
+@pytest.mark.parametrize("mode", KERNEL_MODES)
 def test_attention_weights_reproduce_the_module(mode):
     """Every mode of the kernels: the captured weights times the module's values, through
     its projection, give the module's output (run by the kernel's torch path)."""

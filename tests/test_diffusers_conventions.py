@@ -32,12 +32,12 @@ from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.training_utils import EMAModel
 
 from uvic.config import DiffusionConfig, ModelConfig
-from uvic.config.models import ATTENTION_MODES
 from uvic.diffusion.schedule import Diffusion, diffusion_loss
 from uvic.models.attention_processor import CogAttnProcessor
 from uvic.models.uvit import UViT
 from uvic.pipelines import UViTPipeline
 from uvic.sampling.noise import sample_generators
+from uvic_kernels.modes import MODES as KERNEL_MODES
 
 TINY = {"img_size": 8, "patch_size": 2, "embed_dim": 16, "depth": 2, "num_heads": 2,
         "num_classes": 4, "attention": "uvic", "attention_backend": "torch"}
@@ -224,7 +224,7 @@ def test_attention_is_the_config_not_a_processor_interface() -> None:
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("mode", ATTENTION_MODES)
+@pytest.mark.parametrize("mode", KERNEL_MODES)
 def test_set_attention_switches_every_block_and_is_saved(tmp_path: Path, mode: str) -> None:
     """A model switched to one mode runs as the model built with it, and the config keeps it."""
     model = tiny().eval()

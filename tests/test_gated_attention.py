@@ -23,9 +23,9 @@ from uvic.analysis.gated_distil import capture, distil_module, module_attention,
 from uvic.analysis.gated_figures import capacity_figure, gate_figure
 from uvic.cli.gated_attention import main
 from uvic.config import load_config
-from uvic.config.models import ATTENTION_MODES
 from uvic.models.uvit import build_model
 from uvic_kernels import reference
+from uvic_kernels.modes import MODES as KERNEL_MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.img_size=8", "model.patch_size=2", "model.embed_dim=16", "model.depth=2",
@@ -48,7 +48,7 @@ def reference_of(mode: str):
     return getattr(reference, f"{mode}_attention_reference")
 
 
-@pytest.mark.parametrize("mode", ATTENTION_MODES)
+@pytest.mark.parametrize("mode", KERNEL_MODES)
 def test_pattern_is_the_modes_formula(mode):
     """A @ v equals the reference formula, non-causal (keys over one identity block and
     over two) and causal (row i: the formula on keys 0..i); gradients flow to q and k."""
@@ -72,7 +72,7 @@ def test_pattern_is_the_modes_formula(mode):
     assert q.grad.abs().sum() > 0 and k.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("mode", ATTENTION_MODES)
+@pytest.mark.parametrize("mode", KERNEL_MODES)
 def test_causal_weights_have_exact_gradients(mode):
     """The batched causal weights (masked keys: weight 0, no share of a row's
     denominator) pass autograd's float64 gradient check, with no NaN from the masked
@@ -208,7 +208,7 @@ def test_prompts_follow_the_rules():
     assert data.forced.sum() > 100  # trigrams are common enough to learn from
 
 
-@pytest.mark.parametrize("mode", ATTENTION_MODES)
+@pytest.mark.parametrize("mode", KERNEL_MODES)
 def test_toy_model_runs_every_mode(mode):
     """Every uvic mode makes a causal toy model: changing a later token leaves earlier
     logits unchanged, and a few Adam steps lower the loss."""

@@ -1,14 +1,10 @@
 """Explicit attention matrices of a U-ViT / U-ViC forward pass, captured with hooks.
 
-The fused kernel never forms the N x N attention matrix. Here it is small (N = 257 or
-334 in the paper's models), so for every block we recompute it from the block's own
-q and k: a forward pre-hook on the block's `attn` module receives its input x
-(B, N, D), the module's own `qkv` Linear gives q and k, and the kernels' reference
-formula of the block's mode (`uvic_kernels.reference.attention_weights`, the oracle every
-kernel is tested against) gives the weights. A forward hook
-on each block records its output tokens (for the collapse measure and the massive
-activations of `massive`, in the same forward pass). Nothing in the
-model or the kernels is modified; the hooks are removed on exit.
+The fused kernel never forms the N x N matrix; for the paper's small N (257, 334) a
+pre-hook on each block's `attn` recomputes it from the block's own `qkv` with the kernels'
+reference formula of its mode, and a hook on each block records its output tokens (for the
+collapse measure and the massive activations). Nothing in the model or the kernels is
+modified, and the hooks are removed on exit (`BlockRecorder`).
 """
 
 from __future__ import annotations
@@ -16,13 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import einops
 import torch
 from torch import Tensor, nn
 
 from uvic.analysis import metrics
 from uvic.analysis.massive import massive_activation, summarize
-from uvic_kernels import reference
 from uvic_kernels.modes import DESIGNS
 
 # Modes whose rows are not normalised (sum |A| is not 1): their weights on the first,
@@ -62,17 +56,9 @@ def token_layout(model: nn.Module) -> TokenLayout:
 
 @torch.no_grad()
 def attention_weights(attn: nn.Module, x: Tensor) -> Tensor:
-    """Attention weights A (B, h, N, N) of an `Attention` module on its input x (B, N, D).
-
-    Computed in float32 without gradients, by the reference formula of the module's mode
-    (an unknown mode is named in the error).
-    """
-    q, k, _ = einops.rearrange(attn.qkv(x), "B N (K h d) -> K B h N d", K=3, h=attn.num_heads)
-    bias = None
-    if attn.mode == "sigmoid":  # the block's bias: learned (per head), fixed, or None (-log N)
-        bias = getattr(attn, "sigmoid_bias", None)
-        bias = bias.detach().float() if isinstance(bias, Tensor) else bias
-    return reference.attention_weights(q.float(), k.float(), attn.mode, attn.scale, bias)
+    """Attention weights A (B, heads, N, N) of a U-ViT attention module on its input x
+    (B, N, D): its design's reference formula in float32, without gradients."""
+    return attn.weights(x)
 
 
 def row_metrics(a: Tensor, layout: TokenLayout, normalised: bool = True) -> dict[str, Tensor]:

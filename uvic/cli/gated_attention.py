@@ -1,20 +1,12 @@
 """Gated attention blocks: skip-trigram toy models in every attention mode, and real blocks.
 
-    # a one-layer softmax model on 5 skip trigrams, 4 heads -> gated block with 8 heads
-    uvic-gated-attention trigrams --setting 4x5 --out gated/4x5
-    # the capacity table: trigrams learnt per mode and head count, every mode tuned alike
-    uvic-gated-attention capacity --out gated/capacity --dry-run
-    # the same modes when lr, init, head width or depth changes for all alike
-    uvic-gated-attention sensitivity --out gated/sensitivity --dry-run
-    # a task that needs negative weights, per mode and head count
-    uvic-gated-attention copy-suppress --out gated/copy_suppress
-    # a block of a trained U-ViT / U-ViC checkpoint, on noised images of its data
+    uvic-gated-attention trigrams --setting 4x5 --out gated/4x5   # toy model, gated block
+    uvic-gated-attention capacity --out gated/capacity --dry-run  # trigrams learnt per mode
     uvic-gated-attention distil --config cifar10_uvic --checkpoint ema.safetensors \
-        --block mid_block --out gated/cifar10
-    # the control: the paper's published models (its saved_models folder) through uvic
-    uvic-gated-attention control --models-dir gated-attn/saved_models --out gated/control
+        --block mid_block --out gated/cifar10                     # a checkpoint's block
 
-Writes JSON results and PNG figures to --out. See docs/gated_attention.md.
+Also `sensitivity`, `copy-suppress` and `control` (the paper's published models); each
+writes JSON results and PNG figures to --out (docs/gated_attention.md).
 """
 
 from __future__ import annotations
@@ -27,7 +19,7 @@ from pathlib import Path
 from uvic.cli import positive_int
 from uvic.cli.config_options import add_config_options
 from uvic.config import ConfigError, load_config
-from uvic.config.models import ATTENTION_MODES
+from uvic_kernels.modes import MODES as ATTENTION_MODES  # the toy models run kernel modes
 
 SETTING_NAMES = ("4x5", "2x3", "3x4", "2x2", "hand-built")
 

@@ -12,8 +12,10 @@ import math
 from collections.abc import Sequence
 
 from uvic.config import ConfigError, ModelConfig
-from uvic_kernels.modes import BACKEND_MODES, DESIGNS
-from uvic_kernels.modes import MODES as ATTENTION_MODES
+from uvic_kernels.modes import BACKEND_MODES, DESIGN, DESIGNS
+
+ATTENTION_MODES = tuple(DESIGN)  # every design a block can run (kernel modes and modules)
+OUTPUT_GATES = ("none", "elementwise", "headwise")
 
 # presets: all softmax ("uvit"), or softmax in the first and the last block and one other
 # design in all blocks between (U-ViC: Cog, U-ViE: expressive, U-ViS: sigmoid attention)
@@ -57,7 +59,31 @@ def check_model(model: ModelConfig) -> None:
     """The rules on `model.*` values (those `UViT` applies to its arguments)."""
     check_arch(model)
     backend = kernel_backend(model.attention_backend)
-    check_backend_fits(backend, resolve_attention(model.attention, model.depth))
+    modes = resolve_attention(model.attention, model.depth)
+    check_backend_fits(backend, modes)
+    check_designs(model, modes)
+
+
+def check_designs(model: ModelConfig, modes: Sequence[str]) -> None:
+    """The settings of the output gate and of differential attention fit the pattern."""
+    if model.output_gate not in OUTPUT_GATES:
+        raise ConfigError(f"model.output_gate={model.output_gate!r}: choose one of "
+                          f"{', '.join(OUTPUT_GATES)}")
+    lam = model.diff_lambda_init
+    if lam is not None:
+        if isinstance(lam, bool) or not isinstance(lam, int | float) or not math.isfinite(lam):
+            raise ConfigError(f"model.diff_lambda_init={lam!r}: must be a finite number, or "
+                              "unset for 0.8 - 0.6 exp(-0.3 (l - 1)) in block l")
+        if "differential" not in modes:
+            raise ConfigError(f"model.diff_lambda_init={lam!r}: lambda is differential "
+                              f"attention's, and no block of model.attention="
+                              f"{model.attention!r} runs it")
+    if "differential" in modes:
+        head = model.embed_dim // model.num_heads
+        if model.num_heads % 2 or 2 * head > 128:
+            raise ConfigError(
+                f"model.num_heads={model.num_heads}: differential attention pairs the heads "
+                f"(an even count) into h/2 heads of value width 2 D/h <= 128; got D/h={head}")
 
 
 def check_sigmoid_bias(bias: float | None) -> None:

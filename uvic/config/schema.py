@@ -40,6 +40,11 @@ class ModelConfig:
     pos_embed_init: str = "normal"
     sigmoid_bias: float | None = None  # b of sigmoid(q.k / sqrt(d) + b); None: -log N tokens
     sigmoid_bias_learnable: bool = False  # one b per head and sigmoid block, learned from it
+    # Y * sigmoid(X W_g + b) on every block's heads before the output projection: "none",
+    # "elementwise" (one gate per channel) or "headwise" (one per head); any attention design
+    output_gate: str = "none"
+    # differential attention's lambda_init; None: 0.8 - 0.6 exp(-0.3 (l - 1)) in block l
+    diff_lambda_init: float | None = None
 
 
 @dataclass
@@ -120,6 +125,11 @@ class TrainConfig:
     mixed_precision: str = ""
     ema_decay: float = 0.9999
     seed: int = 1234
+    # CPU threads per process (torch's intra-op threads), set by uvic-train, uvic-sample
+    # and uvic-fid (`--threads` overrides it): a whole number, or "auto": OMP_NUM_THREADS
+    # when set, else the cores this process may use that were free at start, shared by
+    # the command's processes on this machine (uvic.cli.threads.auto_threads).
+    threads: int | str = "auto"
     # torch.compile of the model through Accelerate (uvic.training.compile): off | default |
     # reduce-overhead (CUDA graphs) | max-autotune | max-autotune-no-cudagraphs. A bool
     # (configs and runs from before the modes) still reads: true = default, false = off.

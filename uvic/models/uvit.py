@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import einops
 import torch
+import torch.nn.functional as F
 import torch.utils.checkpoint
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
@@ -32,6 +33,29 @@ from uvic.config.models import (
     resolve_attention,
 )
 from uvic.models.embeddings import PatchEmbed, sincos_pos_embed_2d, timestep_embedding
+from uvic_kernels import reference
+
+
+class OutputGate(nn.Module):
+    """Y * sigmoid(X W_g + b) on the heads' outputs Y, before the output projection, from the
+    attention's input X (Qiu et al. 2025): one gate per channel ("elementwise") or per head
+    ("headwise")."""
+
+    def __init__(self, dim: int, heads: int, kind: str) -> None:
+        super().__init__()
+        self.kind, self.heads = kind, heads
+        self.linear = nn.Linear(dim, dim if kind == "elementwise" else heads)
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        gate = torch.sigmoid(self.linear(x))  # (B, N, D) or (B, N, heads)
+        if self.kind == "headwise":
+            gate = gate.repeat_interleave(y.shape[-1] // self.heads, dim=-1)
+        return y * gate
+
+
+def output_gate(dim: int, heads: int, kind: str) -> OutputGate | None:
+    """The gate of `model.output_gate` ("none": no gate, no weights)."""
+    return None if kind == "none" else OutputGate(dim, heads, kind)
 
 
 class Attention(nn.Module):
@@ -42,25 +66,108 @@ class Attention(nn.Module):
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = False, mode: str = "softmax",
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, gate: str = "none") -> None:
         super().__init__()
         self.num_heads, self.mode, self.backend = num_heads, mode, backend
         self.scale = (dim // num_heads) ** -0.5
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
+        self.gate = output_gate(dim, num_heads, gate)
         self.sigmoid_bias: float | nn.Parameter | None = None
 
-    def forward(self, x: Tensor) -> Tensor:
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         # (B, N, 3D) -> strided (B, h, N, D/h) views, which the kernel accepts as they are
         q, k, v = einops.rearrange(self.qkv(x), "B N (K h d) -> K B h N d", K=3,
                                    h=self.num_heads)
-        bias = self.sigmoid_bias if self.mode == "sigmoid" else None
-        out = uvic_kernels.attention(q, k, v, mode=self.mode, scale=self.scale, bias=bias,
-                                     backend=self.backend)
-        return self.proj(einops.rearrange(out, "B h N d -> B N (h d)"))
+        return q, k, v
+
+    def _bias(self) -> float | Tensor | None:
+        return self.sigmoid_bias if self.mode == "sigmoid" else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = self._qkv(x)
+        out = uvic_kernels.attention(q, k, v, mode=self.mode, scale=self.scale,
+                                     bias=self._bias(), backend=self.backend)
+        out = einops.rearrange(out, "B h N d -> B N (h d)")
+        return self.proj(out if self.gate is None else self.gate(x, out))
+
+    @torch.no_grad()
+    def weights(self, x: Tensor) -> Tensor:
+        """The attention weights A (B, h, N, N) on input x, by the mode's float32 reference."""
+        q, k, _ = self._qkv(x)
+        bias = self._bias()
+        bias = bias.detach().float() if isinstance(bias, Tensor) else bias
+        return reference.attention_weights(q.float(), k.float(), self.mode, self.scale, bias)
 
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}, num_heads={self.num_heads}, backend={self.backend!r}"
+
+
+def lambda_init_at(layer: int) -> float:
+    """Differential attention's lambda_init in block `layer` (1-based): 0.8 - 0.6 e^(-0.3 (l-1))."""
+    return 0.8 - 0.6 * math.exp(-0.3 * (layer - 1))
+
+
+class DifferentialAttention(nn.Module):
+    """Differential attention (Ye et al., ICLR 2025) on the release's `qkv` and `proj` shapes:
+    h/2 heads, each (softmax(Q1 K1^T / sqrt d) - lambda softmax(Q2 K2^T / sqrt d)) V with
+    d = D/h and V of width 2d, then RMSNorm and a factor 1 - lambda_init.
+
+    lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init (learnt vectors of width d). The
+    two maps are two calls of the softmax kernel sharing V (Q and K zero-padded to 2d).
+    """
+
+    mode = "differential"
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = False, layer: int = 1,
+                 lambda_init: float | None = None, backend: str | None = None,
+                 gate: str = "none") -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.backend = num_heads // 2, dim // num_heads, backend
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.lambda_init = lambda_init_at(layer) if lambda_init is None else float(lambda_init)
+        self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
+            nn.Parameter(torch.empty(self.head_dim).normal_(0, 0.1)) for _ in range(4))
+        self.norm = nn.RMSNorm(2 * self.head_dim, eps=1e-5)
+        self.gate = output_gate(dim, self.num_heads, gate)
+
+    def lam(self) -> Tensor:
+        """lambda, a scalar tensor."""
+        return (torch.exp(self.lambda_q1 @ self.lambda_k1)
+                - torch.exp(self.lambda_q2 @ self.lambda_k2) + self.lambda_init)
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, ...]:
+        """q1, q2, k1, k2 (B, h/2, N, d) and v (B, h/2, N, 2d): query and key heads in pairs."""
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q1, q2 = einops.rearrange(q, "B N (h two d) -> two B h N d", two=2, d=self.head_dim)
+        k1, k2 = einops.rearrange(k, "B N (h two d) -> two B h N d", two=2, d=self.head_dim)
+        return q1, q2, k1, k2, einops.rearrange(v, "B N (h e) -> B h N e", h=self.num_heads)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q1, q2, k1, k2, v = self._qkv(x)
+
+        def softmax_map(q: Tensor, k: Tensor) -> Tensor:  # padding leaves the scores as they are
+            q, k = F.pad(q, (0, self.head_dim)), F.pad(k, (0, self.head_dim))
+            return uvic_kernels.attention(q, k, v, mode="softmax", scale=self.scale,
+                                          backend=self.backend)
+
+        a1, a2 = softmax_map(q1, k1), softmax_map(q2, k2)
+        heads = self.norm(a1 - self.lam().to(a1.dtype) * a2) * (1 - self.lambda_init)
+        out = einops.rearrange(heads, "B h N e -> B N (h e)")
+        return self.proj(out if self.gate is None else self.gate(x, out))
+
+    @torch.no_grad()
+    def weights(self, x: Tensor) -> Tensor:
+        """The signed weights softmax(S1) - lambda softmax(S2) (B, h/2, N, N), in float32."""
+        q1, q2, k1, k2, _ = (t.float() for t in self._qkv(x))
+        a1 = reference.attention_weights(q1, k1, "softmax", self.scale)
+        return a1 - self.lam().float() * reference.attention_weights(q2, k2, "softmax", self.scale)
+
+    def extra_repr(self) -> str:
+        return (f"num_heads={self.num_heads}, lambda_init={self.lambda_init:.4f}, "
+                f"backend={self.backend!r}")
 
 
 class Block(nn.Module):
@@ -68,11 +175,15 @@ class Block(nn.Module):
 
     def __init__(
         self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, skip: bool = False,
-        mode: str = "softmax", backend: str | None = None,
+        mode: str = "softmax", backend: str | None = None, gate: str = "none", layer: int = 1,
+        lambda_init: float | None = None,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, num_heads, qkv_bias, mode=mode, backend=backend)
+        self.attn = (
+            DifferentialAttention(dim, num_heads, qkv_bias, layer, lambda_init, backend, gate)
+            if mode == "differential" else
+            Attention(dim, num_heads, qkv_bias, mode=mode, backend=backend, gate=gate))
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))  # timm's: fc1 -> GELU -> fc2, as the release
         self.skip_linear = nn.Linear(2 * dim, dim) if skip else None  # last, as the release
@@ -107,6 +218,7 @@ class UViT(ModelMixin, ConfigMixin):
         attention: str | Sequence[str] = "uvit", attention_backend: str = "auto",
         grad_checkpointing: bool = False, pos_embed_init: str = "normal",
         sigmoid_bias: float | None = None, sigmoid_bias_learnable: bool = False,
+        output_gate: str = "none", diff_lambda_init: float | None = None,
     ) -> None:
         super().__init__()
         given = dict(locals())  # the arguments, by name
@@ -133,7 +245,8 @@ class UViT(ModelMixin, ConfigMixin):
 
         def block(i: int, skip_in: bool) -> Block:
             return Block(dim, m.num_heads, m.mlp_ratio, m.qkv_bias, skip=skip_in,
-                         mode=modes[i], backend=backend)
+                         mode=modes[i], backend=backend, gate=m.output_gate, layer=i + 1,
+                         lambda_init=m.diff_lambda_init)
 
         half = m.depth // 2
         self.in_blocks = nn.ModuleList([block(i, False) for i in range(half)])
@@ -170,6 +283,12 @@ class UViT(ModelMixin, ConfigMixin):
         ("auto", "triton", "torch", "sdpa") if given; the config records both, so
         `save_pretrained` keeps them. A bad value changes nothing."""
         modes = resolve_attention(spec, self.depth)
+        changed = [i for i, (now, new) in enumerate(zip(self.attention_modes, modes))
+                   if now != new and "differential" in (now, new)]
+        if changed:
+            raise ValueError(f"set_attention: blocks {changed} would change to or from "
+                             "differential attention, which has weights of its own; build the "
+                             "model with the pattern instead")
         kernel = (self.blocks()[0].attn.backend if backend is None
                   else kernel_backend(backend, label="attention backend "))
         check_backend_fits(kernel, modes)

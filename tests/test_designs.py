@@ -1,0 +1,231 @@
+"""Differential attention and the output gate against float64 formulas written out here:
+weights, outputs and gradients (any N, head width, strided inputs, both kernel backends),
+in U-ViT (presets, training steps, save/load) and refused in one line where they cannot
+apply."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from uvic.config import ConfigError, DiffusionConfig
+from uvic.diffusion.schedule import Diffusion, diffusion_loss
+from uvic.models.uvit import Attention, DifferentialAttention, UViT, lambda_init_at
+from uvic_kernels import differential_attention_reference
+from uvic_kernels.modes import DESIGN, MODES
+
+BACKENDS = ["torch", "triton"]  # triton: the interpreter on a CPU, compiled on a GPU
+
+
+def double(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().double().requires_grad_(t.requires_grad)
+
+
+def linear(x: torch.Tensor, layer: torch.nn.Linear, params: dict) -> torch.Tensor:
+    w, b = params[id(layer.weight)], layer.bias
+    return x @ w.T + (params[id(b)] if b is not None else 0)
+
+
+def gate64(x: torch.Tensor, y: torch.Tensor, attn: torch.nn.Module, params: dict,
+           heads: int) -> torch.Tensor:
+    """Y * sigmoid(X W_g + b), one gate per channel or per head (Qiu et al. 2025)."""
+    if attn.gate is None:
+        return y
+    g = torch.sigmoid(linear(x, attn.gate.linear, params))
+    if attn.gate.kind == "headwise":
+        g = g.repeat_interleave(y.shape[-1] // heads, dim=-1)
+    return y * g
+
+
+def differential64(attn: DifferentialAttention, x: torch.Tensor, params: dict,
+                   layer: int) -> torch.Tensor:
+    """The paper's equations, head by head, in float64 from the module's weights."""
+    D, H = x.shape[-1], attn.num_heads
+    d = D // (2 * H)
+    q, k, v = linear(x, attn.qkv, params).split(D, dim=-1)
+    lam = (torch.exp(params[id(attn.lambda_q1)] @ params[id(attn.lambda_k1)])
+           - torch.exp(params[id(attn.lambda_q2)] @ params[id(attn.lambda_k2)])
+           + 0.8 - 0.6 * math.exp(-0.3 * (layer - 1)))
+    heads = []
+    for i in range(H):
+        q1, q2 = q[..., 2 * i * d:(2 * i + 1) * d], q[..., (2 * i + 1) * d:(2 * i + 2) * d]
+        k1, k2 = k[..., 2 * i * d:(2 * i + 1) * d], k[..., (2 * i + 1) * d:(2 * i + 2) * d]
+        a = (torch.softmax(q1 @ k1.transpose(-1, -2) / math.sqrt(d), -1)
+             - lam * torch.softmax(q2 @ k2.transpose(-1, -2) / math.sqrt(d), -1))
+        o = a @ v[..., 2 * i * d:(2 * i + 2) * d]
+        o = o / torch.sqrt(o.square().mean(-1, keepdim=True) + 1e-5) * params[id(attn.norm.weight)]
+        heads.append(o * (1 - lambda_init_at(layer)))
+    y = gate64(x, torch.cat(heads, dim=-1), attn, params, H)
+    return linear(y, attn.proj, params)
+
+
+def attention64(attn: Attention, x: torch.Tensor, params: dict) -> torch.Tensor:
+    """A kernel mode's block in float64: its weights by the float64 reference, then the gate."""
+    from uvic_kernels import reference
+
+    D, h = x.shape[-1], attn.num_heads
+    q, k, v = (t.unflatten(-1, (h, D // h)).transpose(1, 2)
+               for t in linear(x, attn.qkv, params).split(D, dim=-1))
+    a = reference.attention_weights(q, k, attn.mode, attn.scale)
+    y = gate64(x, (a @ v).transpose(1, 2).flatten(2), attn, params, h)
+    return linear(y, attn.proj, params)
+
+
+def compare(module: torch.nn.Module, x: torch.Tensor, formula) -> None:
+    """Outputs and the gradients of every parameter and of x, against the float64 formula."""
+    x = x.requires_grad_()
+    out = module(x)
+    weight = torch.randn_like(out)
+    (out * weight).sum().backward()
+    params = {id(p): double(p) for p in module.parameters()}
+    x64 = double(x)
+    ref = formula(x64, params)
+    (ref * weight.double()).sum().backward()
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-4, atol=1e-5)
+    for p in module.parameters():
+        torch.testing.assert_close(p.grad.double(), params[id(p)].grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("dim", "heads", "n"), [(32, 4, 1), (32, 4, 17), (48, 2, 33)])
+@pytest.mark.parametrize("gate", ["none", "headwise"])
+def test_differential_matches_its_equations(backend: str, dim: int, heads: int, n: int,
+                                            gate: str) -> None:
+    torch.manual_seed(0)
+    layer = 3
+    attn = DifferentialAttention(dim, heads, qkv_bias=True, layer=layer, backend=backend,
+                                 gate=gate)
+    wide = torch.randn(2, n, 2 * dim)
+    x = wide[..., ::2]  # strided input
+    compare(attn, x, lambda x64, p: differential64(attn, x64, p, layer))
+
+
+def test_differential_weights_are_signed_and_give_the_output() -> None:
+    torch.manual_seed(1)
+    attn = DifferentialAttention(32, 4, layer=12, backend="torch")  # lambda near 0.8
+    x = 4 * torch.randn(2, 9, 32)  # sharp maps: where map 2 peaks, the weight is negative
+    a = attn.weights(x)  # (B, h/2, N, N)
+    assert a.shape == (2, 2, 9, 9) and bool((a < 0).any())
+    lam = float(attn.lam().detach())
+    torch.testing.assert_close(a.sum(-1), torch.full((2, 2, 9), 1 - lam), rtol=0, atol=1e-5)
+    q1, q2, k1, k2, v = attn._qkv(x)
+    ref = differential_attention_reference(*(t.double() for t in (q1, k1, q2, k2, v)), lam,
+                                           attn.scale)
+    torch.testing.assert_close(a.double() @ v.double(), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("gate", ["elementwise", "headwise"])
+def test_output_gate_on_every_kernel_mode(mode: str, gate: str) -> None:
+    torch.manual_seed(2)
+    attn = Attention(24, 3, mode=mode, backend="torch", gate=gate)
+    compare(attn, torch.randn(2, 11, 24), lambda x64, p: attention64(attn, x64, p))
+
+
+def test_lambda_init_follows_the_depth_schedule() -> None:
+    assert lambda_init_at(1) == pytest.approx(0.2)
+    assert lambda_init_at(2) == pytest.approx(0.8 - 0.6 * math.exp(-0.3))
+    model = tiny(attention="uvid", depth=4)
+    assert [round(b.attn.lambda_init, 6) for b in model.blocks()[1:-1]] == [
+        round(lambda_init_at(layer), 6) for layer in (2, 3, 4)]
+    fixed = tiny(attention="uvid", diff_lambda_init=0.5)
+    assert fixed.mid_block.attn.lambda_init == 0.5
+
+
+TINY = {"img_size": 8, "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 4,
+        "num_classes": 4, "attention_backend": "torch"}
+
+
+def tiny(**changes: object) -> UViT:
+    torch.manual_seed(0)
+    return UViT(**{**TINY, **changes})
+
+
+def loss_of(model: UViT, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    batch = {"x": torch.randn(4, 3, 8, 8, generator=g), "y": torch.randint(0, 4, (4,), generator=g)}
+    return diffusion_loss(model, Diffusion(DiffusionConfig()), batch, g)
+
+
+@pytest.mark.parametrize(("attention", "gate"), [
+    ("uvid", "none"), ("uvid", "headwise"), ("uvit", "elementwise"), ("uvic", "headwise")])
+def test_presets_train_and_round_trip(tmp_path: Path, attention: str, gate: str) -> None:
+    """A few optimizer steps lower nothing to NaN and reach the new weights; the saved model
+    rebuilds the same function."""
+    model = tiny(attention=attention, output_gate=gate).train()
+    expected = ["softmax", DESIGN["differential"].name if attention == "uvid" else
+                {"uvit": "softmax", "uvic": "cog"}[attention], "softmax"]
+    assert model.attention_modes == expected
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for step in range(3):
+        opt.zero_grad()
+        loss = loss_of(model, step)
+        loss.backward()
+        opt.step()
+        assert torch.isfinite(loss)
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    new = {n for n in before if "lambda_" in n or ".gate." in n or "attn.norm" in n}
+    assert new and new <= moved
+    model.eval().save_pretrained(tmp_path)
+    loaded = UViT.from_pretrained(tmp_path).eval()
+    g = torch.Generator().manual_seed(9)
+    x, t = torch.randn(2, 3, 8, 8, generator=g), torch.rand(2, generator=g) * 999
+    y = torch.tensor([0, 3])
+    with torch.no_grad():
+        assert torch.equal(loaded(x, t, y=y).sample, model(x, t, y=y).sample)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"output_gate": "sometimes"}, "model.output_gate='sometimes'"),
+    ({"attention": "uvic", "diff_lambda_init": 0.5}, "model.diff_lambda_init=0.5"),
+    ({"attention": "uvid", "num_heads": 2, "embed_dim": 24, "diff_lambda_init": "x"},
+     "model.diff_lambda_init='x'"),
+    ({"attention": "uvid", "num_heads": 1}, "model.num_heads=1"),
+    ({"attention": "uvid", "embed_dim": 320, "num_heads": 4}, "model.num_heads=4"),
+])
+def test_bad_settings_are_one_line(changes: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        tiny(**changes)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_switching_to_or_from_differential_is_refused_and_changes_nothing() -> None:
+    model = tiny(attention="uvic")
+    with pytest.raises(ValueError, match="differential") as err:
+        model.set_attention("uvid")
+    assert "\n" not in str(err.value) and model.attention_modes == ["softmax", "cog", "softmax"]
+    differential = tiny(attention="uvid")
+    with pytest.raises(ValueError, match="differential"):
+        differential.set_attention("uvic")
+    differential.set_attention("uvid", backend="sdpa")  # two softmax maps: SDPA runs them
+    assert differential.mid_block.attn.backend == "sdpa"
+
+
+@pytest.mark.parametrize(("attention", "gate"), [("uvid", "none"), ("uvic", "headwise")])
+def test_attention_analysis_reads_the_new_designs(attention: str, gate: str) -> None:
+    """The analysis hooks measure every block: differential blocks report h/2 heads whose
+    rows sum to 1 - lambda, gated Cog blocks their signed weights, every block its massive
+    activations."""
+    from uvic.analysis.capture import BlockRecorder, token_layout
+
+    model = tiny(attention=attention, output_gate=gate, depth=2).eval()
+    layout = token_layout(model)
+    g = torch.Generator().manual_seed(4)
+    x, t = 3 * torch.randn(2, 3, 8, 8, generator=g), torch.rand(2, generator=g) * 999
+    with BlockRecorder(model, layout, [(0, 0), (1, 2)]) as recorder, torch.no_grad():
+        model(x, t, y=torch.tensor([1, 2]))
+    blocks = recorder.means()
+    heads = [len(b["heads"]["entropy"]) for b in blocks]
+    assert heads == ([4, 2, 4] if attention == "uvid" else [4, 4, 4])
+    assert blocks[0]["heads"]["negative_mass"] == [0.0] * 4
+    if attention == "uvid":
+        lam = float(model.mid_block.attn.lam().detach())
+        assert blocks[1]["heads"]["row_sum"] == pytest.approx([1 - lam] * 2, abs=1e-5)
+    else:
+        assert all(m > 0 for m in blocks[1]["heads"]["negative_mass"])
+    assert all(math.isfinite(b["massive"]["ratio"]) for b in blocks)
