@@ -44,13 +44,14 @@ def run(tmp_path: Path, *extra: str, readme: str | None = None) -> int:
 
 @pytest.mark.slow
 def test_readme_plan_states_the_compute(tmp_path: Path, capsys) -> None:
-    """The README's dry run, as written: every attention preset (4) x 3 seeds, 3
+    """The README's dry run, as written: every attention preset (5) x 3 seeds, 3
     evaluation steps."""
     assert compare.main([*argv(README_PLAN)[2:], "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "4 variants (uvit, uvic, uvie, uvis) x 3 seeds (1234, 1235, 1236) = 12 runs" in out
-    assert "12 runs x 2,700 steps x 32 images = 32,400 steps" in out
-    assert "12 runs x 3 steps (1500, 2100, 2700) = 36" in out
+    assert ("5 variants (uvit, uvic, uvie, uvis, uvid) x 3 seeds (1234, 1235, 1236) = 15 runs"
+            in out)
+    assert "15 runs x 2,700 steps x 32 images = 40,500 steps" in out
+    assert "15 runs x 3 steps (1500, 2100, 2700) = 45" in out
     assert "128 x 100 network calls = 12,800 image forwards per evaluation" in out
 
 
@@ -170,7 +171,7 @@ def test_guided_steps_before_the_guide_are_refused(tmp_path: Path, capsys) -> No
 def test_attention_variants_must_keep_the_parameters(tmp_path: Path, capsys,
                                                      monkeypatch) -> None:
     """Presets start from the same weights (the end-to-end test); a variant whose model
-    gained a parameter where only attention was asked for is refused."""
+    changed a shared weight's shape where only attention was asked for is refused."""
     import uvic.models.uvit as uvit
 
     real = uvit.build_model
@@ -178,7 +179,7 @@ def test_attention_variants_must_keep_the_parameters(tmp_path: Path, capsys,
     def build(model):
         net = real(model)
         if model.attention == "uvic":
-            net.register_parameter("extra", torch.nn.Parameter(torch.zeros(3)))
+            net.pos_embed = torch.nn.Parameter(torch.zeros(1, 1, net.embed_dim))
         return net
 
     monkeypatch.setattr(uvit, "build_model", build)

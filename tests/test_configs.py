@@ -20,11 +20,13 @@ from uvic.config import (
     load_config,
     to_dict,
 )
+from uvic.config.validation import validate
 from uvic.files import save_config
 from uvic.models.uvit import build_model, resolve_attention
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-NAMES = ["cifar10_uvit", "cifar10_uvic", "cifar10_uvis", "mscoco_uvit", "mscoco_uvic",
+NAMES = ["cifar10_uvit", "cifar10_uvic", "cifar10_uvis", "cifar10_uvid", "mscoco_uvit",
+         "mscoco_uvic", "mscoco_uvid",
          "quickstart", "cifar10_uvit_flow", "cifar10_uvic_flow", "imagenet256_uvit_large_flow",
          "imagenet256_uvic_large_flow"]
 
@@ -114,6 +116,24 @@ def test_uvis_differs_from_uvit_only_in_attention() -> None:
     assert same == uvit and uvis.model.sigmoid_bias is None
     modes = resolve_attention(uvis.model.attention, uvis.model.depth)
     assert modes == ["softmax"] + ["sigmoid"] * 11 + ["softmax"]
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "mscoco"])
+def test_uvid_differs_from_uvit_only_in_attention(dataset: str) -> None:
+    """U-ViD: differential attention where U-ViC has Cog (4 heads of value width 128 at
+    U-ViT-S/2), everything else U-ViT's; the output gate is one setting away."""
+    uvit = load_config(CONFIGS / f"{dataset}_uvit.py")
+    uvid = load_config(CONFIGS / f"{dataset}_uvid.py")
+    same = dataclasses.replace(
+        uvid, name=uvit.name,
+        model=dataclasses.replace(uvid.model, attention="uvit"),
+        train=dataclasses.replace(uvid.train, output_dir=uvit.train.output_dir),
+    )
+    assert same == uvit
+    modes = resolve_attention(uvid.model.attention, uvid.model.depth)
+    assert modes == ["softmax"] + ["differential"] * 11 + ["softmax"]
+    gated = apply_overrides(uvid, ["model.output_gate=headwise"])
+    assert validate(gated).model.output_gate == "headwise"
 
 
 def test_quickstart_is_small_and_cpu_friendly() -> None:

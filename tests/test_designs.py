@@ -34,7 +34,7 @@ def gate64(x: torch.Tensor, y: torch.Tensor, attn: torch.nn.Module, params: dict
     """Y * sigmoid(X W_g + b), one gate per channel or per head (Qiu et al. 2025)."""
     if attn.gate is None:
         return y
-    g = torch.sigmoid(linear(x, attn.gate.linear, params))
+    g = torch.sigmoid(x @ params[id(attn.gate.weight)].T + params[id(attn.gate.bias)])
     if attn.gate.kind == "headwise":
         g = g.repeat_interleave(y.shape[-1] // heads, dim=-1)
     return y * g
@@ -169,7 +169,7 @@ def test_presets_train_and_round_trip(tmp_path: Path, attention: str, gate: str)
         opt.step()
         assert torch.isfinite(loss)
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
-    new = {n for n in before if "lambda_" in n or ".gate." in n or "attn.norm" in n}
+    new = {n for n in before if "lambda_" in n or ".gate" in n or "attn.norm" in n}
     assert new and new <= moved
     model.eval().save_pretrained(tmp_path)
     loaded = UViT.from_pretrained(tmp_path).eval()
@@ -229,3 +229,37 @@ def test_attention_analysis_reads_the_new_designs(attention: str, gate: str) -> 
     else:
         assert all(m > 0 for m in blocks[1]["heads"]["negative_mass"])
     assert all(math.isfinite(b["massive"]["ratio"]) for b in blocks)
+
+
+def test_flop_count_of_the_new_designs() -> None:
+    """Differential blocks weigh values of twice the width in two maps (one more N^2 D
+    product each); a gate is one more projection per block, D or one per head wide."""
+    from uvic.config import ModelConfig
+    from uvic.models.flops import forward_flops, num_tokens
+
+    base = ModelConfig(img_size=32, patch_size=2, embed_dim=512, depth=12, num_heads=8)
+    N, D = num_tokens(base), 512
+
+    def flops(**changes: object) -> int:
+        return forward_flops(ModelConfig(**{**vars(base), **changes}))
+
+    assert flops(attention="uvid") - flops() == 11 * 2 * N * N * D
+    assert flops(attention="uvic") == flops()
+    assert flops(output_gate="elementwise") - flops() == 13 * 2 * N * D * D
+    assert flops(output_gate="headwise") - flops() == 13 * 2 * N * D * 8
+    assert (flops(attention="uvid", output_gate="headwise") - flops(attention="uvid")
+            == (2 * 8 + 11 * 4) * 2 * N * D)
+
+
+@pytest.mark.parametrize(("attention", "gate"), [("uvid", "none"), ("uvit", "headwise"),
+                                                 ("uvid", "elementwise")])
+def test_shared_weights_start_as_the_design_free_models(attention: str, gate: str) -> None:
+    """Same seed, same shared weights as U-ViT: a design's own weights are drawn after them,
+    so comparisons stay paired."""
+    plain = tiny(attention="uvit").state_dict()
+    model = tiny(attention=attention, output_gate=gate).state_dict()
+    shared = [k for k in model if k in plain]
+    assert len(shared) == len(plain)
+    assert all(torch.equal(model[k], plain[k]) for k in shared)
+    own = [k for k in model if k not in plain]
+    assert own and all(model[k].std() > 0 or k.endswith(("bias", "norm.weight")) for k in own)

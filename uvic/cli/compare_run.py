@@ -25,7 +25,9 @@ from uvic.cli.table_runner import Job
 from uvic.config import ConfigError, apply_overrides
 from uvic.training.stop import Interrupted
 
-ATTENTION_KEYS = {"model.attention", "model.attention_backend"}
+# settings that change the attention design only (a design may add weights of its own)
+ATTENTION_KEYS = {"model.attention", "model.attention_backend", "model.output_gate",
+                  "model.diff_lambda_init", "model.sigmoid_bias", "model.sigmoid_bias_learnable"}
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -60,8 +62,9 @@ def dry_run_calibration(plan: Plan, args: argparse.Namespace) -> Calibration:
 def pairing_check(plan: Plan) -> dict[str, Any]:
     """Seed s of every variant must start from the same initial weights where they share
     parameters. Builds each variant's model as the trainer does (the first seed) and
-    compares it with the first variant's. Variants that differ only in attention must have
-    the same parameters, all equal at initialisation: else a ConfigError naming them."""
+    compares it with the first variant's. Variants that differ only in attention design must
+    share every common weight, equal at initialisation (a design may add weights of its
+    own): else a ConfigError naming them."""
     import torch
     from accelerate.utils import set_seed
 
@@ -80,14 +83,15 @@ def pairing_check(plan: Plan) -> dict[str, Any]:
             raise ConfigError(f"variant {variant!r}: {err}") from err
         counts[variant] = sum(t.numel() for t in state.values())
         reference = reference or state
-        same_shape = [k for k in state if k in reference and state[k].shape == reference[k].shape]
+        common = [k for k in state if k in reference]
+        same_shape = [k for k in common if state[k].shape == reference[k].shape]
         equal = sum(state[k].numel() for k in same_shape if torch.equal(state[k], reference[k]))
-        shared[variant] = equal / max(counts[variant], 1)
-        if attention_only and (len(same_shape) != len(state) or state.keys() != reference.keys()):
+        shared[variant] = equal / max(sum(state[k].numel() for k in common), 1)
+        if attention_only and (len(same_shape) != len(common) or not common):
             raise ConfigError(
                 f"variant {variant!r} has {counts[variant]:,} parameters ({len(state)} tensors), "
                 f"{first!r} {counts[first]:,} ({len(reference)}): variants that differ in "
-                "attention only must keep the model's parameters")
+                "attention only must share the model's weights")
         if attention_only and shared[variant] != 1.0:
             raise ConfigError(f"variant {variant!r} starts from other initial weights than "
                               f"{first!r} with train.seed={seed}: its differences would not "

@@ -9,6 +9,7 @@ the count against torch's FlopCounterMode).
 from __future__ import annotations
 
 from uvic.config import ModelConfig
+from uvic.config.models import resolve_attention
 
 
 def num_tokens(m: ModelConfig) -> int:
@@ -26,9 +27,17 @@ def forward_flops(m: ModelConfig) -> int:
         flops += 2 * 2 * D * 4 * D  # time MLP, on one token
     if m.clip_dim > 0:
         flops += 2 * m.num_clip_token * m.clip_dim * D  # text tokens
-    # per block: qkv, scores Q K^T, weights x V, output projection, the MLP's two layers
+    # per block: qkv, scores Q K^T, weights x V, output projection, the MLP's two layers;
+    # differential attention's two maps each weigh values twice as wide (the scores of its
+    # h/2 head pairs cost what h heads' do), and an output gate is one more projection
     block = 2 * N * D * 3 * D + 2 * 2 * N * N * D + 2 * N * D * D + 2 * 2 * N * D * hidden
-    flops += (m.depth + 1) * block
+    gate = {"none": 0, "elementwise": D, "headwise": m.num_heads}[m.output_gate]
+    for mode in resolve_attention(m.attention, m.depth):
+        heads = m.num_heads // 2 if mode == "differential" else m.num_heads
+        gate_width = heads if m.output_gate == "headwise" else gate
+        flops += block + 2 * N * D * gate_width
+        if mode == "differential":
+            flops += 2 * N * N * D  # the second weights x V
     if m.skip:
         flops += (m.depth // 2) * 2 * N * 2 * D * D  # each out-block's skip, Linear(2D -> D)
     flops += 2 * N * D * p * p * C  # decoder, on every token before the extras are dropped

@@ -44,18 +44,30 @@ class OutputGate(nn.Module):
     def __init__(self, dim: int, heads: int, kind: str) -> None:
         super().__init__()
         self.kind, self.heads = kind, heads
-        self.linear = nn.Linear(dim, dim if kind == "elementwise" else heads)
+        width = dim if kind == "elementwise" else heads
+        self.weight, self.bias = nn.Parameter(torch.empty(width, dim)), nn.Parameter(
+            torch.empty(width))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The release's Linear init: trunc-normal(0.02) weights, zero bias."""
+        nn.init.trunc_normal_(self.weight, std=0.02)
+        nn.init.zeros_(self.bias)
 
     def forward(self, x: Tensor, y: Tensor) -> Tensor:
-        gate = torch.sigmoid(self.linear(x))  # (B, N, D) or (B, N, heads)
+        gate = torch.sigmoid(F.linear(x, self.weight, self.bias))  # (B, N, D) or (B, N, heads)
         if self.kind == "headwise":
             gate = gate.repeat_interleave(y.shape[-1] // self.heads, dim=-1)
         return y * gate
 
 
 def output_gate(dim: int, heads: int, kind: str) -> OutputGate | None:
-    """The gate of `model.output_gate` ("none": no gate, no weights)."""
-    return None if kind == "none" else OutputGate(dim, heads, kind)
+    """The gate of `model.output_gate` ("none": no gate, no weights), made without advancing
+    the random stream: `UViT` draws the designs' own weights after the shared ones."""
+    if kind == "none":
+        return None
+    with torch.random.fork_rng(devices=[]):
+        return OutputGate(dim, heads, kind)
 
 
 class Attention(nn.Module):
@@ -74,6 +86,11 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.gate = output_gate(dim, num_heads, gate)
         self.sigmoid_bias: float | nn.Parameter | None = None
+
+    def reset_design_parameters(self) -> None:
+        """Draw the weights of this design's own (the gate's), after the shared ones."""
+        if self.gate is not None:
+            self.gate.reset_parameters()
 
     def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         # (B, N, 3D) -> strided (B, h, N, D/h) views, which the kernel accepts as they are
@@ -129,9 +146,18 @@ class DifferentialAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.lambda_init = lambda_init_at(layer) if lambda_init is None else float(lambda_init)
         self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
-            nn.Parameter(torch.empty(self.head_dim).normal_(0, 0.1)) for _ in range(4))
+            nn.Parameter(torch.empty(self.head_dim)) for _ in range(4))
+        with torch.random.fork_rng(devices=[]):  # as output_gate: drawn again by UViT
+            self.reset_design_parameters(gate=False)
         self.norm = nn.RMSNorm(2 * self.head_dim, eps=1e-5)
         self.gate = output_gate(dim, self.num_heads, gate)
+
+    def reset_design_parameters(self, gate: bool = True) -> None:
+        """Draw the lambda vectors (normal, std 0.1, as the authors') and the gate's weights."""
+        for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+            nn.init.normal_(p, 0.0, 0.1)
+        if gate and self.gate is not None:
+            self.gate.reset_parameters()
 
     def lam(self) -> Tensor:
         """lambda, a scalar tensor."""
@@ -266,6 +292,8 @@ class UViT(ModelMixin, ConfigMixin):
                 self.pos_embed[0, self.extras:] = sincos_pos_embed_2d(m.img_size // m.patch_size,
                                                                       dim)
         self.apply(_init_weights)
+        for blk in self.blocks():  # a design's own weights last: the shared ones stay paired
+            blk.attn.reset_design_parameters()
 
     # ------------------------------------------------------------------ attention pattern
 
