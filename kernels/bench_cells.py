@@ -52,6 +52,31 @@ def sigmoid_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
     return torch.sigmoid(s - math.log(k.shape[-2])) @ v
 
 
+DIFF_LAMBDA = 0.8  # differential attention's lambda in the benchmark (its deepest lambda_init)
+
+
+def _pair(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Differential attention's two query/key maps of width D/2 from (B, H, N, D) q and k,
+    the values keeping width D (h heads of value width 2d)."""
+    half = q.shape[-1] // 2
+    return q[..., :half], k[..., :half], q[..., half:], k[..., half:]
+
+
+def differential(backend: str | None = None) -> Callable[..., torch.Tensor]:
+    """softmax(S1) - lambda softmax(S2) weighing V: two softmax-kernel calls sharing V, the
+    queries and keys zero-padded to V's width (the U-ViT module's form)."""
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q1, k1, q2, k2 = _pair(q, k)
+        half = q1.shape[-1]
+        pad = (0, v.shape[-1] - half)
+        maps = [attention(F.pad(a, pad), F.pad(b, pad), v, "softmax", half ** -0.5,
+                          backend=backend) for a, b in ((q1, k1), (q2, k2))]
+        return maps[0] - DIFF_LAMBDA * maps[1]
+
+    return run
+
+
 def _sdpa(backend_name: str) -> Callable[..., torch.Tensor]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -68,12 +93,14 @@ def methods(device: torch.device) -> dict[str, Callable[..., torch.Tensor]]:
     """Name -> callable(q, k, v) for the methods available on ``device``."""
     if device.type != "cuda":
         table = {f"{m} (ours, torch)": _ours(m, "torch") for m in ("cog", "softmax", "sigmoid")}
+        table["differential (ours, torch)"] = differential("torch")
         table["cog eager"] = cog_eager
         if os.environ.get("TRITON_INTERPRET", "0") == "1":
             table["cog (ours, interpreter)"] = _ours("cog", "triton")
         return table
     return {
         **{f"{d.name} (ours)": _ours(d.name) for d in DESIGNS if d.kernel},
+        "differential (ours)": differential(),
         "sdpa flash": _sdpa("FLASH_ATTENTION"),
         "sdpa cudnn": _sdpa("CUDNN_ATTENTION"),
         "cog eager": cog_eager,
@@ -96,7 +123,12 @@ def _max_abs_err(
     """
     q, k, v = (x.detach().float() for x in (q, k, v))
     design = DESIGN.get(name.split()[0], DESIGN["softmax"])  # "sdpa ...": softmax
-    ref = getattr(reference, design.reference)(q, k, v)  # sigmoid: bias -log N, as run
+    if design.name == "differential":
+        q1, k1, q2, k2 = _pair(q, k)
+        ref = reference.differential_attention_reference(q1, k1, q2, k2, v, DIFF_LAMBDA,
+                                                         q1.shape[-1] ** -0.5)
+    else:
+        ref = getattr(reference, design.reference)(q, k, v)  # sigmoid: bias -log N, as run
     return (out.float() - ref).abs().max().item()
 
 
