@@ -46,8 +46,9 @@ def differential64(attn: DifferentialAttention, x: torch.Tensor, params: dict,
     D, H = x.shape[-1], attn.num_heads
     d = D // (2 * H)
     q, k, v = linear(x, attn.qkv, params).split(D, dim=-1)
-    lam = (torch.exp(params[id(attn.lambda_q1)] @ params[id(attn.lambda_k1)])
-           - torch.exp(params[id(attn.lambda_q2)] @ params[id(attn.lambda_k2)])
+    diff = attn.diff
+    lam = (torch.exp(params[id(diff.lambda_q1)] @ params[id(diff.lambda_k1)])
+           - torch.exp(params[id(diff.lambda_q2)] @ params[id(diff.lambda_k2)])
            + 0.8 - 0.6 * math.exp(-0.3 * (layer - 1)))
     heads = []
     for i in range(H):
@@ -56,7 +57,7 @@ def differential64(attn: DifferentialAttention, x: torch.Tensor, params: dict,
         a = (torch.softmax(q1 @ k1.transpose(-1, -2) / math.sqrt(d), -1)
              - lam * torch.softmax(q2 @ k2.transpose(-1, -2) / math.sqrt(d), -1))
         o = a @ v[..., 2 * i * d:(2 * i + 2) * d]
-        o = o / torch.sqrt(o.square().mean(-1, keepdim=True) + 1e-5) * params[id(attn.norm.weight)]
+        o = o / torch.sqrt(o.square().mean(-1, keepdim=True) + 1e-5) * params[id(diff.norm.weight)]
         heads.append(o * (1 - lambda_init_at(layer)))
     y = gate64(x, torch.cat(heads, dim=-1), attn, params, H)
     return linear(y, attn.proj, params)
@@ -110,9 +111,9 @@ def test_differential_weights_are_signed_and_give_the_output() -> None:
     x = 4 * torch.randn(2, 9, 32)  # sharp maps: where map 2 peaks, the weight is negative
     a = attn.weights(x)  # (B, h/2, N, N)
     assert a.shape == (2, 2, 9, 9) and bool((a < 0).any())
-    lam = float(attn.lam().detach())
+    lam = float(attn.diff.lam().detach())
     torch.testing.assert_close(a.sum(-1), torch.full((2, 2, 9), 1 - lam), rtol=0, atol=1e-5)
-    q1, q2, k1, k2, v = attn._qkv(x)
+    q1, k1, q2, k2, v = attn._qkv(x)
     ref = differential_attention_reference(*(t.double() for t in (q1, k1, q2, k2, v)), lam,
                                            attn.scale)
     torch.testing.assert_close(a.double() @ v.double(), ref, rtol=1e-5, atol=1e-6)
@@ -130,10 +131,10 @@ def test_lambda_init_follows_the_depth_schedule() -> None:
     assert lambda_init_at(1) == pytest.approx(0.2)
     assert lambda_init_at(2) == pytest.approx(0.8 - 0.6 * math.exp(-0.3))
     model = tiny(attention="uvid", depth=4)
-    assert [round(b.attn.lambda_init, 6) for b in model.blocks()[1:-1]] == [
+    assert [round(b.attn.diff.lambda_init, 6) for b in model.blocks()[1:-1]] == [
         round(lambda_init_at(layer), 6) for layer in (2, 3, 4)]
     fixed = tiny(attention="uvid", diff_lambda_init=0.5)
-    assert fixed.mid_block.attn.lambda_init == 0.5
+    assert fixed.mid_block.attn.diff.lambda_init == 0.5
 
 
 TINY = {"img_size": 8, "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 4,
@@ -169,7 +170,7 @@ def test_presets_train_and_round_trip(tmp_path: Path, attention: str, gate: str)
         opt.step()
         assert torch.isfinite(loss)
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
-    new = {n for n in before if "lambda_" in n or ".gate" in n or "attn.norm" in n}
+    new = {n for n in before if "lambda_" in n or ".gate" in n or "diff.norm" in n}
     assert new and new <= moved
     model.eval().save_pretrained(tmp_path)
     loaded = UViT.from_pretrained(tmp_path).eval()
@@ -224,7 +225,7 @@ def test_attention_analysis_reads_the_new_designs(attention: str, gate: str) -> 
     assert heads == ([4, 2, 4] if attention == "uvid" else [4, 4, 4])
     assert blocks[0]["heads"]["negative_mass"] == [0.0] * 4
     if attention == "uvid":
-        lam = float(model.mid_block.attn.lam().detach())
+        lam = float(model.mid_block.attn.diff.lam().detach())
         assert blocks[1]["heads"]["row_sum"] == pytest.approx([1 - lam] * 2, abs=1e-5)
     else:
         assert all(m > 0 for m in blocks[1]["heads"]["negative_mass"])
@@ -263,3 +264,94 @@ def test_shared_weights_start_as_the_design_free_models(attention: str, gate: st
     assert all(torch.equal(model[k], plain[k]) for k in shared)
     own = [k for k in model if k not in plain]
     assert own and all(model[k].std() > 0 or k.endswith(("bias", "norm.weight")) for k in own)
+
+
+# --------------------------------------------------------------------------- diffusers models
+
+
+def tiny_dit(seed: int = 0):
+    from diffusers import DiTTransformer2DModel
+
+    torch.manual_seed(seed)
+    return DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4,
+                                 num_layers=3, sample_size=8, patch_size=2,
+                                 num_embeds_ada_norm=10).eval()
+
+
+def dit_out(model) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    return model(torch.randn(2, 4, 8, 8, generator=g), timestep=torch.tensor([3, 700]),
+                 class_labels=torch.tensor([1, 7])).sample
+
+
+@pytest.mark.parametrize("mode", ["softmax", "cog"])
+@pytest.mark.parametrize("gate", ["elementwise", "headwise"])
+def test_a_gate_in_a_pretrained_model_starts_as_the_identity_and_learns(mode: str,
+                                                                        gate: str) -> None:
+    from uvic.models.attention_processor import set_cog_attention
+
+    model = tiny_dit()
+    set_cog_attention(model, mode, backend="torch")
+    before = dit_out(model).detach()
+    changed = set_cog_attention(model, mode, backend="torch", gate=gate)
+    assert len(changed) == 3
+    out = dit_out(model)
+    assert torch.equal(out.detach(), before)  # 2 sigmoid(0) = 1 exactly
+    out.square().mean().backward()
+    gates = [m.output_gate for m in model.modules() if hasattr(m, "output_gate")]
+    assert len(gates) == 3 and all(g.weight.grad.abs().sum() > 0 for g in gates)
+
+
+def test_differential_in_a_diffusers_module_matches_its_equations() -> None:
+    """On diffusers' Attention (separate q, k, v projections): heads 2i and 2i + 1 pair up,
+    as the authors' layout; outputs and gradients against the float64 equations."""
+    from diffusers.models.attention_processor import Attention as DiffusersAttention
+
+    from uvic.models.attention_processor import set_cog_attention
+
+    torch.manual_seed(3)
+    attn = DiffusersAttention(query_dim=24, heads=4, dim_head=6, bias=True).eval()
+    holder = torch.nn.ModuleList([torch.nn.ModuleDict({"attn": attn})])
+    set_cog_attention(holder, "differential", backend="torch", gate="headwise")
+    diff = attn.differential
+    with torch.no_grad():  # a gate away from the identity, so that it is checked too
+        attn.output_gate.weight.normal_(0, 0.3)
+
+    def formula(x64: torch.Tensor, p: dict) -> torch.Tensor:
+        q, k, v = (linear(x64, lin, p) for lin in (attn.to_q, attn.to_k, attn.to_v))
+        lam = (torch.exp(p[id(diff.lambda_q1)] @ p[id(diff.lambda_k1)])
+               - torch.exp(p[id(diff.lambda_q2)] @ p[id(diff.lambda_k2)]) + lambda_init_at(1))
+        heads = []
+        for i in range(2):
+            q1, q2 = q[..., 12 * i:12 * i + 6], q[..., 12 * i + 6:12 * i + 12]
+            k1, k2 = k[..., 12 * i:12 * i + 6], k[..., 12 * i + 6:12 * i + 12]
+            a = (torch.softmax(q1 @ k1.transpose(-1, -2) / math.sqrt(6), -1)
+                 - lam * torch.softmax(q2 @ k2.transpose(-1, -2) / math.sqrt(6), -1))
+            o = a @ v[..., 12 * i:12 * i + 12]
+            o = o / torch.sqrt(o.square().mean(-1, keepdim=True) + 1e-5) * p[id(diff.norm.weight)]
+            heads.append(o * (1 - lambda_init_at(1)))
+        y = torch.cat(heads, dim=-1)
+        g = 2 * torch.sigmoid(x64 @ p[id(attn.output_gate.weight)].T
+                              + p[id(attn.output_gate.bias)])
+        return linear(y * g.repeat_interleave(12, dim=-1), attn.to_out[0], p)
+
+    compare(attn, torch.randn(2, 7, 24), formula)
+
+
+def test_differential_processor_refuses_what_it_cannot_pair() -> None:
+    from uvic.models.attention_processor import DifferentialAttnProcessor, set_cog_attention
+
+    model = tiny_dit()
+    with pytest.raises(ValueError, match="gate must be") as err:
+        set_cog_attention(model, "cog", gate="everywhere")
+    assert "\n" not in str(err.value)
+    attn = model.transformer_blocks[0].attn1
+    with pytest.raises(ValueError, match="no differential weights"):
+        DifferentialAttnProcessor("torch")(attn, torch.randn(1, 16, 16))
+    from diffusers.models.attention_processor import Attention as DiffusersAttention
+
+    odd = torch.nn.ModuleList([torch.nn.ModuleDict({"attn": DiffusersAttention(12, heads=3,
+                                                                               dim_head=4)})])
+    with pytest.raises(ValueError, match="pairs them") as err:
+        set_cog_attention(odd, "differential")
+    assert not hasattr(odd[0]["attn"], "differential")

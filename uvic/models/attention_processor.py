@@ -17,6 +17,7 @@ from diffusers.models.attention_processor import Attention
 from torch import nn
 
 import uvic_kernels
+from uvic.models.uvit import DifferentialHeads, OutputGate
 from uvic_kernels.fused_attention import BACKENDS, MODES
 
 KEEP_SOFTMAX = ("first_last",)
@@ -65,6 +66,11 @@ class KernelAttnProcessor:
         return uvic_kernels.attention(q, k, v, mode=self.mode, scale=scale, backend=self.backend,
                                       **extra)
 
+    def attend_module(self, attn: nn.Module, q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor) -> torch.Tensor:
+        """The attention op of module ``attn`` on its (B, H, N, D) heads."""
+        return self.attend(q, k, v)
+
     def __call__(
         self,
         attn: nn.Module,
@@ -98,6 +104,7 @@ class KernelAttnProcessor:
         if attn.group_norm is not None:
             hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
 
+        gate_input = hidden_states  # what makes the queries also makes an output gate's gates
         query = attn.to_q(hidden_states)
         if encoder_hidden_states is None:
             encoder_hidden_states = hidden_states
@@ -117,9 +124,12 @@ class KernelAttnProcessor:
         if attn.norm_k is not None:
             key = attn.norm_k(key)
 
-        hidden_states = self.attend(query, key, value)
+        hidden_states = self.attend_module(attn, query, key, value)
         hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
         hidden_states = hidden_states.to(query.dtype)
+        gate = getattr(attn, "output_gate", None)
+        if gate is not None:
+            hidden_states = gate(gate_input, hidden_states)
 
         hidden_states = attn.to_out[0](hidden_states)  # linear projection
         hidden_states = attn.to_out[1](hidden_states)  # dropout
@@ -160,11 +170,34 @@ class SoftmaxAttnProcessor(KernelAttnProcessor):
         super().__init__("softmax", backend)
 
 
+class DifferentialAttnProcessor(KernelAttnProcessor):
+    """Differential attention in a module that `set_cog_attention(model, "differential")`
+    prepared: its heads pair up (2i, 2i + 1) into h/2 heads of value width 2d, weighed by
+    softmax(S1) - lambda softmax(S2) (`uvic.models.uvit.DifferentialHeads`)."""
+
+    def __init__(self, backend: str | None = None) -> None:
+        super().__init__("softmax", backend)
+        self.mode = "differential"
+
+    def attend_module(self, attn: nn.Module, q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor) -> torch.Tensor:
+        heads = getattr(attn, "differential", None)
+        if heads is None:
+            raise ValueError("DifferentialAttnProcessor: the module has no differential weights; "
+                             "use set_cog_attention(model, 'differential')")
+        d = q.shape[-1]
+        pairs = torch.cat([v[:, 0::2], v[:, 1::2]], dim=-1)  # head i's value: heads 2i, 2i+1
+        out = heads(q[:, 0::2], k[:, 0::2], q[:, 1::2], k[:, 1::2], pairs, scale=d ** -0.5,
+                    backend=self.backend)  # (B, H/2, N, 2d)
+        return torch.stack([out[..., :d], out[..., d:]], dim=2).flatten(1, 2)
+
+
 PROCESSORS: dict[str, type[KernelAttnProcessor]] = {
     "cog": CogAttnProcessor,
     "expressive": ExpressiveAttnProcessor,
     "sigmoid": SigmoidAttnProcessor,
     "softmax": SoftmaxAttnProcessor,
+    "differential": DifferentialAttnProcessor,
 }
 
 
@@ -240,6 +273,7 @@ def set_cog_attention(
     blocks: Iterable[int] | None = None,
     keep_softmax: str | None = None,
     backend: str | None = None,
+    gate: str | None = None,
 ) -> dict[str, KernelAttnProcessor]:
     """Run the ``Attention`` modules of ``model`` through uvic's kernel in ``mode``.
 
@@ -251,10 +285,18 @@ def set_cog_attention(
     its equivalents) or one of these processors are switched: a module whose processor
     does more (rotary embeddings, joint text-image attention, adapters) is refused and
     nothing is changed.  Returns ``{module name: processor}`` for the modules changed.
+
+    ``mode="differential"`` adds differential attention's weights to each module (lambda
+    vectors, a norm; heads paired): a starting point for fine-tuning, not the function the
+    model computed. ``gate="elementwise"`` or ``"headwise"`` adds an output gate that starts
+    as the identity (`OutputGate(identity=True)`), so the model's outputs start unchanged.
     """
     if mode not in PROCESSORS:
         raise ValueError(
             f"set_cog_attention: mode must be one of {tuple(PROCESSORS)}, got {mode!r}")
+    if gate not in (None, "elementwise", "headwise"):
+        raise ValueError(f"set_cog_attention: gate must be 'elementwise', 'headwise' or None, "
+                         f"got {gate!r}")
     processor = kernel_processor(mode, backend)
     chosen = _chosen_blocks(model, blocks, keep_softmax)
     targets = {
@@ -273,6 +315,23 @@ def set_cog_attention(
                 f"set_cog_attention: {name} runs {current.__name__}, not plain attention "
                 f"({', '.join(PLAIN_PROCESSORS)}); nothing was changed"
             )
-    for module in targets.values():
+    if mode == "differential":
+        odd = [name for name, m in targets.items()
+               if m.heads % 2 or 2 * (m.inner_dim // m.heads) > 128]
+        if odd:
+            raise ValueError(f"set_cog_attention: {odd[0]} has {targets[odd[0]].heads} heads of "
+                             "width d: differential attention pairs them (an even count, 2d <= "
+                             "128); nothing was changed")
+    order = [name for name, _ in transformer_blocks(model)]
+    for name, module in targets.items():
+        if mode == "differential":
+            layer = next((i + 1 for i, b in enumerate(order) if name.startswith(f"{b}.")), 1)
+            module.differential = DifferentialHeads(module.inner_dim // module.heads, layer).to(
+                module.to_q.weight.device, module.to_q.weight.dtype)
+        if gate is not None:
+            heads = module.heads // 2 if mode == "differential" else module.heads
+            module.output_gate = OutputGate(module.to_q.in_features, heads, gate, identity=True,
+                                            out_dim=module.inner_dim).to(
+                module.to_q.weight.device, module.to_q.weight.dtype)
         module.set_processor(processor)
     return dict.fromkeys(targets, processor)

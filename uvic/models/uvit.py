@@ -39,26 +39,39 @@ from uvic_kernels import reference
 class OutputGate(nn.Module):
     """Y * sigmoid(X W_g + b) on the heads' outputs Y, before the output projection, from the
     attention's input X (Qiu et al. 2025): one gate per channel ("elementwise") or per head
-    ("headwise")."""
+    ("headwise").
 
-    def __init__(self, dim: int, heads: int, kind: str) -> None:
+    `identity=True` (for a pretrained model) gates with 2 sigmoid(X W_g + b) from W_g = 0,
+    b = 0: the outputs start unchanged, and the factor 2 is one the projection absorbs.
+    """
+
+    def __init__(self, dim: int, heads: int, kind: str, identity: bool = False,
+                 out_dim: int | None = None) -> None:
         super().__init__()
-        self.kind, self.heads = kind, heads
-        width = dim if kind == "elementwise" else heads
+        self.kind, self.heads, self.identity = kind, heads, identity
+        width = (out_dim or dim) if kind == "elementwise" else heads  # out_dim: Y's width
         self.weight, self.bias = nn.Parameter(torch.empty(width, dim)), nn.Parameter(
             torch.empty(width))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """The release's Linear init: trunc-normal(0.02) weights, zero bias."""
-        nn.init.trunc_normal_(self.weight, std=0.02)
+        """The release's Linear init (trunc-normal(0.02) weights, zero bias); 0 if `identity`."""
+        if self.identity:
+            nn.init.zeros_(self.weight)
+        else:
+            nn.init.trunc_normal_(self.weight, std=0.02)
         nn.init.zeros_(self.bias)
 
     def forward(self, x: Tensor, y: Tensor) -> Tensor:
         gate = torch.sigmoid(F.linear(x, self.weight, self.bias))  # (B, N, D) or (B, N, heads)
+        if self.identity:
+            gate = 2 * gate
         if self.kind == "headwise":
             gate = gate.repeat_interleave(y.shape[-1] // self.heads, dim=-1)
         return y * gate
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind!r}, heads={self.heads}, identity={self.identity}"
 
 
 def output_gate(dim: int, heads: int, kind: str) -> OutputGate | None:
@@ -125,14 +138,57 @@ def lambda_init_at(layer: int) -> float:
     return 0.8 - 0.6 * math.exp(-0.3 * (layer - 1))
 
 
-class DifferentialAttention(nn.Module):
-    """Differential attention (Ye et al., ICLR 2025) on the release's `qkv` and `proj` shapes:
-    h/2 heads, each (softmax(Q1 K1^T / sqrt d) - lambda softmax(Q2 K2^T / sqrt d)) V with
-    d = D/h and V of width 2d, then RMSNorm and a factor 1 - lambda_init.
+class DifferentialHeads(nn.Module):
+    """What differential attention adds to a block (Ye et al., ICLR 2025): lambda =
+    exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, the heads' RMSNorm and 1 - lambda_init.
 
-    lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init (learnt vectors of width d). The
-    two maps are two calls of the softmax kernel sharing V (Q and K zero-padded to 2d).
+    Called on head pairs (q1, k1), (q2, k2) of width d and values v of width 2d, (B, h/2, N, .),
+    it weighs v by softmax(S1) - lambda softmax(S2): two calls of the softmax kernel that
+    share v, q and k zero-padded to v's width (the scores stay as they are).
     """
+
+    def __init__(self, head_dim: int, layer: int = 1, lambda_init: float | None = None) -> None:
+        super().__init__()
+        self.lambda_init = lambda_init_at(layer) if lambda_init is None else float(lambda_init)
+        self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
+            nn.Parameter(torch.empty(head_dim)) for _ in range(4))
+        with torch.random.fork_rng(devices=[]):  # drawn again by UViT after the shared weights
+            self.reset_parameters()
+        self.norm = nn.RMSNorm(2 * head_dim, eps=1e-5)
+
+    def reset_parameters(self) -> None:
+        """The lambda vectors: normal, std 0.1, as the authors'."""
+        for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+            nn.init.normal_(p, 0.0, 0.1)
+
+    def lam(self) -> Tensor:
+        """lambda, a scalar tensor."""
+        return (torch.exp(self.lambda_q1 @ self.lambda_k1)
+                - torch.exp(self.lambda_q2 @ self.lambda_k2) + self.lambda_init)
+
+    def forward(self, q1: Tensor, k1: Tensor, q2: Tensor, k2: Tensor, v: Tensor, scale: float,
+                backend: str | None = None) -> Tensor:
+        """The heads' outputs (B, h/2, N, 2d), normalised and scaled."""
+        pad = (0, v.shape[-1] - q1.shape[-1])
+        a1, a2 = (uvic_kernels.attention(F.pad(q, pad), F.pad(k, pad), v, mode="softmax",
+                                         scale=scale, backend=backend)
+                  for q, k in ((q1, k1), (q2, k2)))
+        return self.norm(a1 - self.lam().to(a1.dtype) * a2) * (1 - self.lambda_init)
+
+    @torch.no_grad()
+    def weights(self, q1: Tensor, k1: Tensor, q2: Tensor, k2: Tensor, scale: float) -> Tensor:
+        """The signed weights softmax(S1) - lambda softmax(S2) (B, h/2, N, N), in float32."""
+        q1, k1, q2, k2 = (t.float() for t in (q1, k1, q2, k2))
+        a1 = reference.attention_weights(q1, k1, "softmax", scale)
+        return a1 - self.lam().float() * reference.attention_weights(q2, k2, "softmax", scale)
+
+    def extra_repr(self) -> str:
+        return f"lambda_init={self.lambda_init:.4f}"
+
+
+class DifferentialAttention(nn.Module):
+    """Differential attention on the release's `qkv` and `proj` shapes: the h heads of width
+    d = D/h pair up into h/2 heads of value width 2d (`DifferentialHeads`)."""
 
     mode = "differential"
 
@@ -144,56 +200,35 @@ class DifferentialAttention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
-        self.lambda_init = lambda_init_at(layer) if lambda_init is None else float(lambda_init)
-        self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
-            nn.Parameter(torch.empty(self.head_dim)) for _ in range(4))
-        with torch.random.fork_rng(devices=[]):  # as output_gate: drawn again by UViT
-            self.reset_design_parameters(gate=False)
-        self.norm = nn.RMSNorm(2 * self.head_dim, eps=1e-5)
+        self.diff = DifferentialHeads(self.head_dim, layer, lambda_init)
         self.gate = output_gate(dim, self.num_heads, gate)
 
-    def reset_design_parameters(self, gate: bool = True) -> None:
-        """Draw the lambda vectors (normal, std 0.1, as the authors') and the gate's weights."""
-        for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
-            nn.init.normal_(p, 0.0, 0.1)
-        if gate and self.gate is not None:
+    def reset_design_parameters(self) -> None:
+        """Draw the lambda vectors and the gate's weights, after the shared ones."""
+        self.diff.reset_parameters()
+        if self.gate is not None:
             self.gate.reset_parameters()
 
-    def lam(self) -> Tensor:
-        """lambda, a scalar tensor."""
-        return (torch.exp(self.lambda_q1 @ self.lambda_k1)
-                - torch.exp(self.lambda_q2 @ self.lambda_k2) + self.lambda_init)
-
     def _qkv(self, x: Tensor) -> tuple[Tensor, ...]:
-        """q1, q2, k1, k2 (B, h/2, N, d) and v (B, h/2, N, 2d): query and key heads in pairs."""
+        """q1, k1, q2, k2 (B, h/2, N, d) and v (B, h/2, N, 2d): query and key heads in pairs."""
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         q1, q2 = einops.rearrange(q, "B N (h two d) -> two B h N d", two=2, d=self.head_dim)
         k1, k2 = einops.rearrange(k, "B N (h two d) -> two B h N d", two=2, d=self.head_dim)
-        return q1, q2, k1, k2, einops.rearrange(v, "B N (h e) -> B h N e", h=self.num_heads)
+        return q1, k1, q2, k2, einops.rearrange(v, "B N (h e) -> B h N e", h=self.num_heads)
 
     def forward(self, x: Tensor) -> Tensor:
-        q1, q2, k1, k2, v = self._qkv(x)
-
-        def softmax_map(q: Tensor, k: Tensor) -> Tensor:  # padding leaves the scores as they are
-            q, k = F.pad(q, (0, self.head_dim)), F.pad(k, (0, self.head_dim))
-            return uvic_kernels.attention(q, k, v, mode="softmax", scale=self.scale,
-                                          backend=self.backend)
-
-        a1, a2 = softmax_map(q1, k1), softmax_map(q2, k2)
-        heads = self.norm(a1 - self.lam().to(a1.dtype) * a2) * (1 - self.lambda_init)
+        heads = self.diff(*self._qkv(x), scale=self.scale, backend=self.backend)
         out = einops.rearrange(heads, "B h N e -> B N (h e)")
         return self.proj(out if self.gate is None else self.gate(x, out))
 
     @torch.no_grad()
     def weights(self, x: Tensor) -> Tensor:
         """The signed weights softmax(S1) - lambda softmax(S2) (B, h/2, N, N), in float32."""
-        q1, q2, k1, k2, _ = (t.float() for t in self._qkv(x))
-        a1 = reference.attention_weights(q1, k1, "softmax", self.scale)
-        return a1 - self.lam().float() * reference.attention_weights(q2, k2, "softmax", self.scale)
+        q1, k1, q2, k2, _ = self._qkv(x)
+        return self.diff.weights(q1, k1, q2, k2, self.scale)
 
     def extra_repr(self) -> str:
-        return (f"num_heads={self.num_heads}, lambda_init={self.lambda_init:.4f}, "
-                f"backend={self.backend!r}")
+        return f"num_heads={self.num_heads}, backend={self.backend!r}"
 
 
 class Block(nn.Module):
