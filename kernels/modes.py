@@ -44,3 +44,4 @@ MODES = tuple(d.name for d in DESIGNS if d.kernel)  # the kernels' modes
 _ALL = tuple(DESIGN)
 BACKEND_MODES = {"triton": _ALL, "torch": _ALL, "sdpa": tuple(d.name for d in DESIGNS if d.sdpa)}
 BACKENDS = tuple(BACKEND_MODES)
+GATED = "+gate"  # "cog+gate": a design with the output gate, in the toy experiments' names

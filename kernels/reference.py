@@ -144,6 +144,12 @@ def sigmoid_attention_reference(
     return attention_weights(q, k, "sigmoid", scale, bias) @ v
 
 
+def lambda_init_at(layer: int) -> float:
+    """Differential attention's lambda_init in block ``layer`` (1-based):
+    ``0.8 - 0.6 exp(-0.3 (l - 1))`` (Ye et al., ICLR 2025)."""
+    return 0.8 - 0.6 * math.exp(-0.3 * (layer - 1))
+
+
 def differential_attention_reference(
     q1: torch.Tensor,
     k1: torch.Tensor,

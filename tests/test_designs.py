@@ -13,9 +13,10 @@ import torch
 
 from uvic.config import ConfigError, DiffusionConfig
 from uvic.diffusion.schedule import Diffusion, diffusion_loss
-from uvic.models.uvit import Attention, DifferentialAttention, UViT, lambda_init_at
+from uvic.models.uvit import Attention, DifferentialAttention, UViT
 from uvic_kernels import differential_attention_reference
 from uvic_kernels.modes import DESIGN, MODES
+from uvic_kernels.reference import lambda_init_at
 
 BACKENDS = ["torch", "triton"]  # triton: the interpreter on a CPU, compiled on a GPU
 
@@ -355,3 +356,53 @@ def test_differential_processor_refuses_what_it_cannot_pair() -> None:
     with pytest.raises(ValueError, match="pairs them") as err:
         set_cog_attention(odd, "differential")
     assert not hasattr(odd[0]["attn"], "differential")
+
+
+# --------------------------------------------------------------------------- toy experiments
+
+
+def test_toy_differential_and_gate_match_their_equations() -> None:
+    """The toy models' differential heads and output gate, against the equations written
+    with plain loops (causal, head width 2)."""
+    from uvic.analysis.skip_trigrams import ToyAttentionModel
+
+    torch.manual_seed(5)
+    model = ToyAttentionModel(vocab=6, num_heads=2, mode="differential+gate", head_dim=2,
+                              init_std=0.5)
+    tokens = torch.randint(0, 6, (3, 5))
+    x = torch.nn.functional.one_hot(tokens, 6).double()
+    p = {n: t.detach().double() for n, t in model.named_parameters()}
+    q, k, v = (torch.einsum("bnd,hde->bhne", x, p[f"W_{n}"]) + p[f"b_{n}"][None, :, None]
+               for n in "QKV")
+    lq1, lk1, lq2, lk2 = p["lambdas"]
+    lam = torch.exp(lq1 @ lk1) - torch.exp(lq2 @ lk2) + lambda_init_at(1)
+    causal = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)
+
+    def softmax_map(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        s = (a @ b.transpose(-1, -2) / math.sqrt(2)).masked_fill(causal, -math.inf)
+        return torch.softmax(s, -1)
+
+    a = softmax_map(q[:, 0], k[:, 0]) - lam * softmax_map(q[:, 1], k[:, 1])
+    z = a @ torch.cat([v[:, 0], v[:, 1]], -1)  # (P, N, 4)
+    z = z / torch.sqrt(z.square().mean(-1, keepdim=True) + 1e-5) * p["norm_weight"]
+    z = z * (1 - lambda_init_at(1)) * torch.sigmoid(x @ p["gate"] + p["gate_bias"])
+    out = (torch.einsum("bne,eo->bno", z[..., :2], p["W_O"][0])
+           + torch.einsum("bne,eo->bno", z[..., 2:], p["W_O"][1]) + p["b_O"])
+    torch.testing.assert_close(model(tokens).double(), x + out, rtol=1e-5, atol=1e-6)
+
+
+def test_toy_designs_share_the_initial_weights_and_learn_a_trigram() -> None:
+    from uvic.analysis import capacity
+
+    recipe = capacity.ToyRecipe(max_steps=600)
+    states = {}
+    for design in ("softmax", "differential", "cog+gate"):
+        torch.manual_seed(11)
+        states[design] = dict(capacity.toy_model(6, 2, design, 1, 0.02).named_parameters())
+    shared = states["softmax"]
+    for state in states.values():
+        assert all(torch.equal(state[n], shared[n]) for n in shared)
+    row = capacity.run_model("differential", 2, 1, seed=0, recipe=recipe)
+    assert row["learnt"] == [True]
+    with pytest.raises(ValueError, match="pairs heads"):
+        capacity.toy_model(6, 1, "differential", 1, 0.02)

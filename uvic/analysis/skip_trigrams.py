@@ -17,9 +17,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from uvic.analysis.gated import attention_pattern
+from uvic_kernels.modes import GATED
+from uvic_kernels.reference import lambda_init_at
 
 PROMPT_LENGTH = 11
 LEARNT = 0.99  # a trigram counts as learnt at this accuracy
+
+
+def design_parts(design: str) -> tuple[str, bool]:
+    """("cog", True) for "cog+gate": a toy model's attention mode and whether it is gated."""
+    return design.removesuffix(GATED), design.endswith(GATED)
 
 
 @dataclass(frozen=True)
@@ -71,18 +78,23 @@ class ToyAttentionModel(nn.Module):
     """One-layer attention-only model with one-hot (un)embeddings, any attention mode.
 
     ``head_outputs(tokens)`` gives each head's contribution to the logits (P, N, h, vocab);
-    ``forward`` gives the logits ``onehot + sum of heads + b_O``.
+    ``forward`` gives the logits ``onehot + sum of heads + b_O``. ``mode`` is a kernel mode,
+    "differential" (heads paired as in U-ViD), either with "+gate" (an output gate per
+    channel on the heads' outputs).
     """
 
     def __init__(self, vocab: int, num_heads: int, mode: str, head_dim: int = 1,
                  init_std: float = 0.02, output_bias: bool = True,
-                 init: str = "normal") -> None:
+                 init: str = "normal", layer: int = 1) -> None:
         """``init``: "normal" (weights N(0, init_std), biases 0) or "xavier" (Mathwin et
         al.'s: Xavier-normal weights and Q, K, V biases). ``output_bias=False`` (theirs):
         ``b_O`` is a fixed zero buffer, neither trained nor saved."""
         super().__init__()
         if init not in ("normal", "xavier"):
             raise ValueError(f"init={init!r}: choose 'normal' or 'xavier'")
+        mode, gated = design_parts(mode)
+        if mode == "differential" and num_heads % 2:
+            raise ValueError(f"differential attention pairs heads: num_heads={num_heads} is odd")
         self.vocab, self.num_heads, self.mode, self.head_dim = vocab, num_heads, mode, head_dim
         self.scale = head_dim ** -0.5
         shape, out_shape, bias_shape = ((num_heads, vocab, head_dim),
@@ -102,6 +114,14 @@ class ToyAttentionModel(nn.Module):
             self.b_O = nn.Parameter(torch.zeros(vocab))
         else:
             self.register_buffer("b_O", torch.zeros(vocab), persistent=False)
+        # a design's own weights, drawn after the shared ones (paired across designs)
+        self.lambda_init = lambda_init_at(layer)
+        if mode == "differential":
+            self.lambdas = nn.Parameter(torch.randn(4, head_dim) * 0.1)  # lq1, lk1, lq2, lk2
+            self.norm_weight = nn.Parameter(torch.ones(2 * head_dim))
+        self.gate = (nn.Parameter(torch.randn(vocab, num_heads * head_dim) * init_std)
+                     if gated else None)
+        self.gate_bias = nn.Parameter(torch.zeros(num_heads * head_dim)) if gated else None
 
     def embed(self, tokens: Tensor) -> Tensor:
         """One-hot residual stream (P, N, vocab)."""
@@ -113,8 +133,27 @@ class ToyAttentionModel(nn.Module):
             return torch.einsum("bnd,hde->bhne", x, w) + b[None, :, None, :]
 
         q, k, v = proj(self.W_Q, self.b_Q), proj(self.W_K, self.b_K), proj(self.W_V, self.b_V)
-        z = attention_pattern(q, k, self.mode, self.scale, causal=True) @ v
+        if self.mode == "differential":
+            z = self._differential(q, k, v)
+        else:
+            z = attention_pattern(q, k, self.mode, self.scale, causal=True) @ v
+        if self.gate is not None:  # Y * sigmoid(X W_g + b), per channel of every head
+            g = torch.sigmoid(x @ self.gate + self.gate_bias)  # (P, N, h d)
+            z = z * g.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
         return torch.einsum("bhne,heo->bnho", z, self.W_O)
+
+    def _differential(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """(softmax(S1) - lambda softmax(S2)) V of head pairs (2i, 2i + 1), RMSNorm and
+        1 - lambda_init, back in the h heads' layout (P, h, N, d)."""
+        lq1, lk1, lq2, lk2 = self.lambdas
+        lam = torch.exp(lq1 @ lk1) - torch.exp(lq2 @ lk2) + self.lambda_init
+        a = (attention_pattern(q[:, 0::2], k[:, 0::2], "softmax", self.scale, causal=True)
+             - lam * attention_pattern(q[:, 1::2], k[:, 1::2], "softmax", self.scale, causal=True))
+        z = a @ torch.cat([v[:, 0::2], v[:, 1::2]], dim=-1)  # (P, h/2, N, 2d)
+        z = z * torch.rsqrt(z.square().mean(-1, keepdim=True) + 1e-5) * self.norm_weight
+        z = z * (1 - self.lambda_init)
+        d = self.head_dim
+        return torch.stack([z[..., :d], z[..., d:]], dim=2).flatten(1, 2)
 
     def attn(self, x: Tensor) -> Tensor:
         """The attention block's output (P, N, vocab): what a gated block reproduces."""
@@ -135,9 +174,11 @@ class StackedToyModel(nn.Module):
         if depth < 3:
             raise ValueError(f"depth={depth}: a stack needs >= 3 layers (softmax first and last)")
         self.vocab, self.num_heads, self.mode, self.head_dim = vocab, num_heads, mode, head_dim
-        modes = ["softmax"] + [mode] * (depth - 2) + ["softmax"]
-        self.layers = nn.ModuleList(ToyAttentionModel(vocab, num_heads, m, head_dim, init_std)
-                                    for m in modes)
+        gate = GATED if design_parts(mode)[1] else ""
+        modes = ["softmax" + gate] + [mode] * (depth - 2) + ["softmax" + gate]
+        self.layers = nn.ModuleList(
+            ToyAttentionModel(vocab, num_heads, m, head_dim, init_std, layer=i + 1)
+            for i, m in enumerate(modes))
 
     def forward(self, tokens: Tensor) -> Tensor:
         x = F.one_hot(tokens, self.vocab).float()

@@ -19,7 +19,10 @@ from pathlib import Path
 from uvic.cli import positive_int
 from uvic.cli.config_options import add_config_options
 from uvic.config import ConfigError, load_config
-from uvic_kernels.modes import MODES as ATTENTION_MODES  # the toy models run kernel modes
+from uvic_kernels.modes import GATED, MODES
+
+# the toy models' designs: the kernel modes and differential attention, each also "+gate"
+ATTENTION_MODES = (*MODES, "differential")
 
 SETTING_NAMES = ("4x5", "2x3", "3x4", "2x2", "hand-built")
 
@@ -36,10 +39,11 @@ def _int_list(text: str) -> list[int]:
 
 def _modes(text: str) -> list[str]:
     modes = [m.strip().lower() for m in text.split(",")]
-    bad = [m for m in modes if m not in ATTENTION_MODES]
+    bad = [m for m in modes if m.removesuffix(GATED) not in ATTENTION_MODES]
     if bad:
         raise argparse.ArgumentTypeError(f"unknown mode {bad[0]!r}; choose from "
-                                         f"{', '.join(ATTENTION_MODES)}")
+                                         f"{', '.join(ATTENTION_MODES)}, each also with "
+                                         f"{GATED} (an output gate)")
     return modes
 
 
@@ -92,8 +96,9 @@ def _grid_options(p: argparse.ArgumentParser) -> None:
 
 
 def _capacity_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--modes", type=_modes, default=list(ATTENTION_MODES),
-                   help=f"attention modes, comma-separated ({','.join(ATTENTION_MODES)})")
+    p.add_argument("--modes", type=_modes, default=list(MODES),
+                   help=f"attention designs, comma-separated (default {','.join(MODES)}; also "
+                        f"differential, which pairs heads, and any with {GATED})")
     p.add_argument("--heads", type=_int_list, default=[1, 2, 4], help="head counts (1,2,4)")
     p.add_argument("--seeds", type=positive_int, default=5, help="reported seeds per cell (5)")
     p.add_argument("--max-trigrams", type=positive_int, default=8,
@@ -126,8 +131,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     t.add_argument("--setting", choices=SETTING_NAMES, default="4x5",
                    help="HEADSxTRIGRAMS: the paper's three, our smallest (2x2), or the "
                         "hand-built 2-head model")
-    t.add_argument("--mode", type=lambda s: _modes(s)[0], default="softmax",
-                   help=f"attention of the model ({', '.join(ATTENTION_MODES)})")
+    t.add_argument("--mode", choices=MODES, default="softmax",
+                   help=f"attention of the model ({', '.join(MODES)}; the gated block "
+                        "distils one attention pattern per head)")
     t.add_argument("--seed", type=int, default=0, help="model, prompts and init (0)")
     t.add_argument("--models", type=positive_int, default=1,
                    help="distil this many models in superposition (seeds from --seed on) "
@@ -154,8 +160,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     s.add_argument("--init-std", type=_positive_float, default=0.02, help="base init scale")
     k = sub.add_parser("copy-suppress", help="a task that needs negative weights: raise one "
                                              "token and lower another by the query")
-    k.add_argument("--modes", type=_modes, default=list(ATTENTION_MODES),
-                   help=f"attention modes, comma-separated ({','.join(ATTENTION_MODES)})")
+    k.add_argument("--modes", type=_modes, default=list(MODES),
+                   help=f"attention designs, comma-separated (default {','.join(MODES)}; also "
+                        f"differential and any with {GATED})")
     k.add_argument("--heads", type=_int_list, default=[1, 2], help="head counts (1,2)")
     k.add_argument("--seeds", type=positive_int, default=5, help="reported seeds per cell (5)")
     k.add_argument("--group", type=_at_least_two, default=4,

@@ -34,6 +34,7 @@ from uvic.config.models import (
 )
 from uvic.models.embeddings import PatchEmbed, sincos_pos_embed_2d, timestep_embedding
 from uvic_kernels import reference
+from uvic_kernels.reference import lambda_init_at
 
 
 class OutputGate(nn.Module):
@@ -131,11 +132,6 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}, num_heads={self.num_heads}, backend={self.backend!r}"
-
-
-def lambda_init_at(layer: int) -> float:
-    """Differential attention's lambda_init in block `layer` (1-based): 0.8 - 0.6 e^(-0.3 (l-1))."""
-    return 0.8 - 0.6 * math.exp(-0.3 * (layer - 1))
 
 
 class DifferentialHeads(nn.Module):
