@@ -28,7 +28,7 @@ It prints a markdown table and writes JSON (`kernels/results/README.md` has the 
 by default `kernels/results/<date>_<device>_train.json` on a GPU. Without CUDA (or with
 `--smoke`) it runs a tiny configuration on the CPU (our kernels' rows run PyTorch's
 path, `torch`), writes `runs/bench/train.json` by default and says that timings need a
-GPU.
+GPU. `--threads auto|N`: its CPU threads, as `uvic-train`'s (`uvic.cli.threads`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ from uvic.cli.bench_records import (
     reset_peak_memory,
     write_records,
 )
-from uvic.config import Config, load_config
+from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
+from uvic.config import Config, ConfigError, load_config
 from uvic.config.training import TRAIN_COMPILE_MODES
 from uvic.models.flops import num_tokens, training_flops
 from uvic.presets import preset_path
@@ -276,7 +277,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="also profile each row's step (torch.profiler): GPU busy fraction, "
                    "top host operators and kernels, in the printout and the JSON")
+    add_threads_option(p)
     args = p.parse_args(argv)
+    try:
+        threads_overrides(args)  # a bad --threads: one line, before torch loads
+    except ConfigError as err:
+        p.exit(2, f"error: {err}\n")
     from uvic_kernels.fused_attention import BACKENDS  # torch: once the other arguments parse
 
     args.backends = _choices(args.backends, BACKENDS, "--backends", p)
@@ -290,9 +296,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns the exit status."""
     args = parse_args(argv)
+    threads = choose_threads(args.threads or "auto")
+    apply_threads(threads)
     import torch
 
     from uvic.training.compile import compile_note
+
+    print(threads.line())
 
     cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device("cuda" if cuda else "cpu")

@@ -38,17 +38,20 @@ The checkpoint is built as the architecture it was trained with (its stored mode
 else its run's config.json; `--config`'s for a released nnet_ema.pth), as `uvic-sample`
 does: a `--set model.*` value that differs from it is refused with one line, and
 `--model-from-config` builds `--config`'s model instead. `--config` is a file or a
-preset's name (cifar10_uvit).
+preset's name (cifar10_uvit). `--threads auto|N` (config key train.threads) sets the CPU
+threads per process (`uvic.cli.threads`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from uvic.cli import input_error, summary
 from uvic.cli.config_options import add_config_options, startup_config
 from uvic.cli.sampler_options import add_sampler_options, guidance_option, sampler_overrides
+from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
 from uvic.config import ConfigError
 from uvic.config.evaluation import FID_FEATURES, FID_MODES, METRICS
 from uvic.evaluation.protocols import NOT_FID
@@ -80,6 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--feature-batch-size", type=int, default=64,
                    help="images per batch of the feature extractor (default 64)")
     p.add_argument("--num-workers", type=int, help="image loading workers for features")
+    add_threads_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p.parse_args(argv)
 
@@ -108,14 +112,17 @@ def usage_error(args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        cfg = startup_config(args.config, [*args.set, *overrides(args)])
+        cfg = startup_config(args.config, [*args.set, *overrides(args), *threads_overrides(args)])
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if (problem := usage_error(args)) is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    # the library (torch) is imported from here on
+    threads = choose_threads(cfg.train.threads)
+    apply_threads(threads)  # the library (torch) is imported from here on
+    if not args.quiet and int(os.environ.get("RANK", "0")) == 0:
+        print(threads.line(), flush=True)
     from uvic.evaluation.fid import evaluate
     from uvic.evaluation.metrics import summary_line
     from uvic.evaluation.protocols import protocol_from_result

@@ -9,16 +9,23 @@ ones (training and evaluation apart; either one's rate while the other has none)
 Before any cell has run, `calibrate` times a few training steps and forwards of one
 cell's model on synthetic inputs on this machine: no data is read, and loading data,
 decoding latents and the FID features are not counted.
+
+A training run's seconds per step (`StepClock`, fed from its log.jsonl by `LogWatcher`),
+with a one-line hint when its steps turn far slower than its first ones.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from uvic.config import Config
 from uvic.models.flops import forward_flops, training_flops
@@ -31,6 +38,7 @@ YEAR = 365.25 * 86400  # seconds
 # Model FLOPs of one timed step of a calibration: the config's batch per step, fewer images
 # (at least one) where its step would cost more than this (a few seconds on 2 CPU cores).
 PROBE_FLOPS = {"cpu": 1.5e11, "cuda": 5e13}
+SLOW_FACTOR = 3.0  # recent steps this many times slower than the first ones: the hint
 
 
 def duration(seconds: float) -> str:
@@ -261,3 +269,123 @@ def estimate(cells: Sequence[Cell], rates: dict[str, float], workers: int = 1) -
     """Seconds the `cells` take at `rates` (seconds per FLOP by kind), `workers` at once."""
     total = sum(c.cost * rates[c.kind] for c in cells)
     return total / max(1, workers) if math.isfinite(total) else math.inf
+
+
+@dataclass
+class StepClock:
+    """Seconds per training step, fed (steps, seconds) windows: the first `steps` steps'
+    average and the recent one's (at least the last `steps`); `add` returns a one-line hint,
+    once, when the recent steps run over `factor` times slower than the first ones."""
+
+    threads: int  # per process, named in the hint
+    change: str = ""  # how to run fewer threads, in the hint ("": not said)
+    factor: float = SLOW_FACTOR
+    steps: int = 20
+    first: float | None = None  # seconds per step of the first `steps` steps
+    recent: deque[tuple[int, float]] = field(default_factory=deque)
+    hinted: bool = False
+    _start_steps: int = 0  # steps and seconds measured towards `first`
+    _start_s: float = 0.0
+    _after: int = 0  # steps measured after the first ones
+
+    def add(self, steps: int, seconds: float) -> str | None:
+        """Record a window of `steps` steps that took `seconds`; the hint line, or None."""
+        if steps <= 0 or seconds <= 0:
+            return None
+        self.recent.append((steps, seconds))
+        while sum(n for n, _ in self.recent) - self.recent[0][0] >= self.steps:
+            self.recent.popleft()
+        if self.first is None:
+            self._start_steps += steps
+            self._start_s += seconds
+            if self._start_steps >= self.steps:
+                self.first = self._start_s / self._start_steps
+            return None
+        self._after += steps
+        now = self.per_step() or 0.0
+        if self.hinted or self._after < self.steps or now <= self.factor * self.first:
+            return None
+        self.hinted = True
+        fewer = f"; fewer threads may then run faster ({self.change})" if self.change else ""
+        return (f"hint: steps now take {now:.3g} s, {now / self.first:.0f}x the "
+                f"{self.first:.3g} s of the first ones, on {self.threads} "
+                f"thread{'s' * (self.threads != 1)} per process: other work may share the "
+                f"cores{fewer}")
+
+    def per_step(self) -> float | None:
+        """Mean seconds per step of the recent window (None before any)."""
+        steps = sum(n for n, _ in self.recent)
+        return sum(s for _, s in self.recent) / steps if steps else None
+
+    def text(self) -> str:
+        """`0.099 s/step` (recent average), or "" before any step."""
+        now = self.per_step()
+        return "" if now is None else f"{now:.3g} s/step"
+
+
+class LogWatcher:
+    """A run's log.jsonl read as the trainer appends to it: each record of this run (`since`:
+    its `time` not earlier) after the first (its window holds the warm-up) adds its window
+    to `clock` (seconds from its images/s and the global `batch`); the clock's hint goes to
+    `say`. `poll` reads once; as a context manager a thread polls every `every` seconds."""
+
+    def __init__(self, path: str | Path, clock: StepClock, batch: int,
+                 say: Callable[[str], Any] = print, since: float | None = None,
+                 every: float = 5.0) -> None:
+        self.path, self.clock, self.batch, self.say = Path(path), clock, batch, say
+        self.since = time.time() if since is None else since
+        self.every = every
+        self.last: dict | None = None  # the newest record of this run
+        self._file: tuple[int, int] | None = None  # (device, inode) read
+        self._offset, self._partial = 0, ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll(self) -> list[dict]:
+        """The records of this run written since the last poll (a log replaced by a fresh
+        start is read from its beginning)."""
+        try:
+            stat = self.path.stat()
+            if (stat.st_dev, stat.st_ino) != self._file or stat.st_size < self._offset:
+                self._file, self._offset, self._partial = (stat.st_dev, stat.st_ino), 0, ""
+            with open(self.path) as f:
+                f.seek(self._offset)
+                text = self._partial + f.read()
+                self._offset = f.tell()
+        except OSError:  # not written yet
+            return []
+        *lines, self._partial = text.split("\n")
+        records = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("time", 0) >= self.since:
+                records.append(record)
+                self._add(record)
+        return records
+
+    def _add(self, record: dict) -> None:
+        last, self.last = self.last, record
+        rate = record.get("images_per_s")
+        if last is None or not rate or record.get("step", 0) <= last.get("step", 0):
+            return
+        steps = record["step"] - last["step"]
+        if hint := self.clock.add(steps, steps * self.batch / rate):
+            self.say(hint)
+
+    def __enter__(self) -> LogWatcher:
+        def run() -> None:
+            while not self._stop.wait(self.every):
+                with contextlib.suppress(ArithmeticError, LookupError, TypeError, ValueError):
+                    self.poll()  # an odd record: no hint, and never a traceback mid-run
+
+        self._thread = threading.Thread(target=run, name="log-watcher", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -23,10 +23,12 @@ On a CPU the two models train at once, each in its own process on one of the
 `--threads` (`--jobs 2`): a model this small keeps two cores busier that way than one
 model on two threads, and each model's numbers are those of a one-thread run.
 
-Reproducible: the run uses a fixed number of threads (`--threads`, split over `--jobs`)
-and PyTorch's deterministic algorithms, so every number in `results.json` except those
-under "timing" is the same on every run on the same machine and software, whatever else
-the machine runs.
+Reproducible: the run uses a fixed number of threads (`--threads`, split over `--jobs`;
+`auto`: the count picked from the cores free at start) and PyTorch's deterministic
+algorithms, so every number in `results.json` except those under "timing" is the same
+on every run with that count on the same machine and software, whatever else the
+machine runs. Each model's progress bar shows its seconds per step, and one hint is
+printed if its steps turn over 3x slower than its first ones (other work on the cores).
 
 The steps are in `uvic.cli.quickstart_steps` (training, sampling, scoring) and
 `uvic.cli.quickstart_report` (tables, notes, loss curves).
@@ -38,7 +40,9 @@ import argparse
 import sys
 
 from uvic.cli.config_options import add_set_option, startup_config
+from uvic.cli.threads import choose_threads, usable_cores
 from uvic.config import ConfigError
+from uvic.config.training import threads_value
 from uvic.presets import QUICKSTART_GPU_PRESET, QUICKSTART_MODELS, preset_path
 
 
@@ -55,9 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--heldout", type=int, default=256, help="held-out images for EMA loss")
     parser.add_argument("--n-analysis", type=int, default=8,
                         help="held-out images for the attention analysis")
-    parser.add_argument("--threads", type=int, default=2,
-                        help="CPU threads in all; results are bit-identical only for the same "
-                             "--threads and --jobs")
+    parser.add_argument("--threads", default=min(2, usable_cores()), metavar="auto|N",
+                        help="CPU threads in all (default 2, or 1 where this process may use "
+                             "one core; auto: the cores free at start, or OMP_NUM_THREADS); "
+                             "results are bit-identical only for the same --threads and --jobs")
     parser.add_argument("--jobs", type=int, default=None,
                         help="models trained at once, in separate processes sharing --threads "
                              "(default: 2 on a CPU, at most --threads, where it is ~1.5x "
@@ -69,9 +74,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the quickstart; returns the exit status."""
     args = parse_args(argv)
-    if args.threads < 1 or (args.jobs is not None and args.jobs < 1):
-        print(f"error: --threads {args.threads} and --jobs {args.jobs} must be >= 1",
-              file=sys.stderr)
+    try:
+        args.threads = choose_threads(threads_value(args.threads, f"--threads {args.threads}:"),
+                                      processes=1).threads
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.jobs is not None and args.jobs < 1:
+        print(f"error: --jobs {args.jobs}: must be >= 1", file=sys.stderr)
         return 2
     try:  # the --set keys, values and rules, for each model under each preset --preset
         # may pick (auto: the gpu one where torch sees CUDA, which is asked only later)

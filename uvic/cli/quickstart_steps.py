@@ -23,8 +23,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from uvic.analysis import analyze, save_figures
+from uvic.cli.progress import LogWatcher, StepClock
 from uvic.cli.quickstart_report import (
     guide_record,
     objective_name,
@@ -128,7 +130,8 @@ def train_models(configs: dict[str, Config], n_samples: int, threads: int,
         results = {}
         for name, cfg in configs.items():
             print(f"\n=== {name}: training ({cfg.train.max_steps} steps) ===", flush=True)
-            results[name] = train_and_sample(cfg, n_samples, threads)
+            with step_log(cfg, threads, tqdm.write, threads):  # a hint if steps slow down
+                results[name] = train_and_sample(cfg, n_samples, threads)
         return results
 
     per_job = max(1, threads // jobs)
@@ -140,7 +143,7 @@ def train_models(configs: dict[str, Config], n_samples: int, threads: int,
         futures = {name: pool.submit(train_and_sample_logged, cfg, n_samples, per_job,
                                       logs[name])
                    for name, cfg in configs.items()}
-        show_progress(configs, futures)
+        show_progress(configs, futures, per_job, threads)
         results = {}
         for name, future in futures.items():
             try:
@@ -150,25 +153,33 @@ def train_models(configs: dict[str, Config], n_samples: int, threads: int,
     return results
 
 
-def show_progress(configs: dict[str, Config], futures: dict[str, Future]) -> None:
-    """One progress bar per model, fed by its run's log.jsonl, until every worker ends."""
-    from tqdm.auto import tqdm
+def step_log(cfg: Config, threads: int, say: Callable[[str], Any],
+             total: int = 1) -> LogWatcher:
+    """The run's log.jsonl as it trains: its seconds per step, and the hint (to `say`) when
+    its steps turn far slower than its first ones (`uvic.cli.progress.StepClock`);
+    `threads`: the run's, `total`: the quickstart's in all."""
+    clock = StepClock(threads, change="" if total == 1 else "make quickstart ARGS=\"--threads "
+                      "1\" trains the models one after the other on one thread, into the "
+                      "same weights")
+    return LogWatcher(RunFolder(cfg.train.output_dir).log, clock, cfg.train.batch_size,
+                      say=say, every=1.0)
 
-    started = time.time()
+
+def show_progress(configs: dict[str, Config], futures: dict[str, Future],
+                  threads: int = 1, total: int = 1) -> None:
+    """One progress bar per model, fed by its run's log.jsonl (the records of this run), with
+    its loss and seconds per step, until every worker ends; `threads`: each worker's,
+    `total`: the quickstart's in all."""
     bars = {name: tqdm(total=cfg.train.max_steps, desc=name, position=i, dynamic_ncols=True)
             for i, (name, cfg) in enumerate(configs.items())}
+    logs = {name: step_log(cfg, threads, tqdm.write, total) for name, cfg in configs.items()}
     while not all(f.done() for f in futures.values()):
         time.sleep(1.0)
-        for name, cfg in configs.items():
-            path = RunFolder(cfg.train.output_dir).log
-            try:
-                if path.stat().st_mtime < started:  # the previous run's, not yet replaced
-                    continue
-                last = json.loads(path.read_text().splitlines()[-1])
-            except (OSError, IndexError, ValueError):  # not written yet, or mid-write
-                continue
-            bars[name].update(last["step"] - bars[name].n)
-            bars[name].set_postfix(loss=f"{last['loss']:.4f}")
+        for name, log in logs.items():
+            if log.poll() and log.last is not None:
+                bars[name].update(log.last["step"] - bars[name].n)
+                bars[name].set_postfix_str(", ".join(filter(None, (
+                    f"loss={log.last['loss']:.4f}", log.clock.text()))))
     for bar in bars.values():
         bar.close()
 

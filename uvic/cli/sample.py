@@ -44,17 +44,20 @@ Writes to --out: `grid.png`, the main grid (with several checkpoints: their grid
 side, labelled), `grid_<label>.png` per checkpoint when there are several,
 `<label>/{i:06d}.png` with --save-individual (native size) and `sample_config.json`.
 Grids are enlarged by nearest neighbour to at least 512 px wide (`--upscale N` forces a
-factor, 1 = native size).
+factor, 1 = native size). `--threads auto|N` (config key train.threads) sets the CPU
+threads per process (`uvic.cli.threads`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from uvic.cli import class_list, input_error, positive_int, summary
 from uvic.cli.config_options import add_config_options, startup_config
 from uvic.cli.sampler_options import add_sampler_options, guidance_option, sampler_overrides
+from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
 from uvic.config import ConfigError
 
 
@@ -78,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "that makes a grid at least 512 px wide; 1: native size)")
     p.add_argument("--save-individual", action="store_true", help="also write each image")
     p.add_argument("--out", required=True, help="output folder")
+    add_threads_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p.parse_args(argv)
 
@@ -98,14 +102,18 @@ def usage_error(args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        cfg = startup_config(args.config, [*args.set, *sampler_overrides(args)])
+        cfg = startup_config(args.config, [*args.set, *sampler_overrides(args),
+                                             *threads_overrides(args)])
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if (problem := usage_error(args)) is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    # the library (torch) is imported from here on
+    threads = choose_threads(cfg.train.threads)
+    apply_threads(threads)  # the library (torch) is imported from here on
+    if not args.quiet and int(os.environ.get("RANK", "0")) == 0:
+        print(threads.line(), flush=True)
     from uvic.models.text_encoder import ClipLoadError
     from uvic.run.architecture import ModelChoice
     from uvic.run.weights import CheckpointError

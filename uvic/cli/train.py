@@ -18,7 +18,9 @@ outputs first). Precision comes from train.mixed_precision when the config sets 
 presets do), else from the launcher. Several processes without GPUs (gloo):
 `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 scripts/train.py ...`
 (Accelerate's `--cpu` flag starts a single process whatever `--num_processes` says: the run
-refuses that launch).
+refuses that launch). `--threads auto|N` (config key train.threads) sets the CPU threads per
+process (`uvic.cli.threads`; auto: from the cores free at start); the run prints them, and
+one hint if its steps turn over 3x slower than its first ones (other work on the cores).
 Expected problems (bad config, missing data, diverged run) end with a one-line
 `error: ...` and exit status 2; under a multi-process launcher (`--multi_gpu`, torchrun)
 the first process prints it and every process writes it to the launcher's error file, so
@@ -36,9 +38,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from uvic.cli.config_options import add_config_options, startup_config
-from uvic.config import ConfigError
+from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
+from uvic.config import Config, ConfigError
+
+if TYPE_CHECKING:
+    from uvic.cli.progress import LogWatcher
 
 
 def expected_errors() -> tuple[type[Exception], ...]:
@@ -63,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "deleting its checkpoints, weights, logs and samples")
     parser.add_argument("--output-dir", default=None,
                         help="run folder (shortcut for --set train.output_dir=...)")
+    add_threads_option(parser)
     return parser.parse_args(argv)
 
 
@@ -144,19 +152,39 @@ def main(argv: list[str] | None = None) -> int:
     if args.output_dir is not None:
         overrides.append(f"train.output_dir={args.output_dir}")
     try:
-        cfg = startup_config(args.config, overrides)
+        cfg = startup_config(args.config, [*overrides, *threads_overrides(args)])
     except ConfigError as err:
         report_error(f"error: {first_line(err)}")
         return 2
-    from uvic.training.trainer import train  # torch, Accelerate: once the config is checked
+    threads = choose_threads(cfg.train.threads)
+    apply_threads(threads)  # torch, Accelerate: once the config is checked
+    from uvic.training.trainer import train
 
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    if main_process:
+        print(threads.line(), flush=True)
     try:
-        run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
+        with step_watcher(cfg, threads.threads) if main_process else contextlib.nullcontext():
+            run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
     except expected_errors() as err:
         report_error(f"error: {first_line(err)}")
         return 2
     except KeyboardInterrupt as err:  # a run stopped on a signal saved its checkpoint first
         return 128 + getattr(err, "signum", signal.SIGINT)
-    if int(os.environ.get("RANK", "0")) == 0:  # once, not per process
+    if main_process:  # once, not per process
         print(f"done: {run_dir}")
     return 0
+
+
+def step_watcher(cfg: Config, threads: int) -> LogWatcher:
+    """The run's seconds per step, read from its log as it trains, and the hint when its
+    steps turn far slower than its first ones (`uvic.cli.progress.StepClock`)."""
+    from tqdm.auto import tqdm
+
+    from uvic.cli.progress import LogWatcher, StepClock
+    from uvic.run.folder import RunFolder
+
+    clock = StepClock(threads, change="" if threads == 1 else "--threads N or config key "
+                      "train.threads; continue the run with --resume latest")
+    return LogWatcher(RunFolder(cfg.train.output_dir).log, clock, cfg.train.batch_size,
+                      say=tqdm.write)

@@ -1,4 +1,4 @@
-"""The rules on `train.*` and `optim.*` values: loop lengths, precision, compile mode,
+"""The rules on `train.*` and `optim.*` values: loop lengths, precision, threads, compile mode,
 post-hoc EMA profiles, optimizer, LR schedule. Read by `uvic.config.validation` (the
 trainer validates its config before any step); no torch here.
 """
@@ -31,6 +31,21 @@ def compile_mode(value: bool | str, key: str = "train.compile") -> str:
     return value
 
 
+THREADS_AUTO = "auto"  # train.threads chosen at start (uvic.cli.threads.choose_threads)
+
+
+def threads_value(value: int | str, what: str | None = None) -> int | str:
+    """`value` as train.threads holds it: "auto" or a whole number >= 1 (digits in text, as
+    a flag gives them, read as that number); else a ConfigError starting with `what`
+    (default: the key and value)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    ok = value == THREADS_AUTO or (type(value) is int and value >= 1)
+    what = what or f"train.threads={value!r}"
+    require([(ok, f"{what} must be {THREADS_AUTO!r} or a whole number >= 1")])
+    return value
+
+
 def check_train(t: TrainConfig) -> None:
     """The rules on `train.*` values."""
     require([
@@ -50,6 +65,7 @@ def check_train(t: TrainConfig) -> None:
          f"train.n_grid={t.n_grid} must be >= 1 (or train.sample_every=0: no grids)"),
     ])
     compile_mode(t.compile)
+    threads_value(t.threads)
     check_posthoc_ema(t)
     check_repa(t)
 
