@@ -206,3 +206,44 @@ def test_make_gpu_results_commands_parse() -> None:
     assert [argv[0] for argv in commands] == list(programs)
     for argv in commands:
         programs[argv[0]](argv[1:])  # an unknown flag or value exits 2
+
+
+def fake_release(root: Path) -> Path:
+    """A checkout laid out as the U-ViT release's (libs/ a package, libs/uvit.py's UViT
+    taking the release's arguments and called as model(x, t)), wrapping uvic's U-ViT."""
+    libs = root / "libs"
+    libs.mkdir(parents=True)
+    (libs / "__init__.py").write_text("")
+    (libs / "helper.py").write_text("SCALE = 1.0\n")
+    (libs / "uvit.py").write_text(
+        "from .helper import SCALE\n"
+        "from uvic.models.uvit import UViT as Ours\n"
+        "class UViT(Ours):\n"
+        "    def __init__(self, qkv_bias, mlp_time_embed, num_classes, **arch):\n"
+        "        super().__init__(**arch, attention_backend='torch')\n"
+        "    def forward(self, x, t):\n"
+        "        return super().forward(x, t, return_dict=False)[0] * SCALE\n")
+    return root
+
+
+def test_release_side_by_side_times_every_model_in_turn(tmp_path: Path, monkeypatch) -> None:
+    from uvic.cli import bench_release
+
+    monkeypatch.setitem(bench_release.SIZES, "quickstart", (
+        {"img_size": 8, "patch_size": 2, "embed_dim": 16, "depth": 2, "num_heads": 2,
+         "mlp_ratio": 2.0}, 2))
+    rows = bench_release.side_by_side(fake_release(tmp_path / "uvit"), "quickstart",
+                                      ["uvit", "uvic"], rounds=3, warmup=1)
+    assert [r["model"] for r in rows] == ["release", "uvit", "uvic"]
+    assert rows[0]["ratio_to_release"] == 1.0 and all(r["ms_per_step"] > 0 for r in rows)
+    assert all(r["rounds"] == 3 and r["ms_min"] <= r["ms_per_step"] for r in rows)
+    assert "| quickstart (2) | uvic |" in bench_release.table(rows, 1)
+
+
+def test_release_flag_needs_a_checkout(tmp_path: Path, capsys) -> None:
+    bench = load_bench()
+    with pytest.raises(SystemExit) as exit:
+        bench.main(["--release", str(tmp_path)])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --release {tmp_path}: no libs/uvit.py") and err.count("\n") == 1

@@ -29,6 +29,8 @@ by default `kernels/results/<date>_<device>_train.json` on a GPU. Without CUDA (
 `--smoke`) it runs a tiny configuration on the CPU (our kernels' rows run PyTorch's
 path, `torch`), writes `runs/bench/train.json` by default and says that timings need a
 GPU. `--threads auto|N`: its CPU threads, as `uvic-train`'s (`uvic.cli.threads`).
+`--release DIR` times uvic's step beside the U-ViT release's own code at the same size
+instead (`uvic.cli.bench_release`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import argparse
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from uvic.cli import summary
@@ -277,6 +280,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="also profile each row's step (torch.profiler): GPU busy fraction, "
                    "top host operators and kernels, in the printout and the JSON")
+    p.add_argument("--release", default=None, metavar="DIR",
+                   help="a checkout of the U-ViT release: time its libs/uvit.py model and "
+                        "uvic's side by side on the CPU instead")
+    p.add_argument("--release-size", choices=("quickstart", "small"), default="quickstart",
+                   help="with --release: the quickstart's model (batch 32) or U-ViT-S/2 (8)")
+    p.add_argument("--release-models", default="uvit,uvic",
+                   help="with --release: uvic's attention presets to time (default uvit,uvic)")
+    p.add_argument("--rounds", type=int, default=30,
+                   help="with --release: timed rounds, each model one step per round")
     add_threads_option(p)
     args = p.parse_args(argv)
     try:
@@ -290,6 +302,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.compile = _choices(args.compile, TRAIN_COMPILE_MODES, "--compile", p)
     args.datasets = _choices(args.datasets, tuple(SETTINGS), "--datasets", p)
     args.models = _choices(args.models, ("uvit", "uvic"), "--models", p)
+    from uvic.config.models import ATTENTION_PRESETS
+
+    args.release_models = _choices(args.release_models, ATTENTION_PRESETS, "--release-models", p)
+    if args.release is not None and not (Path(args.release) / "libs" / "uvit.py").is_file():
+        p.exit(2, f"error: --release {args.release}: no libs/uvit.py there (a checkout of the "
+                  "U-ViT release is needed)\n")
     return args
 
 
@@ -303,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     from uvic.training.compile import compile_note
 
     print(threads.line())
+    if args.release is not None:
+        return release_main(args, threads.threads)
 
     cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device("cuda" if cuda else "cpu")
@@ -335,6 +355,21 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + table)
     write_records(args.out, "train", env, {"smoke": not cuda, "peak_bf16_tflops": peak,
                                            "steps": steps, "warmup": warmup}, rows, table)
+    return 0
+
+
+def release_main(args: argparse.Namespace, threads: int) -> int:
+    """`--release DIR`: uvic's step beside the release's code, on the CPU."""
+    import torch
+
+    from uvic.cli.bench_release import side_by_side, table
+
+    rows = side_by_side(Path(args.release), args.release_size, args.release_models, args.rounds)
+    text = table(rows, threads)
+    print("\n" + text)
+    env = environment(torch.device("cpu"))
+    out = args.out or "runs/bench/release.json"
+    write_records(out, "release", env, {"threads": threads, "rounds": args.rounds}, rows, text)
     return 0
 
 
