@@ -401,7 +401,12 @@ def test_cli_trigrams(tmp_path, capsys):
     assert result["gated"]["gated_heads"] == 4 and len(result["gated"]["open_heads_b_to_a"]) == 3
     assert result["settings"]["gated_epochs"] == 1 and (out / "trigrams_gates.png").is_file()
     assert main(["trigrams", "--setting", "2x3", "--mode", "cog", "--steps", "2",
-                 "--gated-epochs", "1", "--out", str(out)]) == 0
+                 "--gated-epochs", "1", "--out", str(out)]) == 2  # 2 steps learn nothing
+    err = capsys.readouterr().err.strip()
+    assert "did not learn every trigram" in err and "--allow-unlearnt" in err
+    assert "\n" not in err
+    assert main(["trigrams", "--setting", "2x3", "--mode", "cog", "--steps", "2",
+                 "--gated-epochs", "1", "--allow-unlearnt", "--out", str(out)]) == 0
     result = json.loads((out / "trigrams.json").read_text())
     assert (result["mode"], result["heads"], result["trigrams"]) == ("cog", 2, 3)
     assert result["settings"]["coef"] == 5e-1

@@ -24,6 +24,7 @@ from uvic.analysis.gated import (
 )
 from uvic.analysis.gated_paper import paper_head_test
 from uvic.analysis.skip_trigrams import (
+    LEARNT,
     ToyAttentionModel,
     TrigramData,
     hand_built_model,
@@ -162,18 +163,27 @@ def original_encodings(model: ToyAttentionModel, held_out: TrigramData) -> dict:
 
 def reproduce(mode: str, heads: int, trigrams: int, seed: int, cfg: ToySettings,
               say: Callable[[str], None] = print, superposed: bool = False,
-              tries: int = 10) -> dict:
+              tries: int = 10, allow_unlearnt: bool = False) -> dict:
     """Train a one-layer model (SGD), then its gated block, on one setting; JSON-ready.
 
     ``superposed``: the paper distils models that learnt every trigram and hold some in
     superposition; seeds ``seed``, ``seed + 1``, ... (at most ``tries``) are trained until
     one such model comes out, and the seeds passed over are reported (``skipped_seeds``).
+    Otherwise an original that did not learn every trigram is refused (a ValueError) unless
+    ``allow_unlearnt``: its gated block would distil what it never held.
     """
     start = time.perf_counter()
     skipped = []
     for candidate in range(seed, seed + (tries if superposed else 1)):
         model, held_out, acc = train_original(mode, heads, trigrams, candidate, cfg)
         if not superposed:
+            if not allow_unlearnt and min(acc) < LEARNT:
+                raise ValueError(
+                    f"seed {candidate}: the {heads}-head {mode} model did not learn every "
+                    f"trigram (accuracy {[round(a, 3) for a in acc]}, below {LEARNT}); "
+                    "distilling it would "
+                    "explain what it never held: train longer (--steps), search seeds "
+                    "(--paper), or pass --allow-unlearnt to distil it anyway")
             break
         shared = original_encodings(model, held_out)["shared"]
         if all(learnt_trigrams(model, held_out)) and shared:

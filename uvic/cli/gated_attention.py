@@ -135,6 +135,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"attention of the model ({', '.join(MODES)}; the gated block "
                         "distils one attention pattern per head)")
     t.add_argument("--seed", type=int, default=0, help="model, prompts and init (0)")
+    t.add_argument("--allow-unlearnt", action="store_true",
+                   help="distil the original even if it did not learn every trigram "
+                        "(refused by default: its gated block would explain nothing it held)")
     t.add_argument("--models", type=positive_int, default=1,
                    help="distil this many models in superposition (seeds from --seed on) "
                         "and report the share whose gated block holds each trigram in one "
@@ -228,7 +231,8 @@ def _trigrams(args: argparse.Namespace) -> dict:
     cfg = _settings(args, base)
     if args.models > 1:
         return te.reproduce_models(args.mode, heads, trigrams, args.seed, cfg, args.models)
-    return te.reproduce(args.mode, heads, trigrams, args.seed, cfg, superposed=paper)
+    return te.reproduce(args.mode, heads, trigrams, args.seed, cfg, superposed=paper,
+                        allow_unlearnt=args.allow_unlearnt)
 
 
 def _capacity(args: argparse.Namespace, out: Path) -> None:
