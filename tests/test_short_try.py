@@ -14,7 +14,7 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState
 
-from uvic.cli import compare
+from uvic.cli import compare, errors
 from uvic.cli import train as train_cli
 from uvic.cli.config_options import startup_config
 from uvic.config import load_config
@@ -146,4 +146,20 @@ def test_a_refusal_under_accelerate_launch_is_the_last_line(tmp_path: Path) -> N
 
 def test_no_launcher_no_repeat() -> None:
     """Run directly (here: by pytest), nothing is repeated."""
-    assert train_cli.reporting_launcher() is None
+    assert errors.reporting_launcher() is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["scripts/sample.py", "eval/fid.py"])
+def test_sample_and_fid_refusals_under_accelerate_launch_are_the_last_line(
+        tmp_path: Path, script: str) -> None:
+    """The same one error path in every program: after the launcher's report, once."""
+    missing = tmp_path / "nowhere.safetensors"
+    cmd = [ACCELERATE, "launch", "--num_processes", "1", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", script,
+           "--config", str(QUICKSTART), "--ckpt", str(missing), "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines[-1] == f"error: --ckpt {missing}: no such file", proc.stderr[-2000:]
+    assert sum(line.startswith("error: ") for line in lines) == 1

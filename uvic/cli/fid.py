@@ -46,10 +46,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from uvic.cli import input_error, summary
 from uvic.cli.config_options import add_config_options, startup_config
+from uvic.cli.errors import first_line, report_error
 from uvic.cli.sampler_options import add_sampler_options, guidance_option, sampler_overrides
 from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
 from uvic.config import ConfigError
@@ -114,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = startup_config(args.config, [*args.set, *overrides(args), *threads_overrides(args)])
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     if (problem := usage_error(args)) is not None:
-        print(f"error: {problem}", file=sys.stderr)
+        report_error(f"error: {problem}")
         return 2
     threads = choose_threads(cfg.train.threads)
     apply_threads(threads)  # the library (torch) is imported from here on
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             say=print, guidance_option=guidance_option(args),
         )
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     if result:  # main process
         kid = "n/a" if result["kid"] is None else f"{result['kid']:.5f}"

@@ -52,10 +52,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from uvic.cli import class_list, input_error, positive_int, summary
 from uvic.cli.config_options import add_config_options, startup_config
+from uvic.cli.errors import first_line, report_error
 from uvic.cli.sampler_options import add_sampler_options, guidance_option, sampler_overrides
 from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
 from uvic.config import ConfigError
@@ -105,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = startup_config(args.config, [*args.set, *sampler_overrides(args),
                                              *threads_overrides(args)])
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     if (problem := usage_error(args)) is not None:
-        print(f"error: {problem}", file=sys.stderr)
+        report_error(f"error: {problem}")
         return 2
     threads = choose_threads(cfg.train.threads)
     apply_threads(threads)  # the library (torch) is imported from here on
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             guidance_option=guidance_option(args),
         )
     except (ConfigError, CheckpointError, ClipLoadError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     for name, path in written.items():
         print(f"{name}: {path}")

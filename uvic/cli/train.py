@@ -31,16 +31,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from uvic.cli.config_options import add_config_options, startup_config
+from uvic.cli.errors import first_line, report_error
 from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
 from uvic.config import Config, ConfigError
 
@@ -72,77 +68,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="run folder (shortcut for --set train.output_dir=...)")
     add_threads_option(parser)
     return parser.parse_args(argv)
-
-
-def first_line(err: Exception) -> str:
-    """The first line of an error's message (its type's name if it has none)."""
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-
-
-def report_error(line: str) -> None:
-    """Print the one-line error on stderr. Under torch's elastic launcher (`accelerate
-    launch --multi_gpu`, torchrun), which gives each process an error file and ends a
-    failed launch with a report of them, write it there too, and print it from rank 0
-    only: the report shows every process's line, stderr shows it once. Under a launcher
-    that reports a failure after it (`after_launcher`), the line is printed after that."""
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if error_file:  # the launcher shows a plain-string "message" as it is
-        with contextlib.suppress(OSError):
-            Path(error_file).write_text(json.dumps({"message": line,
-                                                    "timestamp": int(time.time())}))
-    if (not error_file or int(os.environ.get("RANK", "0")) == 0) and not after_launcher(line):
-        print(line, file=sys.stderr)
-
-
-# The error line once the launcher (process argv[1]) has ended (gone, or a zombie not yet
-# reaped): run by a process of its own, which waits for it (at most a minute) and writes
-# to the stderr they share.
-_PRINT_AFTER = """import sys, time
-pid, end = sys.argv[1], time.monotonic() + 60
-while time.monotonic() < end:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            if stat.read().rsplit(")", 1)[1].split()[0] in "ZX":
-                break
-    except (OSError, IndexError):
-        break
-    time.sleep(0.02)
-sys.stderr.write(sys.argv[2] + "\\n")
-"""
-LAUNCHERS = ("accelerate", "torchrun", "accelerate.commands.launch", "torch.distributed.run")
-
-
-def reporting_launcher() -> int | None:
-    """The process id of the launcher that started this process and prints a failure
-    report of its own when this one fails (`accelerate launch` but not `--quiet`,
-    torchrun), else None; read from /proc (elsewhere: None)."""
-    pid = os.getppid()
-    try:
-        words = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return None
-    head = [Path(w).name if "/" in w else w for w in words[:3]]
-    if not any(name in LAUNCHERS for name in head):
-        return None
-    script = next((i for i, w in enumerate(words) if i > 0 and w.endswith(".py")), len(words))
-    quiet = {"-q", "--quiet"} & set(words[:script])
-    return None if quiet else pid
-
-
-def after_launcher(line: str) -> bool:
-    """Under a launcher that ends a failed launch with its own report (a traceback of the
-    failed process, tens of lines), have `line` printed after that report, so that the
-    one-line error is the last thing shown; False (nothing done) without one."""
-    pid = reporting_launcher()
-    if pid is None:
-        return False
-    try:
-        subprocess.Popen([sys.executable, "-c", _PRINT_AFTER, str(pid), line],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         start_new_session=True)
-    except OSError:
-        return False
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:
