@@ -262,6 +262,26 @@ def test_distil_a_uvit_block():
         uvit_block(model, "block7")
 
 
+@pytest.mark.parametrize(("attention", "gate"), [("uvid", "none"), ("uvic", "headwise")])
+def test_distil_the_control_designs(attention: str, gate: str) -> None:
+    """A differential block distils into softmax heads (its two maps per head), a gated one
+    in its own mode; the gated block reconstructs better than before training."""
+    cfg = load_config(ROOT / "configs/quickstart.py", [*TINY, f"model.attention={attention}",
+                                                         f"model.output_gate={gate}"])
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    module = uvit_block(model, "mid_block")
+    mode, heads = module_attention(module)
+    assert (mode, heads) == (("softmax", 2) if attention == "uvid" else ("cog", 2))
+    x, t = torch.randn(3, 3, 8, 8), torch.rand(3) * 999
+    inputs, outputs = capture(module, lambda: model(x, t))
+    torch.testing.assert_close(module(inputs), outputs)
+    before = G.gate_report(G.GatedAttentionBlock(16, 16, 4, 8, mode=mode), inputs, outputs)
+    block, report = distil_module(module, inputs, outputs, epochs=30, lr=1e-2, batch=3)
+    assert (block.mode, report["teacher_heads"]) == (mode, heads)
+    assert report["reconstruction_mse"] < before["reconstruction_mse"]
+
+
 def test_distil_a_diffusers_attention():
     """A diffusers DiT's self-attention is captured with its own processor's mode."""
     from diffusers import DiTTransformer2DModel

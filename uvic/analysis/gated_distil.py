@@ -23,7 +23,10 @@ from uvic.analysis.gated import (
 
 def module_attention(module: nn.Module) -> tuple[str, int]:
     """(mode, heads) of an attention module: uvic's Attention (its input is the block's
-    normalised tokens) or diffusers' Attention (its processor's mode, softmax by default)."""
+    normalised tokens) or diffusers' Attention (its processor's mode, softmax by default);
+    a differential module's are its softmax maps, two per head."""
+    if getattr(module, "mode", None) == "differential":  # its maps are 2 per head, softmax
+        return "softmax", 2 * module.num_heads
     if hasattr(module, "qkv") and hasattr(module, "num_heads"):  # uvic.models.uvit.Attention
         return module.mode, module.num_heads
     if hasattr(module, "heads") and hasattr(module, "processor"):  # diffusers Attention
