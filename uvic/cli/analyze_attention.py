@@ -17,6 +17,7 @@ from pathlib import Path
 
 from uvic.cli import positive_int, summary, unit_float
 from uvic.cli.config_options import add_config_options, startup_config
+from uvic.cli.errors import first_line, report_error
 from uvic.config import ConfigError
 
 
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = startup_config(args.config, args.set, rules=False)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     # torch and the models: once the arguments and the config are checked
     from uvic.analysis import analyze, load_inputs, load_models, save_figures
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                          batch_size=args.batch_size, seed=args.seed,
                          sink_threshold=args.sink_threshold)
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     out = Path(args.out)
     print(f"json: {write_json(out / 'attention.json', result, indent=1)}")

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from uvic.cli.config_options import add_config_options
+from uvic.cli.errors import first_line, report_error
 
 
 def _ints(text: str) -> list[int]:
@@ -84,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metric_values(args.margin, "--margin", metric_names(args.metrics))
         plan = make_plan(args)
     except (ConfigError, ValueError) as err:
-        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     from uvic.cli.compare_run import run  # torch, the training loop: after the arguments
 

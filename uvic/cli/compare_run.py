@@ -19,6 +19,7 @@ from typing import Any
 from uvic.cli.compare_eval import CellTime, EvalSettings, RunStopped, train_and_evaluate
 from uvic.cli.compare_plan import SAMPLED, Plan, describe, make_plan, run_cells
 from uvic.cli.compare_report import write_report
+from uvic.cli.errors import first_line, report_error
 from uvic.cli.progress import Calibration, Clock, calibrate, probe_config
 from uvic.cli.quickstart_steps import run_logged
 from uvic.cli.table_runner import Job
@@ -219,7 +220,7 @@ def run(args: argparse.Namespace, plan: Plan | None = None) -> int:
                 print(line, flush=True)
     except (ConfigError, TrainError, CheckpointError, DatasetError, InceptionWeightsMissing,
             FileNotFoundError, ValueError, RuntimeError) as err:
-        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     except (KeyboardInterrupt, RunStopped) as err:  # a run stopped on a signal, or Ctrl-C
         signum = getattr(err, "signum", signal.SIGINT)

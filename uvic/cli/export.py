@@ -12,11 +12,11 @@ that is none of these, or an output folder that is not empty, ends with a one-li
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from uvic.cli import summary
 from uvic.cli.config_options import add_config_options, startup_config
+from uvic.cli.errors import first_line, report_error
 from uvic.config import ConfigError
 
 
@@ -38,10 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     try:  # without --config, the source's run config: its --set keys and values checked
         startup_config(args.config, args.set)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     if not Path(args.source).exists():  # as the library says it, before torch loads
-        print(f"error: export source not found: {args.source}", file=sys.stderr)
+        report_error(f"error: export source not found: {args.source}")
         return 2
     # torch, diffusers and the model only now: --help and a wrong option stay fast
     from uvic.models.autoencoder import VAELoadError
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                      say=print)
     except (ExportError, ConfigError, CheckpointError, VAELoadError, FileNotFoundError,
             ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     print(f"pipeline: {out} (UViTPipeline.from_pretrained({str(out)!r}))")
     return 0

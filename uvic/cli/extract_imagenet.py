@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from uvic.cli import extract_options, positive_int
+from uvic.cli.errors import first_line, report_error
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -71,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             repa=repa, repa_name=args.repa_encoder,
         )
     except (DatasetError, VAELoadError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     latent = args.resolution // 8
     for split, listing in listings.items():

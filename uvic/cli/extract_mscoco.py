@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from uvic.cli import extract_options, positive_int
+from uvic.cli.errors import first_line, report_error
 from uvic.config import DataConfig
 
 
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=not args.no_progress, repa=repa, repa_name=args.repa_encoder,
         )
     except (DatasetError, CorruptImageError, VAELoadError, ClipLoadError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 1
     print(f"features {'complete' if complete else 'incomplete'} in {args.out}")
     return 0 if complete else 1

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from uvic.cli import summary
+from uvic.cli.errors import first_line, report_error
 from uvic.evaluation.protocols import load_results, protocol_table
 
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         table = protocol_table(load_results(args.results_dir))
     except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     print(table, end="")
     if args.out:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from uvic.cli import positive_int
 from uvic.cli.config_options import add_config_options
+from uvic.cli.errors import first_line, report_error
 from uvic.config import ConfigError, load_config
 from uvic_kernels.modes import GATED, MODES
 
@@ -329,7 +330,7 @@ def _control(args: argparse.Namespace, out: Path) -> int:
     """The control; a missing folder or file is refused in one line before torch loads."""
     folder = Path(args.models_dir)
     if not folder.is_dir():
-        print(f"error: {folder}: no such folder (the paper's saved_models)", file=sys.stderr)
+        report_error(f"error: {folder}: no such folder (the paper's saved_models)")
         return 2
     for name in PAPER_FILES:
         if not (folder / name).is_file():
@@ -342,7 +343,7 @@ def _control(args: argparse.Namespace, out: Path) -> int:
     try:
         result = control(folder, args.prompts, args.seed)
     except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     print(f"json: {write_json(out / 'control.json', result, indent=1)}")
     print(f"table: {write_text(out / 'control.md', control_markdown(result))}")
@@ -369,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
 
         result = _trigrams(args) if args.command == "trigrams" else _distil(args, out)
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     name = "trigrams" if args.command == "trigrams" else "gated"
     reports = ([m["gated"] for m in result.get("models", [result])]

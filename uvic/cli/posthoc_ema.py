@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from uvic.cli import positive_int, summary
+from uvic.cli.errors import first_line, report_error
 from uvic.config import ConfigError
 from uvic.config.training import check_sigma_rel
 
@@ -39,10 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_sigma_rel(args.sigma_rel, f"--sigma-rel {args.sigma_rel}")
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     if not Path(args.run).is_dir():  # as the library says it, before torch loads
-        print(f"error: run folder not found: {args.run}", file=sys.stderr)
+        report_error(f"error: run folder not found: {args.run}")
         return 2
     # torch and safetensors from here on: --help and a wrong value stay fast
     from uvic.run.weights import CheckpointError
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = reconstruct(args.run, args.sigma_rel, args.out, step=args.step, say=print)
     except (PosthocError, ConfigError, CheckpointError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     print(f"wrote {result.weights} (sample: uvic-sample --config "
           f"{result.weights.parent / 'config.json'} --ckpt {result.weights} --out ...)")

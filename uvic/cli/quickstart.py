@@ -40,6 +40,7 @@ import argparse
 import sys
 
 from uvic.cli.config_options import add_set_option, startup_config
+from uvic.cli.errors import first_line, report_error
 from uvic.cli.threads import choose_threads, usable_cores
 from uvic.config import ConfigError
 from uvic.config.training import threads_value
@@ -78,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         args.threads = choose_threads(threads_value(args.threads, f"--threads {args.threads}:"),
                                       processes=1).threads
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     if args.jobs is not None and args.jobs < 1:
-        print(f"error: --jobs {args.jobs}: must be >= 1", file=sys.stderr)
+        report_error(f"error: --jobs {args.jobs}: must be >= 1")
         return 2
     try:  # the --set keys, values and rules, for each model under each preset --preset
         # may pick (auto: the gpu one where torch sees CUDA, which is asked only later)
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 startup_config(str(preset_path("quickstart")),
                                [*overrides, f"model.attention={attention}"])
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     from uvic.cli.quickstart_steps import run  # torch, the training loop: after the checks
 

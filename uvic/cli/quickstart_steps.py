@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from uvic.analysis import analyze, save_figures
+from uvic.cli.errors import first_line, report_error
 from uvic.cli.progress import LogWatcher, StepClock
 from uvic.cli.quickstart_report import (
     guide_record,
@@ -323,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         base = build_config(args)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     make_deterministic(args.threads)
     out = Path(args.out)
@@ -337,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         trained = train_models(configs, max(args.n_grid, args.n_quality), args.threads, jobs)
     except (QuickstartError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 1
 
     scores = score_models(configs, trained, real, args, device)

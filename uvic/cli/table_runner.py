@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from uvic.cli.config_options import add_set_option, startup_config
+from uvic.cli.errors import first_line, report_error
 from uvic.cli.progress import (
     EVAL,
     TRAIN,
@@ -350,7 +351,7 @@ def run(table: Table, args: argparse.Namespace) -> int:
         # the dry run times one row's model here: every row's time, before any run exists
         print(plan(jobs, dry_run_calibration(jobs) if args.dry_run else None), flush=True)
     except (ConfigError, FileNotFoundError, ValueError) as err:
-        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     if args.dry_run:
         return 0
@@ -385,7 +386,7 @@ def run(table: Table, args: argparse.Namespace) -> int:
             print(f"table: {path}")
     except (ConfigError, TrainError, CheckpointError, DatasetError, FileNotFoundError,
             ValueError) as err:
-        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        report_error(f"error: {first_line(err)}")
         return 2
     except KeyboardInterrupt as err:  # a run stopped on a signal saved its checkpoint first
         signum = getattr(err, "signum", signal.SIGINT)
