@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from uvic_kernels.modes import BACKEND_MODES, BACKENDS, MODES
+from uvic_kernels.torch_attention import Materialised
+from uvic_kernels.torch_attention import fits_at_once as torch_fits_at_once
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
@@ -48,15 +50,13 @@ def _kernels_interpreted() -> bool:
     return _interpret_requested()
 
 
-def _backend_for(q: torch.Tensor) -> str:
-    """Default backend for tensors on ``q.device``: ``"triton"`` or ``"torch"``."""
-    if not _triton_available():
-        return "torch"
-    if q.device.type == "cuda":
+def _backend_for(q: torch.Tensor, mode: str) -> str:
+    """Default backend for tensors on ``q.device``: ``"triton"`` on CUDA (and on a CPU under
+    the interpreter); elsewhere PyTorch's own attention for softmax, our PyTorch path else."""
+    if _triton_available() and (q.device.type == "cuda" or (
+            q.device.type == "cpu" and _interpret_requested() and _kernels_interpreted())):
         return "triton"
-    if q.device.type == "cpu" and _interpret_requested() and _kernels_interpreted():
-        return "triton"
-    return "torch"
+    return "sdpa" if mode == "softmax" else "torch"
 
 
 def _implementation(backend: str, device: torch.device) -> ModuleType:
@@ -259,14 +259,17 @@ def attention(
     _check_inputs(q, k, v, mode, scale, backend, bias)
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    backend = backend or _backend_for(q, mode)
     if backend == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, scale=float(scale))
-    backend = backend or _backend_for(q)
     if isinstance(bias, torch.Tensor):  # one fp32 value per head; autograd maps the gradient
         bias = bias.to(torch.float32).reshape(-1).expand(q.shape[1])
     elif bias is not None:
         bias = torch.full((q.shape[1],), float(bias), dtype=torch.float32, device=q.device)
     grad_bias = bias is not None and bias.requires_grad
+    if (backend == "torch" and q.device.type != "meta" and not torch.compiler.is_compiling()
+            and torch_fits_at_once(q, k)):
+        return Materialised.apply(q, k, v, mode, float(scale), bias)
     if torch.is_grad_enabled() and (
         q.requires_grad or k.requires_grad or v.requires_grad or grad_bias
     ):

@@ -112,6 +112,50 @@ def forward(
     return o.to(q.dtype), stat
 
 
+def fits_at_once(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the scores of every (batch, head) fit in one chunk: `Materialised`'s case."""
+    return q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] <= CHUNK_ELEMENTS
+
+
+class Materialised(torch.autograd.Function):
+    """The same algorithm in one chunk, keeping the weights for the backward instead of
+    recomputing them: at the sizes where all scores fit at once (small images on a CPU),
+    the recomputation costs more than the memory. ``bias``: sigmoid's (H,) fp32 or None."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mode: str, scale: float, bias=None):
+        with torch.autocast(q.device.type, enabled=False):
+            qf, kf, vf = q.float(), k.float(), v.float()
+            if mode in ("cog", "softmax"):  # one fused softmax; no row statistic needed
+                s = (qf @ kf.transpose(-2, -1)).mul_(scale)
+                a = torch.softmax(s.abs() if mode == "cog" else s, dim=-1)
+                a = a.mul_(torch.sign(s)) if mode == "cog" else a
+                stat = None
+            else:
+                stat = sigmoid_bias_rows(q, k.shape[2], bias) if mode == "sigmoid" else None
+                s, a, stat = _weights(qf, kf, stat, mode, scale)
+            o = a @ vf
+        ctx.save_for_backward(qf, kf, vf, s, a, stat, o)
+        ctx.mode, ctx.scale, ctx.dtypes = mode, scale, (q.dtype, k.dtype, v.dtype)
+        return o.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, do):
+        qf, kf, vf, s, a, stat, o = ctx.saved_tensors
+        mode, scale = ctx.mode, ctx.scale
+        with torch.autocast(do.device.type, enabled=False):
+            dof = do.float()
+            da = dof @ vf.transpose(-2, -1)
+            delta = (torch.zeros_like(stat) if mode == "sigmoid"
+                     else (dof * o).sum(-1)).unsqueeze(-1)  # rowsum(dO * O) = rowsum(dA * A)
+            dv = a.transpose(-2, -1) @ dof
+            ds = _score_grad(s, a, da, delta, stat, mode)
+            dbias = ds.sum(dim=(0, 2, 3)) if mode == "sigmoid" and ctx.needs_input_grad[5] else None
+            dq, dk = (ds @ kf).mul_(scale), (ds.transpose(-2, -1) @ qf).mul_(scale)
+        grads = (g.to(t) for g, t in zip((dq, dk, dv), ctx.dtypes))
+        return (*grads, None, None, dbias)
+
+
 def backward(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -317,3 +317,42 @@ def test_plan_and_margin_check_before_torch(tmp_path: Path) -> None:
         assert done.returncode == rc, done.stderr
         assert "torch loaded" not in done.stderr
     assert done.stderr.startswith("error: --margin 'heldout_mse=0'")
+
+
+DESIGNS_RESULT = Path(__file__).resolve().parents[1] / "docs/compare_designs.json"
+
+
+@pytest.mark.parametrize("variant", ["uvit", "uvic", "uvie", "uvis", "uvid", "uvit_gate",
+                                     "uvic_gate"])
+def test_documented_design_comparison_is_the_recorded_run(variant: str) -> None:
+    """docs/comparisons.md's table of every design is the recorded comparison: each row's
+    five cells are its summary at the last step, and the summary is its runs' mean."""
+    import math
+
+    from uvic.evaluation.paired import Interval, format_interval
+
+    record = json.loads(DESIGNS_RESULT.read_text())
+    step = str(record["grid"][-1])
+    cells = []
+    for metric in ("heldout_mse", "standin_fid", "hf_ratio", "palette_share", "shape_share"):
+        d = record["summary"][metric]["steps"][step]["variants"][variant]
+        runs = [r["metrics"][step][metric] for r in record["runs"].values()
+                if r["variant"] == variant]
+        assert len(runs) == d["n"] == 3 and math.isclose(sum(runs) / 3, d["mean"], rel_tol=1e-9)
+        cells.append(format_interval(Interval(d["mean"], d["half_width"], d["n"], d["sd"])))
+    page = (DESIGNS_RESULT.parent / "comparisons.md").read_text()
+    assert " | " + " | ".join(cells) + " |" in page
+
+
+# docs/comparisons.md: every design and the two controls
+README_DESIGNS = 'python scripts/compare.py --steps 1500,2100 --best --set eval.n_samples=128 --variants uvit,uvic,uvie,uvis,uvid,uvit_gate,uvic_gate --variant "uvit_gate:model.attention=uvit;model.output_gate=elementwise" --variant "uvic_gate:model.attention=uvic;model.output_gate=elementwise" --out runs/compare_designs'  # noqa: E501
+
+
+@pytest.mark.slow
+def test_design_comparison_as_documented_plans_paired_runs(tmp_path: Path, capsys) -> None:
+    """The documented command, as a dry run: 7 variants x 3 seeds, and the pairing check
+    passes (a design's own weights are drawn after the shared ones)."""
+    assert compare.main([*argv(README_DESIGNS)[2:], "--dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert ("7 variants (uvit, uvic, uvie, uvis, uvid, uvit_gate, uvic_gate) x 3 seeds "
+            "(1234, 1235, 1236) = 21 runs") in out

@@ -518,6 +518,14 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
         Elsewhere("tests/test_compare.py"),
     "python scripts/compare.py --steps 1500,2100 --best --set eval.n_samples=128":
         Elsewhere("tests/test_compare.py"),
+    # docs/comparisons.md: every design and the two controls (the runner at reduced size:
+    # tests/test_compare.py; the designs' training: tests/test_designs.py)
+    "python scripts/compare.py --steps 1500,2100 --best --set eval.n_samples=128 "
+    "--variants uvit,uvic,uvie,uvis,uvid,uvit_gate,uvic_gate "
+    "--variant \"uvit_gate:model.attention=uvit;model.output_gate=elementwise\" "
+    "--variant \"uvic_gate:model.attention=uvic;model.output_gate=elementwise\" "
+    "--out runs/compare_designs":
+        Elsewhere("tests/test_compare.py"),
     # docs/recipes.md: U-ViT vs U-ViC under flow matching
     "python scripts/compare.py --variants uvit,uvic --set eval.n_samples=128 "
     "--set diffusion.objective=velocity --set diffusion.min_snr_gamma=0 "

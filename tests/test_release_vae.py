@@ -32,7 +32,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SD = "CompVis/stable-diffusion-v1-4/vae"  # Stable Diffusion's own KL-f8: autoencoder_kl.pth
 FT_EMA = "stabilityai/sd-vae-ft-ema"  # its decoder fine-tune: autoencoder_kl_ema.pth
 ROWS = {  # config -> (decoding VAE, latent scale factor)
-    "mscoco_uvit": (SD, 0.23010), "mscoco_uvic": (SD, 0.23010),
+    "mscoco_uvit": (SD, 0.23010), "mscoco_uvic": (SD, 0.23010), "mscoco_uvid": (SD, 0.23010),
     "imagenet256_uvit_large": (SD, 0.18215), "imagenet256_uvic_large": (SD, 0.18215),
     # the modern-recipe twins train on the same latents (plus REPA features)
     "imagenet256_uvit_large_flow": (SD, 0.18215), "imagenet256_uvic_large_flow": (SD, 0.18215),
