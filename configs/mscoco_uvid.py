@@ -1,10 +1,5 @@
-"""MS-COCO text-to-image U-ViD: mscoco_uvit.py with differential attention in blocks 2..12.
-
-The blocks where U-ViC has Cog attention run differential attention (Ye et al., ICLR
-2025): 4 heads of value width 128 on the same qkv and proj weights; lambda_init follows
-the block's depth. `--set model.output_gate=headwise` (or elementwise) adds the output
-gate to every block, on any preset.
-"""
+"""MS-COCO text-to-image U-ViD: mscoco_uvit.py with differential attention in blocks 2..12
+(as cifar10_uvid.py)."""
 
 from pathlib import Path
 

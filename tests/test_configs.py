@@ -92,47 +92,24 @@ def test_paper_hyperparameters(name: str) -> None:
     assert cfg.model.attention == name.split("_")[1]
 
 
-@pytest.mark.parametrize("dataset", ["cifar10", "mscoco"])
-def test_uvic_differs_from_uvit_only_in_attention(dataset: str) -> None:
+@pytest.mark.parametrize(("name", "inner"), [
+    ("cifar10_uvic", "cog"), ("mscoco_uvic", "cog"), ("cifar10_uvis", "sigmoid"),
+    ("cifar10_uvid", "differential"), ("mscoco_uvid", "differential")])
+def test_each_design_differs_from_uvit_only_in_attention(name: str, inner: str) -> None:
+    """U-ViC, U-ViS, U-ViD: their design where U-ViC has Cog, everything else U-ViT's (the
+    sigmoid bias at -log N; the output gate one setting away on any of them)."""
+    dataset, preset = name.split("_")
     uvit = load_config(CONFIGS / f"{dataset}_uvit.py")
-    uvic = load_config(CONFIGS / f"{dataset}_uvic.py")
+    cfg = load_config(CONFIGS / f"{name}.py")
     same = dataclasses.replace(
-        uvic, name=uvit.name,
-        model=dataclasses.replace(uvic.model, attention="uvit"),
-        train=dataclasses.replace(uvic.train, output_dir=uvit.train.output_dir),
+        cfg, name=uvit.name,
+        model=dataclasses.replace(cfg.model, attention="uvit"),
+        train=dataclasses.replace(cfg.train, output_dir=uvit.train.output_dir),
     )
-    assert same == uvit and uvic.model.attention == "uvic"
-
-
-def test_uvis_differs_from_uvit_only_in_attention() -> None:
-    """U-ViS: sigmoid attention where U-ViC has Cog, everything else U-ViT's."""
-    uvit = load_config(CONFIGS / "cifar10_uvit.py")
-    uvis = load_config(CONFIGS / "cifar10_uvis.py")
-    same = dataclasses.replace(
-        uvis, name=uvit.name,
-        model=dataclasses.replace(uvis.model, attention="uvit"),
-        train=dataclasses.replace(uvis.train, output_dir=uvit.train.output_dir),
-    )
-    assert same == uvit and uvis.model.sigmoid_bias is None
-    modes = resolve_attention(uvis.model.attention, uvis.model.depth)
-    assert modes == ["softmax"] + ["sigmoid"] * 11 + ["softmax"]
-
-
-@pytest.mark.parametrize("dataset", ["cifar10", "mscoco"])
-def test_uvid_differs_from_uvit_only_in_attention(dataset: str) -> None:
-    """U-ViD: differential attention where U-ViC has Cog (4 heads of value width 128 at
-    U-ViT-S/2), everything else U-ViT's; the output gate is one setting away."""
-    uvit = load_config(CONFIGS / f"{dataset}_uvit.py")
-    uvid = load_config(CONFIGS / f"{dataset}_uvid.py")
-    same = dataclasses.replace(
-        uvid, name=uvit.name,
-        model=dataclasses.replace(uvid.model, attention="uvit"),
-        train=dataclasses.replace(uvid.train, output_dir=uvit.train.output_dir),
-    )
-    assert same == uvit
-    modes = resolve_attention(uvid.model.attention, uvid.model.depth)
-    assert modes == ["softmax"] + ["differential"] * 11 + ["softmax"]
-    gated = apply_overrides(uvid, ["model.output_gate=headwise"])
+    assert same == uvit and cfg.model.attention == preset and cfg.model.sigmoid_bias is None
+    modes = resolve_attention(cfg.model.attention, cfg.model.depth)
+    assert modes == ["softmax"] + [inner] * 11 + ["softmax"]
+    gated = apply_overrides(cfg, ["model.output_gate=headwise"])
     assert validate(gated).model.output_gate == "headwise"
 
 
