@@ -432,11 +432,16 @@ def test_export_refuses_what_it_cannot_export(runs, tmp_path: Path, capsys) -> N
 
 @pytest.mark.slow
 def test_fresh_process_loads_an_export_and_samples_with_a_swapped_scheduler(
-        runs, tmp_path: Path) -> None:
+        runs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A U-ViC exported, its run folder gone, loaded in a new Python process with
-    from_pretrained and sampled with another diffusers scheduler: uvic's sampler's images."""
+    from_pretrained and sampled with another diffusers scheduler: uvic's sampler's images
+    (here with the default backend as a user's CPU picks it, as in the new process)."""
+    from uvic_kernels import fused_attention
+
     run = shutil.copytree(runs["pixels"], tmp_path / "run")
     cfg, model = run_model({"pixels": run}, "pixels")
+    monkeypatch.setattr(fused_attention, "_interpret_requested", lambda: False)
+    model.set_attention(model.attention_modes, backend="auto")
     assert export_main([str(run), "--out", str(tmp_path / "exported")]) == 0
     shutil.rmtree(run)
     script = (

@@ -299,8 +299,8 @@ def test_sigmoid_bias_under_torch_compile(backend):
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     grads = torch.autograd.grad(compiled(q, k, v, bias), (q, k, v, bias))
     eager = torch.autograd.grad(loss(q, k, v, bias), (q, k, v, bias))
-    for g, e in zip(grads, eager):
-        assert torch.equal(g, e)
+    for g, e in zip(grads, eager):  # eager PyTorch keeps the weights: same maths
+        assert torch.equal(g, e) if backend != "torch" else rel_err(g, e) < 1e-6
 
 
 # ---------------------------------------------------------------------------------------
