@@ -384,6 +384,7 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
     "train.output_dir=runs/quickstart_repa": Elsewhere("tests/test_repa.py"),
     "make test": NotHere("the test suite itself (CI runs it from a clean clone)",
                          check=make_test_runs_ruff_and_pytest),
+    "make test-fast": NotHere("the suite without its slow tests (the inner loop)"),
     "python scripts/train.py --config configs/cifar10_uvic.py --set train.batch_size=64 "
     "--set optim.lr=1e-4": Run(CIFAR10_MODEL + TRAIN, ("cifar10",), "a training run"),
     # U-ViS (sigmoid attention, a learnable bias per head) on the built-in shapes
