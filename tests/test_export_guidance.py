@@ -12,14 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
+from test_hub import perturbed
 
 from uvic.cli.export import main as export_main
 from uvic.cli.sample import main as sample_main
-from uvic.config import Config, load_config
+from uvic.config import load_config
 from uvic.files import save_config
-from uvic.models.uvit import build_model
 from uvic.pipelines import UViTPipeline
 from uvic.run.architecture import model_metadata
 from uvic.run.folder import RunFolder
@@ -34,14 +33,6 @@ TINY = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2",
         "train.max_steps=2", "train.keep_steps=[1]", f"sample.autoguidance_ckpt={GUIDE}"]
 
 
-def perturbed(cfg: Config, seed: int) -> torch.nn.Module:
-    """A random model whose every weight is off its init."""
-    torch.manual_seed(seed)
-    model = build_model(cfg.model).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return model
 
 
 def write_run(folder: Path, *extra: str) -> Path:

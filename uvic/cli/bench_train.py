@@ -105,11 +105,28 @@ def make_batch(cfg: Config, batch: int, device: torch.device) -> dict[str, torch
     return out
 
 
+def synthetic_loss(cfg: Config, model: torch.nn.Module, data: dict[str, torch.Tensor],
+                   device: torch.device) -> Callable[[], torch.Tensor]:
+    """The trainer's loss of `model` on the fixed batch `data` (zeros as the empty text
+    context, the last class as the null class, its own noise generator): what a timed
+    training step computes."""
+    import torch
+
+    from uvic.diffusion.schedule import Diffusion, diffusion_loss
+
+    m, diffusion = cfg.model, Diffusion(cfg.diffusion)
+    empty = (torch.zeros(m.num_clip_token, m.clip_dim, device=device) if m.clip_dim > 0
+             else None)
+    null_class = m.num_classes - 1 if m.num_classes > 0 else None
+    generator = torch.Generator(device=device).manual_seed(0)
+    return lambda: diffusion_loss(model, diffusion, data, generator, empty_context=empty,
+                                  p_uncond=cfg.diffusion.p_uncond, null_class=null_class)
+
+
 def train_step(cfg: Config, cell: Cell, device: torch.device) -> Callable[[], None]:
     """The trainer's step for the cell: its model (compiled as `train.compile`), AdamW, EMA."""
     import torch
 
-    from uvic.diffusion.schedule import Diffusion, diffusion_loss
     from uvic.models.uvit import build_model
     from uvic.training.compile import dynamo_kwargs
     from uvic.training.ema import EMA
@@ -122,18 +139,12 @@ def train_step(cfg: Config, cell: Cell, device: torch.device) -> Callable[[], No
     if cell.compile != "off":
         torch._dynamo.reset()  # each cell compiles afresh: no recompile limit across cells
         model = torch.compile(model, **dynamo_kwargs(cell.compile)["dynamo_plugin"].to_kwargs())
-    diffusion, data = Diffusion(cfg.diffusion), make_batch(cfg, cell.batch, device)
-    m = cfg.model
-    empty = (torch.zeros(m.num_clip_token, m.clip_dim, device=device) if m.clip_dim > 0
-             else None)
-    null_class = m.num_classes - 1 if m.num_classes > 0 else None
-    generator = torch.Generator(device=device).manual_seed(0)
+    loss_of = synthetic_loss(cfg, model, make_batch(cfg, cell.batch, device), device)
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = diffusion_loss(model, diffusion, data, generator, empty_context=empty,
-                                  p_uncond=cfg.diffusion.p_uncond, null_class=null_class)
+            loss = loss_of()
         loss.backward()
         optimizer.step()
         ema.update(model)

@@ -194,8 +194,7 @@ def calibrate(cfg: Config, label: str, threads: int | None = None,
 
     import torch
 
-    from uvic.cli.bench_train import make_batch
-    from uvic.diffusion.schedule import Diffusion, diffusion_loss
+    from uvic.cli.bench_train import make_batch, synthetic_loss
     from uvic.models.uvit import build_model
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -215,17 +214,13 @@ def calibrate(cfg: Config, label: str, threads: int | None = None,
         torch.manual_seed(0)
         model = build_model(m).to(device).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        diffusion, batch = Diffusion(cfg.diffusion), make_batch(cfg, images, device)
-        empty = (torch.zeros(m.num_clip_token, m.clip_dim, device=device) if m.clip_dim > 0
-                 else None)
-        null = m.num_classes - 1 if m.num_classes > 0 else None
-        generator = torch.Generator(device=device).manual_seed(0)
+        batch = make_batch(cfg, images, device)
+        loss_of = synthetic_loss(cfg, model, batch, device)
 
         def step() -> None:
             optimizer.zero_grad(set_to_none=True)
             with precision:
-                loss = diffusion_loss(model, diffusion, batch, generator, empty_context=empty,
-                                      p_uncond=cfg.diffusion.p_uncond, null_class=null)
+                loss = loss_of()
             loss.backward()
             optimizer.step()
 
