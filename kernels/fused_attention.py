@@ -1,8 +1,10 @@
 """Public entry point: ``attention(q, k, v, mode="cog")``, with autograd and a choice of backend:
 ``"triton"`` (the fused kernels, compiled on CUDA or interpreted on the CPU under
 ``TRITON_INTERPRET=1``), ``"torch"`` (the same algorithm in PyTorch) and, softmax only,
-``"sdpa"``. They run as PyTorch custom ops, opaque to ``torch.compile`` and fake tensors;
-the kernel module is imported lazily.
+``"sdpa"``. Triton and the chunked PyTorch path run as PyTorch custom ops, opaque to
+``torch.compile`` and fake tensors; in eager mode, where a call's scores fit in one
+chunk, the PyTorch path is a plain autograd function (``torch_attention.Materialised``).
+The kernel module is imported lazily.
 """
 
 from __future__ import annotations
@@ -254,7 +256,8 @@ def attention(
     a different sequence length than q.  Inputs are fp16, bf16 or fp32 (any strides,
     D <= 128); the output has q's dtype and is contiguous.  ``backend`` forces
     ``"triton"``, ``"torch"`` or (softmax only) ``"sdpa"``; by default Triton runs on
-    CUDA (and on the CPU under ``TRITON_INTERPRET=1``), PyTorch elsewhere.
+    CUDA (and on the CPU under ``TRITON_INTERPRET=1``); elsewhere softmax runs on SDPA and
+    the other modes on the PyTorch path.
     """
     _check_inputs(q, k, v, mode, scale, backend, bias)
     if scale is None:
