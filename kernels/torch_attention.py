@@ -117,43 +117,68 @@ def fits_at_once(q: torch.Tensor, k: torch.Tensor) -> bool:
     return q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] <= CHUNK_ELEMENTS
 
 
+CACHE_ELEMENTS = 1 << 17  # score entries per batch slice of `Materialised` (512 KiB in fp32)
+
+
+def _batch_slices(q: torch.Tensor, n_kv: int) -> list[slice]:
+    """Slices of the batch whose scores take about CACHE_ELEMENTS each (at least one item):
+    the passes over one slice's scores then stay in the CPU's cache."""
+    per_item = max(1, q.shape[1] * q.shape[2] * n_kv)
+    step = max(1, CACHE_ELEMENTS // per_item)
+    return [slice(i, i + step) for i in range(0, q.shape[0], step)]
+
+
 class Materialised(torch.autograd.Function):
-    """The same algorithm in one chunk, keeping the weights for the backward instead of
-    recomputing them: at the sizes where all scores fit at once (small images on a CPU),
-    the recomputation costs more than the memory. ``bias``: sigmoid's (H,) fp32 or None."""
+    """The same algorithm where all scores fit at once (small images on a CPU), keeping the
+    weights for the backward instead of recomputing them, and working a batch slice at a
+    time. ``bias``: sigmoid's (H,) fp32 or None."""
 
     @staticmethod
     def forward(ctx, q, k, v, mode: str, scale: float, bias=None):
         with torch.autocast(q.device.type, enabled=False):
-            qf, kf, vf = q.float(), k.float(), v.float()
-            if mode in ("cog", "softmax"):  # one fused softmax; no row statistic needed
-                s = (qf @ kf.transpose(-2, -1)).mul_(scale)
-                a = torch.softmax(s.abs() if mode == "cog" else s, dim=-1)
-                a = a.mul_(torch.sign(s)) if mode == "cog" else a
-                stat = None
-            else:
-                stat = sigmoid_bias_rows(q, k.shape[2], bias) if mode == "sigmoid" else None
-                s, a, stat = _weights(qf, kf, stat, mode, scale)
-            o = a @ vf
-        ctx.save_for_backward(qf, kf, vf, s, a, stat, o)
+            # k and v contiguous once (each is used by two matmuls), and q scaled: N x D
+            # entries to scale rather than N x N scores
+            qf, kf, vf = q.float(), k.float().contiguous(), v.float().contiguous()
+            qs = qf * scale
+            bias_rows = sigmoid_bias_rows(q, k.shape[2], bias) if mode == "sigmoid" else None
+            o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+            kept = []  # per slice: S (where the backward needs it), A, the row statistic
+            for b in _batch_slices(q, k.shape[2]):
+                if mode in ("cog", "softmax"):  # one fused softmax; S is not needed again
+                    s = qs[b] @ kf[b].transpose(-2, -1)
+                    a = torch.softmax(s.abs() if mode == "cog" else s, dim=-1)
+                    s, a, stat = None, (a.mul_(s.sign_()) if mode == "cog" else a), None
+                else:
+                    rows = None if bias_rows is None else bias_rows[b]
+                    s, a, stat = _weights(qf[b], kf[b], rows, mode, scale)
+                torch.matmul(a, vf[b], out=o[b])
+                kept += [s, a, stat]
+        ctx.save_for_backward(qs, kf, vf, o, *kept)
         ctx.mode, ctx.scale, ctx.dtypes = mode, scale, (q.dtype, k.dtype, v.dtype)
         return o.to(q.dtype)
 
     @staticmethod
     def backward(ctx, do):
-        qf, kf, vf, s, a, stat, o = ctx.saved_tensors
+        qs, kf, vf, o, *kept = ctx.saved_tensors
         mode, scale = ctx.mode, ctx.scale
         with torch.autocast(do.device.type, enabled=False):
-            dof = do.float()
-            da = dof @ vf.transpose(-2, -1)
-            delta = (torch.zeros_like(stat) if mode == "sigmoid"
-                     else (dof * o).sum(-1)).unsqueeze(-1)  # rowsum(dO * O) = rowsum(dA * A)
-            dv = a.transpose(-2, -1) @ dof
-            ds = _score_grad(s, a, da, delta, stat, mode)
-            dbias = ds.sum(dim=(0, 2, 3)) if mode == "sigmoid" and ctx.needs_input_grad[5] else None
-            dq, dk = (ds @ kf).mul_(scale), (ds.transpose(-2, -1) @ qf).mul_(scale)
+            dof = do.float().contiguous()
+            # rowsum(dO * O) = rowsum(dA * A); sigmoid's rows are not normalised
+            delta = None if mode == "sigmoid" else (dof * o).sum(-1, keepdim=True)
+            dq, dk, dv = torch.empty_like(qs), torch.empty_like(kf), torch.empty_like(vf)
+            dbias = []
+            for i, b in enumerate(_batch_slices(qs, kf.shape[2])):
+                s, a, stat = kept[3 * i: 3 * i + 3]
+                da = dof[b] @ vf[b].transpose(-2, -1)
+                d = torch.zeros_like(stat).unsqueeze(-1) if delta is None else delta[b]
+                ds = _score_grad(s, a, da, d, stat, mode)
+                if mode == "sigmoid" and ctx.needs_input_grad[5]:
+                    dbias.append(ds.sum(dim=(0, 2, 3)))
+                torch.matmul(a.transpose(-2, -1), dof[b], out=dv[b])
+                torch.matmul(ds, kf[b], out=dq[b]).mul_(scale)
+                torch.matmul(ds.transpose(-2, -1), qs[b], out=dk[b])
         grads = (g.to(t) for g, t in zip((dq, dk, dv), ctx.dtypes))
-        return (*grads, None, None, dbias)
+        return (*grads, None, None, torch.stack(dbias).sum(0) if dbias else None)
 
 
 def backward(

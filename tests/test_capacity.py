@@ -130,6 +130,39 @@ def test_experiment_tunes_alike_and_resumes_without_redoing_models(tmp_path, mon
     assert json.loads(ledger.read_text().splitlines()[0])["key"].startswith("tune:")
 
 
+def test_differential_runs_at_even_head_counts_only_and_the_tables_say_so(tmp_path,
+                                                                          monkeypatch, capsys):
+    """Differential attention pairs heads: with --heads 1,2 its 1-head cell is not trained
+    and the tables show it as absent (—), while its 2-head cell is paired with softmax."""
+    from uvic.cli.gated_attention import main
+
+    calls = []
+
+    def fake(mode, heads, n, seed, recipe):
+        calls.append((mode, heads))
+        ok = n <= heads + (mode == "differential")
+        return {"steps": 1, "converged": True, "loss": 1.0, "learnt": [ok] * n,
+                "all_learnt": ok, "accuracy": [1.0] * n, "seconds": 0.0}
+
+    monkeypatch.setattr(C, "run_model", fake)
+    out = tmp_path / "cap"
+    assert main(["capacity", "--modes", "softmax,differential", "--heads", "1,2", "--seeds",
+                 "2", "--max-trigrams", "3", "--lr", "0.01", "--init-std", "0.02",
+                 "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "skipped (differential attention pairs heads): differential with 1 head" in said
+    assert ("differential", 1) not in calls and ("differential", 2) in calls
+    table = json.loads((out / "capacity.json").read_text())
+    assert [(c["mode"], c["heads"]) for c in table["cells"]] == [
+        ("softmax", 1), ("softmax", 2), ("differential", 2)]
+    text = (out / "capacity.md").read_text()
+    assert "| differential | — | 3.00 ± 0.00 [3, 3+] |" in text
+    assert "| differential | 2 | lr=0.01,init=0.02 | 2/2 | 2/2 | 2/2 |" in text
+    with pytest.raises(ValueError, match="--heads 1: differential attention pairs heads"):
+        from uvic.cli.gated_attention import _cells
+        _cells(["differential"], [1])
+
+
 def test_paired_rows_state_the_mde_and_read_equivalence_only_from_tost():
     """Differences (1, 0, 2, 0): mean +0.75, t half-width 3.182 * 0.957 / 2 = 1.52,
     inconclusive with its MDE, sign test 2 of 2 non-ties: p 0.5; differences of 0 within a

@@ -698,8 +698,9 @@ def test_eager_calls_run_the_custom_ops(monkeypatch, backend):
 def test_torch_path_in_one_chunk_keeps_the_weights_and_agrees_with_the_chunks(monkeypatch,
                                                                                mode):
     """Where all scores fit at once the PyTorch path keeps the weights for the backward
-    (`Materialised`, no custom op); it agrees with the chunked path (recomputing them) and
-    with the float64 reference, gradients (sigmoid's bias too) included."""
+    (`Materialised`, no custom op), a batch slice at a time; it agrees with itself in one
+    slice, with the chunked path (recomputing them) and with the float64 reference,
+    gradients (sigmoid's bias too) included."""
     from uvic_kernels import torch_attention
 
     q, k, v, do = (randn(2, 3, 37, 24, seed=i) for i in range(4))
@@ -709,6 +710,10 @@ def test_torch_path_in_one_chunk_keeps_the_weights_and_agrees_with_the_chunks(mo
     monkeypatch.setattr(fused_attention, "_forward_op", calls)
     kept = run(q, k, v, do, mode, backend="torch", bias=bias)
     assert calls.n == 0
+    monkeypatch.setattr(torch_attention, "CACHE_ELEMENTS", 3 * 37 * 29)  # a batch item a slice
+    sliced = run(q, k, v, do, mode, backend="torch", bias=bias)
+    for a, b in zip([kept[0], *kept[1]], [sliced[0], *sliced[1]]):
+        assert rel_err(a, b) < 1e-6
     monkeypatch.setattr(torch_attention, "CHUNK_ELEMENTS", 2 * 3 * 5 * 29)  # 8 chunks
     chunked = run(q, k, v, do, mode, backend="torch", bias=bias)
     assert calls.n == 1

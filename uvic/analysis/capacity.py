@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from uvic.analysis.skip_trigrams import (
     LEARNT,
     balanced_prompts,
+    design_cells,
     learnt_trigrams,
     logit_accuracy,
     make_prompts,
@@ -196,7 +197,7 @@ class Grid:
 def _jobs(setting: str, recipe: ToyRecipe, modes: list[str], head_counts: list[int],
           seeds: list[int], max_trigrams: int) -> list[tuple]:
     return [(model_key(setting, m, h, n, s), m, h, n, s, asdict(recipe))
-            for m in modes for h in head_counts for s in seeds
+            for m, h in design_cells(modes, head_counts) for s in seeds
             for n in range(1, max_trigrams + 1)]
 
 
@@ -215,7 +216,7 @@ def capacity_experiment(out: Path, modes: list[str], head_counts: list[int], see
               for j in _jobs(f"tune:{name}", r, modes, head_counts, tune_seeds, max_trigrams)],
              ledger, workers, say)
     chosen, tuning = {}, []
-    for m, h in itertools.product(modes, head_counts):
+    for m, h in design_cells(modes, head_counts):
         scores = {}
         for name in recipes:
             runs = [ledger.done[model_key(f"tune:{name}", m, h, n, s)]
@@ -236,7 +237,7 @@ def capacity_experiment(out: Path, modes: list[str], head_counts: list[int], see
     cells = [summarise(m, h, seeds, max_trigrams,
                        [[ledger.done[model_key(chosen[(m, h)], m, h, n, s)]
                          for n in range(1, max_trigrams + 1)] for s in seeds])
-             for m, h in itertools.product(modes, head_counts)]
+             for m, h in design_cells(modes, head_counts)]
     for cell, t in zip(cells, tuning):
         cell["recipe"] = asdict(recipes[t["chosen"]])
     return {"base": asdict(base), "grid": asdict(grid), "tuning_seeds": tune_seeds,
@@ -297,7 +298,7 @@ def sensitivity_experiment(out: Path, modes: list[str], head_counts: list[int],
         cells = [summarise(m, h, seeds, max_trigrams,
                            [[ledger.done[model_key(f"sens:{name}", m, h, n, s)]
                              for n in range(1, max_trigrams + 1)] for s in seeds])
-                 for m, h in itertools.product(modes, head_counts)]
+                 for m, h in design_cells(modes, head_counts)]
         settings.append({"setting": name, "recipe": asdict(recipe), "cells": cells})
     return {"base": asdict(base), "changes": changes, "seeds": seeds,
             "max_trigrams": max_trigrams, "learnt_at": LEARNT, "margin": margin,
@@ -320,7 +321,9 @@ def sign_test_p(a: list[float], b: list[float]) -> float:
     return float(binomtest(sum(v > 0 for v in d), len(d)).pvalue) if d else 1.0
 
 
-def _capacity_text(cell: dict, key: str = "capacity") -> str:
+def _capacity_text(cell: dict | None, key: str = "capacity") -> str:
+    if cell is None:  # a design that cannot have this head count
+        return "—"
     more = "+" if cell[BOUND[key]] else ""
     iv = cell.get(f"{key}_interval")
     values = cell[key]
@@ -363,24 +366,23 @@ def capacity_markdown(table: dict) -> str:
     by = {(c["mode"], c["heads"]): c for c in cells}
     out = ["| mode | " + " | ".join(_heads(h) for h in head_counts) + " |",
            "|---" * (len(head_counts) + 1) + "|"]
-    out += [f"| {m} | " + " | ".join(_capacity_text(by[(m, h)]) for h in head_counts) + " |"
+    out += [f"| {m} | " + " | ".join(_capacity_text(by.get((m, h))) for h in head_counts) + " |"
             for m in modes]
     out += ["", "Most trigrams one model held (any n):", "",
             "| mode | " + " | ".join(_heads(h) for h in head_counts) + " |",
             "|---" * (len(head_counts) + 1) + "|"]
-    out += [f"| {m} | " + " | ".join(_capacity_text(by[(m, h)], "most_held")
+    out += [f"| {m} | " + " | ".join(_capacity_text(by.get((m, h)), "most_held")
                                       for h in head_counts) + " |" for m in modes]
     n_max = table["max_trigrams"]
     out += ["", "Seeds that learnt all n trigrams, per n:", "",
             "| mode | heads | recipe | " + " | ".join(f"n={n}" for n in range(1, n_max + 1))
             + " |", "|---" * (n_max + 3) + "|"]
-    for m in modes:
-        for h in head_counts:
-            c, t = by[(m, h)], next(t for t in table["tuning"]
-                                    if t["mode"] == m and t["heads"] == h)
-            out.append(f"| {m} | {h} | {t['chosen']} | " + " | ".join(
-                f"{s['learnt']}/{s['of']}" + ("*" if s["not_converged"] else "")
-                for s in c["success"]) + " |")
+    for m, h in design_cells(modes, head_counts):
+        c, t = by[(m, h)], next(t for t in table["tuning"]
+                                if t["mode"] == m and t["heads"] == h)
+        out.append(f"| {m} | {h} | {t['chosen']} | " + " | ".join(
+            f"{s['learnt']}/{s['of']}" + ("*" if s["not_converged"] else "")
+            for s in c["success"]) + " |")
     for key in BOUND:
         paired = paired_rows(cells, table["margin"], key=key)
         out += ["", *paired] if paired else []
@@ -416,11 +418,11 @@ def summary_markdown(table: dict, base: str = "softmax", mode: str = "cog") -> s
     cells = table["cells"]
     by = {(c["mode"], c["heads"]): c for c in cells}
     head_counts = sorted({c["heads"] for c in cells})
-    rows = [f"| {m} | " + " | ".join(_capacity_text(by[(m, h)], key) for key in BOUND
+    rows = [f"| {m} | " + " | ".join(_capacity_text(by.get((m, h)), key) for key in BOUND
                                      for h in head_counts) + " |"
             for m in dict.fromkeys(c["mode"] for c in cells)]
-    shown = [h for h in head_counts if not any(by[(m, h)][BOUND[k]]
-                                               for m in (base, mode) for k in BOUND)]
+    shown = [h for h in head_counts if (base, h) in by and (mode, h) in by
+             and not any(by[(m, h)][BOUND[k]] for m in (base, mode) for k in BOUND)]
     pairs = [f"| {mode} - {base} | " + " | ".join(_heads(h) for h in shown) + " |",
              "|---" * (len(shown) + 1) + "|"]
     for key in BOUND:

@@ -9,7 +9,6 @@ prediction and the lowered one the lowest among the group tokens (`CopySuppressT
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -25,7 +24,7 @@ from uvic.analysis.capacity import (
     run_jobs,
     train_to_plateau,
 )
-from uvic.analysis.skip_trigrams import LEARNT, toy_model
+from uvic.analysis.skip_trigrams import LEARNT, design_cells, toy_model
 
 SOLVED = LEARNT  # share of held-out prompts a model must get right
 
@@ -119,7 +118,7 @@ def copy_suppress_experiment(out: Path, modes: list[str], head_counts: list[int]
 
     def jobs(name: str, ms: list[str], hs: list[int], ss: list[int]) -> list[tuple]:
         return [(f"{name}|{m}|{h}|{s}", m, h, s, asdict(recipes[name]), shape)
-                for m in ms for h in hs for s in ss]
+                for m, h in design_cells(ms, hs) for s in ss]
 
     run_jobs([j for name in recipes for j in jobs(name, modes, head_counts, tune_seeds)],
              ledger, workers, say, job=_job)
@@ -129,7 +128,7 @@ def copy_suppress_experiment(out: Path, modes: list[str], head_counts: list[int]
         return sum(r["share"] for r in runs), -sum(r["loss"] for r in runs)
 
     chosen = {(m, h): max(recipes, key=lambda name: score(name, m, h))
-              for m, h in itertools.product(modes, head_counts)}
+              for m, h in design_cells(modes, head_counts)}
     run_jobs([j for (m, h), name in chosen.items() for j in jobs(name, [m], [h], seeds)],
              ledger, workers, say, job=_job)
     cells = []
@@ -151,8 +150,9 @@ def markdown(table: dict) -> str:
     lines = ["| mode | " + " | ".join(f"{h} head{'s' * (h > 1)}" for h in head_counts) + " |",
              "|---" * (len(head_counts) + 1) + "|"]
     for mode in dict.fromkeys(c["mode"] for c in table["cells"]):
-        cells = [by[(mode, h)] for h in head_counts]
+        cells = [by.get((mode, h)) for h in head_counts]
         lines.append(f"| {mode} | " + " | ".join(
+            "—" if c is None else  # a design that cannot have this head count
             f"{c['solved']}/{c['of']} [{c['interval_95'][0]:.2f}, {c['interval_95'][1]:.2f}]"
             f" (mean share {sum(c['shares']) / len(c['shares']):.3f}, {c['recipe']})"
             for c in cells) + " |")

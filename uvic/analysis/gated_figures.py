@@ -58,12 +58,14 @@ def capacity_figure(table: dict, path: str | Path) -> Path:
             low = np.array([s["interval_95"][0] for s in cell["success"]])
             high = np.array([s["interval_95"][1] for s in cell["success"]])
             ax.errorbar(n, share, yerr=[share - low, high - share], marker="o", ms=3,
-                        capsize=2, label=cell["mode"])
+                        capsize=2, label=cell["mode"], color=f"C{modes.index(cell['mode'])}")
         ax.set_title(f"{heads} head{'s' * (heads > 1)}", fontsize=9)
         ax.set_xlabel("trigrams n", fontsize=8)
         ax.set_ylim(-0.05, 1.05)
     axes[0].set_ylabel("seeds that learnt all n", fontsize=8)
-    axes[-1].legend(fontsize=7)
+    labelled = {label: handle for ax in axes
+                for handle, label in zip(*ax.get_legend_handles_labels())}
+    axes[-1].legend(labelled.values(), labelled.keys(), fontsize=7)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

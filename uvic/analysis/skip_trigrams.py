@@ -29,6 +29,13 @@ def design_parts(design: str) -> tuple[str, bool]:
     return design.removesuffix(GATED), design.endswith(GATED)
 
 
+def design_cells(designs: list[str], head_counts: list[int]) -> list[tuple[str, int]]:
+    """The (design, heads) pairs a toy model can have: differential attention pairs heads,
+    so it takes even head counts only."""
+    return [(d, h) for d in designs for h in head_counts
+            if not (design_parts(d)[0] == "differential" and h % 2)]
+
+
 @dataclass(frozen=True)
 class TrigramData:
     """Prompts (P, length) int64 and ``forced`` (P, length): True where the token is a C

@@ -247,7 +247,8 @@ def _capacity(args: argparse.Namespace, out: Path) -> None:
     base = C.ToyRecipe(head_dim=args.head_dim, depth=args.depth, max_steps=args.max_steps,
                        patience=args.patience, sites=args.sites)
     seeds = list(range(args.seeds))
-    per_seed = len(args.modes) * len(args.heads) * args.max_trigrams
+    cells = _cells(args.modes, args.heads)
+    per_seed = len(cells) * args.max_trigrams
     if args.command == "capacity":
         grid = C.Grid(tuple(args.lr), tuple(args.init_std), args.tune_seeds)
         models = per_seed * (len(seeds) + len(grid.recipes(base)) * grid.seeds)
@@ -256,9 +257,10 @@ def _capacity(args: argparse.Namespace, out: Path) -> None:
         models = per_seed * len(seeds) * len(C.SENSITIVITY)
     if args.dry_run:
         start = time.perf_counter()
-        C.run_model(args.modes[0], max(args.heads), (args.max_trigrams + 1) // 2, 0, base)
+        mode, heads = max(cells, key=lambda cell: cell[1])
+        C.run_model(mode, heads, (args.max_trigrams + 1) // 2, 0, base)
         took = time.perf_counter() - start
-        print(f"compute: {models} models; one ({args.modes[0]}, {max(args.heads)} heads, "
+        print(f"compute: {models} models; one ({mode}, {heads} heads, "
               f"n = {(args.max_trigrams + 1) // 2}) took {took:.1f} s here, so about "
               f"{models * took / args.workers / 60:.0f} min on {args.workers} worker(s)")
         return
@@ -278,6 +280,21 @@ def _capacity(args: argparse.Namespace, out: Path) -> None:
     print(text)
 
 
+def _cells(modes: list[str], head_counts: list[int]) -> list[tuple[str, int]]:
+    """The (design, heads) cells to run; says which ones no toy model can have."""
+    from uvic.analysis.skip_trigrams import design_cells
+
+    cells = design_cells(modes, head_counts)
+    skipped = [(m, h) for m in modes for h in head_counts if (m, h) not in cells]
+    if not cells:
+        raise ValueError(f"--heads {','.join(map(str, head_counts))}: differential attention "
+                         "pairs heads; give an even head count")
+    if skipped:
+        print("skipped (differential attention pairs heads): " +
+              ", ".join(f"{m} with {h} head{'s' * (h > 1)}" for m, h in skipped))
+    return cells
+
+
 def _copy_suppress(args: argparse.Namespace, out: Path) -> None:
     """Seeds that solve copy-and-suppress per mode and head count, every mode tuned alike."""
     from uvic.analysis import copy_suppress as CS
@@ -285,6 +302,7 @@ def _copy_suppress(args: argparse.Namespace, out: Path) -> None:
     from uvic.files import write_json
 
     base = ToyRecipe(head_dim=args.head_dim or 2 * args.group, max_steps=args.max_steps)
+    _cells(args.modes, args.heads)
     table = CS.copy_suppress_experiment(
         out, args.modes, args.heads, list(range(args.seeds)), base,
         Grid(tuple(args.lr), tuple(args.init_std), args.tune_seeds),
