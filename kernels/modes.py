@@ -37,6 +37,10 @@ DESIGNS = (
     Design("differential", "differential attention", "D", "uvid",
            "softmax(S1) - lambda softmax(S2), h/2 heads of value width 2d",
            "differential_attention_reference", normalised=False, sdpa=True, kernel=False),
+    Design("differential_v2", "differential attention V2", "V", "uvid2",
+           "softmax(S1) - sigmoid(x . w) softmax(S2), a weight per query token and head, "
+           "h heads sharing K and V", "differential_v2_attention_reference", normalised=False,
+           sdpa=True, kernel=False),
 )
 DESIGN = {d.name: d for d in DESIGNS}
 MODES = tuple(d.name for d in DESIGNS if d.kernel)  # the kernels' modes

@@ -163,3 +163,18 @@ def differential_attention_reference(
     attention's two maps (Ye et al., ICLR 2025) before its per-head norm; v may be wider."""
     a1 = attention_weights(q1, k1, "softmax", scale)
     return (a1 - lam * attention_weights(q2, k2, "softmax", scale)) @ v
+
+
+def differential_v2_attention_reference(
+    q1: torch.Tensor,
+    q2: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """``(softmax(S1) - lam * softmax(S2)) @ v`` with ``S_i = scale * q_i k^T``: the second
+    version of differential attention (the authors' public code), two query maps per head
+    sharing k and v, ``lam`` (B, H, Nq) one weight per query token and head (a sigmoid)."""
+    a1 = attention_weights(q1, k, "softmax", scale)
+    return (a1 - lam.unsqueeze(-1) * attention_weights(q2, k, "softmax", scale)) @ v

@@ -337,7 +337,7 @@ def test_config_takes_a_preset_name(name: str, tmp_path: Path, capsys,
     assert exit.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no preset config 'cifar100_uvit' (presets: ")
-    assert "cifar10_uvic, cifar10_uvic_flow, cifar10_uvid, cifar10_uvis" in err
+    assert "cifar10_uvic, cifar10_uvic_flow, cifar10_uvid, cifar10_uvid2, cifar10_uvis" in err
     assert err.count("\n") == 1
 
 

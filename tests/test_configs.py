@@ -25,7 +25,8 @@ from uvic.files import save_config
 from uvic.models.uvit import build_model, resolve_attention
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-NAMES = ["cifar10_uvit", "cifar10_uvic", "cifar10_uvis", "cifar10_uvid", "mscoco_uvit",
+NAMES = ["cifar10_uvit", "cifar10_uvic", "cifar10_uvis", "cifar10_uvid", "cifar10_uvid2",
+         "mscoco_uvit",
          "mscoco_uvic", "mscoco_uvid",
          "quickstart", "cifar10_uvit_flow", "cifar10_uvic_flow", "imagenet256_uvit_large_flow",
          "imagenet256_uvic_large_flow"]
@@ -94,7 +95,8 @@ def test_paper_hyperparameters(name: str) -> None:
 
 @pytest.mark.parametrize(("name", "inner"), [
     ("cifar10_uvic", "cog"), ("mscoco_uvic", "cog"), ("cifar10_uvis", "sigmoid"),
-    ("cifar10_uvid", "differential"), ("mscoco_uvid", "differential")])
+    ("cifar10_uvid", "differential"), ("mscoco_uvid", "differential"),
+    ("cifar10_uvid2", "differential_v2")])
 def test_each_design_differs_from_uvit_only_in_attention(name: str, inner: str) -> None:
     """U-ViC, U-ViS, U-ViD: their design where U-ViC has Cog, everything else U-ViT's (the
     sigmoid bias at -log N; the output gate one setting away on any of them)."""

@@ -1,4 +1,5 @@
-"""Differential attention and the output gate against float64 formulas written out here:
+"""Differential attention (both versions) and the output gate against float64 formulas
+written out here:
 weights, outputs and gradients (any N, head width, strided inputs, both kernel backends),
 in U-ViT (presets, training steps, save/load) and refused in one line where they cannot
 apply."""
@@ -13,8 +14,8 @@ import torch
 
 from uvic.config import ConfigError, DiffusionConfig
 from uvic.diffusion.schedule import Diffusion, diffusion_loss
-from uvic.models.uvit import Attention, DifferentialAttention, UViT
-from uvic_kernels import differential_attention_reference
+from uvic.models.uvit import Attention, DifferentialAttention, DifferentialV2Attention, UViT
+from uvic_kernels import differential_attention_reference, differential_v2_attention_reference
 from uvic_kernels.modes import DESIGN, MODES
 from uvic_kernels.reference import lambda_init_at
 
@@ -60,6 +61,28 @@ def differential64(attn: DifferentialAttention, x: torch.Tensor, params: dict,
         o = a @ v[..., 2 * i * d:(2 * i + 2) * d]
         o = o / torch.sqrt(o.square().mean(-1, keepdim=True) + 1e-5) * params[id(diff.norm.weight)]
         heads.append(o * (1 - lambda_init_at(layer)))
+    y = gate64(x, torch.cat(heads, dim=-1), attn, params, H)
+    return linear(y, attn.proj, params)
+
+
+def differential_v2_64(attn: DifferentialV2Attention, x: torch.Tensor,
+                       params: dict) -> torch.Tensor:
+    """The authors' second version, head by head, in float64 from the module's weights:
+    softmax(q1 k^T / sqrt d) - sigmoid(x . w_i) softmax(q2 k^T / sqrt d) weighing v."""
+    D, H = x.shape[-1], attn.num_heads
+    d = D // H
+    q1, k, v = linear(x, attn.qkv, params).split(D, dim=-1)
+    q2 = x @ params[id(attn.q2_weight)].T
+    if attn.q2_bias is not None:
+        q2 = q2 + params[id(attn.q2_bias)]
+    lam = torch.sigmoid(x @ params[id(attn.lambda_weight)].T)  # (B, N, H)
+    heads = []
+    for i in range(H):
+        part = slice(i * d, (i + 1) * d)
+        a = (torch.softmax(q1[..., part] @ k[..., part].transpose(-1, -2) / math.sqrt(d), -1)
+             - lam[..., i:i + 1]
+             * torch.softmax(q2[..., part] @ k[..., part].transpose(-1, -2) / math.sqrt(d), -1))
+        heads.append(a @ v[..., part])
     y = gate64(x, torch.cat(heads, dim=-1), attn, params, H)
     return linear(y, attn.proj, params)
 
@@ -120,6 +143,34 @@ def test_differential_weights_are_signed_and_give_the_output() -> None:
     torch.testing.assert_close(a.double() @ v.double(), ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("dim", "heads", "n"), [(32, 4, 1), (24, 3, 17), (48, 2, 33)])
+@pytest.mark.parametrize("gate", ["none", "elementwise"])
+def test_differential_v2_matches_its_equations(backend: str, dim: int, heads: int, n: int,
+                                               gate: str) -> None:
+    torch.manual_seed(5)
+    attn = DifferentialV2Attention(dim, heads, qkv_bias=True, backend=backend, gate=gate)
+    wide = torch.randn(2, n, 2 * dim)
+    compare(attn, wide[..., ::2], lambda x64, p: differential_v2_64(attn, x64, p))
+
+
+def test_differential_v2_weights_are_signed_and_give_the_output() -> None:
+    """Rows sum to 1 - lambda, a different lambda per query token and head, in (0, 1)."""
+    torch.manual_seed(6)
+    attn = DifferentialV2Attention(32, 4, backend="torch")
+    with torch.no_grad():
+        attn.lambda_weight.normal_(0, 0.1)  # lambdas spread away from 1/2
+    x = 4 * torch.randn(2, 9, 32)
+    a = attn.weights(x)  # (B, h, N, N)
+    assert a.shape == (2, 4, 9, 9) and bool((a < 0).any())
+    q1, q2, k, v, lam = attn._maps(x)
+    assert lam.shape == (2, 4, 9) and lam.std() > 0.05 and bool(((lam > 0) & (lam < 1)).all())
+    torch.testing.assert_close(a.sum(-1), 1 - lam, rtol=0, atol=1e-5)
+    ref = differential_v2_attention_reference(*(t.double() for t in (q1, q2, k, v, lam)),
+                                              attn.scale)
+    torch.testing.assert_close(a.double() @ v.double(), ref, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("gate", ["elementwise", "headwise"])
 def test_output_gate_on_every_kernel_mode(mode: str, gate: str) -> None:
@@ -154,13 +205,14 @@ def loss_of(model: UViT, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("attention", "gate"), [
-    ("uvid", "none"), ("uvid", "headwise"), ("uvit", "elementwise"), ("uvic", "headwise")])
+    ("uvid", "none"), ("uvid", "headwise"), ("uvid2", "none"), ("uvit", "elementwise"),
+    ("uvic", "headwise")])
 def test_presets_train_and_round_trip(tmp_path: Path, attention: str, gate: str) -> None:
     """A few optimizer steps lower nothing to NaN and reach the new weights; the saved model
     rebuilds the same function."""
     model = tiny(attention=attention, output_gate=gate).train()
-    expected = ["softmax", DESIGN["differential"].name if attention == "uvid" else
-                {"uvit": "softmax", "uvic": "cog"}[attention], "softmax"]
+    inner = {d.preset: d.name for d in DESIGN.values()}.get(attention, "softmax")
+    expected = ["softmax", inner, "softmax"]
     assert model.attention_modes == expected
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -171,7 +223,8 @@ def test_presets_train_and_round_trip(tmp_path: Path, attention: str, gate: str)
         opt.step()
         assert torch.isfinite(loss)
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
-    new = {n for n in before if "lambda_" in n or ".gate" in n or "diff.norm" in n}
+    new = {n for n in before if "lambda_" in n or ".gate" in n or "diff.norm" in n
+           or "q2_" in n}
     assert new and new <= moved
     model.eval().save_pretrained(tmp_path)
     loaded = UViT.from_pretrained(tmp_path).eval()
@@ -206,9 +259,15 @@ def test_switching_to_or_from_differential_is_refused_and_changes_nothing() -> N
         differential.set_attention("uvic")
     differential.set_attention("uvid", backend="sdpa")  # two softmax maps: SDPA runs them
     assert differential.mid_block.attn.backend == "sdpa"
+    second = tiny(attention="uvid2")
+    for other in ("uvid", "uvic"):
+        with pytest.raises(ValueError, match="differential"):
+            second.set_attention(other)
+    assert second.attention_modes == ["softmax", "differential_v2", "softmax"]
 
 
-@pytest.mark.parametrize(("attention", "gate"), [("uvid", "none"), ("uvic", "headwise")])
+@pytest.mark.parametrize(("attention", "gate"), [("uvid", "none"), ("uvid2", "none"),
+                                                 ("uvic", "headwise")])
 def test_attention_analysis_reads_the_new_designs(attention: str, gate: str) -> None:
     """The analysis hooks measure every block: differential blocks report h/2 heads whose
     rows sum to 1 - lambda, gated Cog blocks their signed weights, every block its massive
@@ -228,6 +287,8 @@ def test_attention_analysis_reads_the_new_designs(attention: str, gate: str) -> 
     if attention == "uvid":
         lam = float(model.mid_block.attn.diff.lam().detach())
         assert blocks[1]["heads"]["row_sum"] == pytest.approx([1 - lam] * 2, abs=1e-5)
+    elif attention == "uvid2":  # rows sum to 1 - lambda, about 1/2 at the initial weights
+        assert all(0.4 < s < 0.6 for s in blocks[1]["heads"]["row_sum"])
     else:
         assert all(m > 0 for m in blocks[1]["heads"]["negative_mass"])
     assert all(math.isfinite(b["massive"]["ratio"]) for b in blocks)
@@ -246,6 +307,9 @@ def test_flop_count_of_the_new_designs() -> None:
         return forward_flops(ModelConfig(**{**vars(base), **changes}))
 
     assert flops(attention="uvid") - flops() == 11 * 2 * N * N * D
+    # V2: a second query (D x D), its scores and weights x V, the lambda projection (h)
+    assert flops(attention="uvid2") - flops() == 11 * (2 * N * D * D + 4 * N * N * D
+                                                        + 2 * N * D * 8)
     assert flops(attention="uvic") == flops()
     assert flops(output_gate="elementwise") - flops() == 13 * 2 * N * D * D
     assert flops(output_gate="headwise") - flops() == 13 * 2 * N * D * 8
@@ -254,7 +318,7 @@ def test_flop_count_of_the_new_designs() -> None:
 
 
 @pytest.mark.parametrize(("attention", "gate"), [("uvid", "none"), ("uvit", "headwise"),
-                                                 ("uvid", "elementwise")])
+                                                 ("uvid", "elementwise"), ("uvid2", "headwise")])
 def test_shared_weights_start_as_the_design_free_models(attention: str, gate: str) -> None:
     """Same seed, same shared weights as U-ViT: a design's own weights are drawn after them,
     so comparisons stay paired."""

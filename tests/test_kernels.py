@@ -358,9 +358,11 @@ OTHER_TILES = {
     "tail-sized": ((16, 16), (16, 16), (16, 16)),  # slow in the interpreter: short N only
     "mixed": ((32, 64), (64, 32), (16, 64)),
 }
+# In the interpreter, short N only for the smallest tiles and no N = 334 for the mixed ones
+# (170 already ends every tile of them in a partial one); compiled on a GPU, all of them.
 OTHER_TILE_CASES = [
     (name, n) for name in OTHER_TILES for n in (45, 129, 170, 334)
-    if name != "tail-sized" or n < 170
+    if CUDA or ((name != "tail-sized" or n < 170) and (name != "mixed" or n < 334))
 ]
 
 
@@ -539,7 +541,7 @@ def test_non_contiguous_inputs(mode):
 @pytest.mark.slow
 def test_many_heads_small_sequences():
     """A large B*H (the grid is 1-D, so it is not bounded by CUDA's 65535 on axis 1)."""
-    b, h = (1024, 80) if CUDA else (32, 8)  # the interpreter runs every program: 256 heads
+    b, h = (1024, 80) if CUDA else (8, 8)  # the interpreter runs every program: 64 heads
     q, k, v, do = (randn(b, h, 4, 32, seed=i) for i in range(4))
     out, grads = run(q, k, v, do, "cog")
     ref_out, ref_grads = run(q, k, v, do, "cog", backend="torch")

@@ -53,6 +53,7 @@ from uvic.cli.bench_records import (
 )
 from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
 from uvic.config import Config, ConfigError, load_config
+from uvic.config.models import ATTENTION_PRESETS
 from uvic.config.training import TRAIN_COMPILE_MODES
 from uvic.models.flops import num_tokens, training_flops
 from uvic.presets import preset_path
@@ -284,7 +285,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"compile modes, comma-separated, of {', '.join(TRAIN_COMPILE_MODES)} "
                    f"(default: {GPU_COMPILE} on a GPU, off on a CPU)")
     p.add_argument("--datasets", default=",".join(SETTINGS), help="cifar10, mscoco")
-    p.add_argument("--models", default="uvit,uvic", help="uvit, uvic, uvid (default uvit,uvic)")
+    p.add_argument("--models", default="uvit,uvic",
+                   help=f"attention presets to time, of {', '.join(ATTENTION_PRESETS)} "
+                        "(default uvit,uvic)")
     p.add_argument("--huge", action="store_true",
                    help="add U-ViT-H/2 at ImageNet-256 latent size, batch 128, without and "
                    "with gradient checkpointing")
@@ -312,8 +315,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.compile is not None:  # None: the device's default, chosen in main
         args.compile = _choices(args.compile, TRAIN_COMPILE_MODES, "--compile", p)
     args.datasets = _choices(args.datasets, tuple(SETTINGS), "--datasets", p)
-    args.models = _choices(args.models, ("uvit", "uvic", "uvid"), "--models", p)
-    from uvic.config.models import ATTENTION_PRESETS
+    args.models = _choices(args.models, ATTENTION_PRESETS, "--models", p)
 
     args.release_models = _choices(args.release_models, ATTENTION_PRESETS, "--release-models", p)
     if args.release is not None and not (Path(args.release) / "libs" / "uvit.py").is_file():

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -36,8 +37,8 @@ if TYPE_CHECKING:
 TRAIN, EVAL = "train", "eval"
 YEAR = 365.25 * 86400  # seconds
 # Model FLOPs of one timed step of a calibration: the config's batch per step, fewer images
-# (at least one) where its step would cost more than this (a few seconds on 2 CPU cores).
-PROBE_FLOPS = {"cpu": 1.5e11, "cuda": 5e13}
+# (at least one) where its step would cost more than this (about a second on 2 CPU cores).
+PROBE_FLOPS = {"cpu": 7.5e10, "cuda": 5e13}
 SLOW_FACTOR = 3.0  # recent steps this many times slower than the first ones: the hint
 
 
@@ -199,7 +200,8 @@ def calibrate(cfg: Config, label: str, threads: int | None = None,
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     m = cfg.model
-    if device.type == "cpu" and m.attention_backend == "auto":
+    if (device.type == "cpu" and m.attention_backend == "auto"
+            and os.environ.get("TRITON_INTERPRET") == "1"):  # not the interpreter's pace
         m = dataclasses.replace(m, attention_backend="torch")
     per_image = training_flops(m)
     budget = PROBE_FLOPS.get(device.type, PROBE_FLOPS["cpu"])

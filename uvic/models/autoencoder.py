@@ -8,10 +8,12 @@ decode. Which autoencoder and scale factor each row uses: docs/conventions.md,
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from diffusers import AutoencoderKL
+
+if TYPE_CHECKING:  # loaded where a VAE is built: most runs (pixels) never need diffusers' VAE
+    from diffusers import AutoencoderKL
 
 SD_VAE = "CompVis/stable-diffusion-v1-4/vae"  # the release's autoencoder_kl.pth
 SD_VAE_FT_EMA = "stabilityai/sd-vae-ft-ema"  # the release's autoencoder_kl_ema.pth
@@ -98,6 +100,8 @@ def vae_from_ldm_state_dict(state: dict[str, torch.Tensor]) -> AutoencoderKL:
             raise ValueError(f"no {key!r}" + (" (diffusers key names: pass the diffusers folder "
                                             "holding it and its config.json)" if diffusers else ""))
     config = _ldm_config(own)
+    from diffusers import AutoencoderKL
+
     vae = AutoencoderKL(**config)
     vae.load_state_dict(convert_ldm_vae_checkpoint(own, config), strict=True)
     return vae
@@ -145,6 +149,8 @@ def load_vae(
     use the local cache first, then the network; ``owner/name/subfolder`` names a pipeline's
     VAE (e.g. ``CompVis/stable-diffusion-v1-4/vae``, Stable Diffusion's own autoencoder).
     """
+    from diffusers import AutoencoderKL
+
     path = Path(name_or_path).expanduser()
     if name_or_path.endswith(CHECKPOINT_SUFFIXES):
         vae = load_ldm_vae(path, dtype)

@@ -29,7 +29,9 @@ def forward_flops(m: ModelConfig) -> int:
         flops += 2 * m.num_clip_token * m.clip_dim * D  # text tokens
     # per block: qkv, scores Q K^T, weights x V, output projection, the MLP's two layers;
     # differential attention's two maps each weigh values twice as wide (the scores of its
-    # h/2 head pairs cost what h heads' do), and an output gate is one more projection
+    # h/2 head pairs cost what h heads' do); its second version adds a second query and its
+    # map (scores and weights x V) and the lambda projection; an output gate is one more
+    # projection
     block = 2 * N * D * 3 * D + 2 * 2 * N * N * D + 2 * N * D * D + 2 * 2 * N * D * hidden
     gate = {"none": 0, "elementwise": D, "headwise": m.num_heads}[m.output_gate]
     for mode in resolve_attention(m.attention, m.depth):
@@ -38,6 +40,8 @@ def forward_flops(m: ModelConfig) -> int:
         flops += block + 2 * N * D * gate_width
         if mode == "differential":
             flops += 2 * N * N * D  # the second weights x V
+        elif mode == "differential_v2":
+            flops += 2 * N * D * D + 2 * 2 * N * N * D + 2 * N * D * m.num_heads
     if m.skip:
         flops += (m.depth // 2) * 2 * N * 2 * D * D  # each out-block's skip, Linear(2D -> D)
     flops += 2 * N * D * p * p * C  # decoder, on every token before the extras are dropped

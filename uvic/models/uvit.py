@@ -34,6 +34,7 @@ from uvic.config.models import (
 )
 from uvic.models.embeddings import PatchEmbed, sincos_pos_embed_2d, timestep_embedding
 from uvic_kernels import reference
+from uvic_kernels.modes import DESIGN
 from uvic_kernels.reference import lambda_init_at
 
 
@@ -227,6 +228,55 @@ class DifferentialAttention(nn.Module):
         return f"num_heads={self.num_heads}, backend={self.backend!r}"
 
 
+class DifferentialV2Attention(Attention):
+    """The second version of differential attention (the authors' public code): each of the
+    h heads has two queries, the release's q and a second one of its own, sharing k and v,
+    and weighs v by softmax(S1) - sigmoid(x . w_head) softmax(S2), the weight per query
+    token and head; no norm. Two calls of the softmax kernel."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = False,
+                 backend: str | None = None, gate: str = "none") -> None:
+        super().__init__(dim, num_heads, qkv_bias, mode="differential_v2", backend=backend,
+                         gate=gate)
+        self.q2_weight = nn.Parameter(torch.empty(dim, dim))
+        self.q2_bias = nn.Parameter(torch.zeros(dim)) if qkv_bias else None
+        self.lambda_weight = nn.Parameter(torch.empty(num_heads, dim))
+        with torch.random.fork_rng(devices=[]):  # drawn again by UViT after the shared weights
+            self.reset_design_parameters()
+
+    def reset_design_parameters(self) -> None:
+        """The second query's and the lambda projection's weights (the release's Linear
+        init: trunc-normal(0.02), zero bias), then the gate's."""
+        for weight in (self.q2_weight, self.lambda_weight):
+            nn.init.trunc_normal_(weight, std=0.02)
+        if self.q2_bias is not None:
+            nn.init.zeros_(self.q2_bias)
+        super().reset_design_parameters()
+
+    def _maps(self, x: Tensor) -> tuple[Tensor, ...]:
+        """q1, q2, k, v (B, h, N, d) and the second map's weight lambda (B, h, N)."""
+        q1, k, v = self._qkv(x)
+        q2 = einops.rearrange(F.linear(x, self.q2_weight, self.q2_bias), "B N (h d) -> B h N d",
+                              h=self.num_heads)
+        lam = torch.sigmoid(F.linear(x, self.lambda_weight)).transpose(1, 2)
+        return q1, q2, k, v, lam
+
+    def forward(self, x: Tensor) -> Tensor:
+        q1, q2, k, v, lam = self._maps(x)
+        o1, o2 = (uvic_kernels.attention(q, k, v, mode="softmax", scale=self.scale,
+                                         backend=self.backend) for q in (q1, q2))
+        out = einops.rearrange(o1 - lam.unsqueeze(-1).to(o2.dtype) * o2,
+                               "B h N d -> B N (h d)")
+        return self.proj(out if self.gate is None else self.gate(x, out))
+
+    @torch.no_grad()
+    def weights(self, x: Tensor) -> Tensor:
+        """The signed weights softmax(S1) - lambda softmax(S2) (B, h, N, N), in float32."""
+        q1, q2, k, _, lam = (t.float() for t in self._maps(x))
+        a1 = reference.attention_weights(q1, k, "softmax", self.scale)
+        return a1 - lam.unsqueeze(-1) * reference.attention_weights(q2, k, "softmax", self.scale)
+
+
 class Block(nn.Module):
     """Pre-LN transformer block; out-blocks first merge the long skip with Linear(2D, D)."""
 
@@ -237,10 +287,14 @@ class Block(nn.Module):
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = (
-            DifferentialAttention(dim, num_heads, qkv_bias, layer, lambda_init, backend, gate)
-            if mode == "differential" else
-            Attention(dim, num_heads, qkv_bias, mode=mode, backend=backend, gate=gate))
+        if mode == "differential":
+            self.attn = DifferentialAttention(dim, num_heads, qkv_bias, layer, lambda_init,
+                                              backend, gate)
+        elif mode == "differential_v2":
+            self.attn = DifferentialV2Attention(dim, num_heads, qkv_bias, backend, gate)
+        else:
+            self.attn = Attention(dim, num_heads, qkv_bias, mode=mode, backend=backend,
+                                  gate=gate)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))  # timm's: fc1 -> GELU -> fc2, as the release
         self.skip_linear = nn.Linear(2 * dim, dim) if skip else None  # last, as the release
@@ -343,11 +397,11 @@ class UViT(ModelMixin, ConfigMixin):
         `save_pretrained` keeps them. A bad value changes nothing."""
         modes = resolve_attention(spec, self.depth)
         changed = [i for i, (now, new) in enumerate(zip(self.attention_modes, modes))
-                   if now != new and "differential" in (now, new)]
+                   if now != new and not (DESIGN[now].kernel and DESIGN[new].kernel)]
         if changed:
             raise ValueError(f"set_attention: blocks {changed} would change to or from "
-                             "differential attention, which has weights of its own; build the "
-                             "model with the pattern instead")
+                             "a design with weights of its own (differential attention); "
+                             "build the model with the pattern instead")
         kernel = (self.blocks()[0].attn.backend if backend is None
                   else kernel_backend(backend, label="attention backend "))
         check_backend_fits(kernel, modes)
