@@ -200,6 +200,15 @@ def test_documented_tables_are_what_the_code_renders_from_the_recorded_run():
     docs = (root / "docs/gated_attention.md").read_text()
     for line in C.capacity_markdown(table).splitlines():
         assert line in docs, line
+    controls = json.loads((root / "docs/gated_capacity_controls.json").read_text())
+    lines = C.capacity_markdown(controls).splitlines()
+    for key in C.BOUND:
+        lines += [row for row in C.paired_rows(controls["cells"], controls["margin"],
+                                               base="cog", key=key)
+                  if row.startswith(("| differential ", "| cog+gate "))]
+    assert "| differential | — | 1.80 ± 1.62 [1, 4] |" in lines
+    for line in lines:
+        assert line in docs, line
 
 
 def test_documented_sensitivity_table_is_what_the_code_renders():

@@ -227,6 +227,17 @@ def writes(*paths: str) -> Callable[[Path, subprocess.CompletedProcess], None]:
     return check
 
 
+def shows_the_absent_cell(table: str) -> Callable[[Path, subprocess.CompletedProcess], None]:
+    """Differential attention pairs heads: its 1-head cell is said to be skipped and shown
+    as absent, the others are trained (gated designs included)."""
+    def check(ws: Path, proc: subprocess.CompletedProcess) -> None:
+        assert "skipped (differential attention pairs heads): differential with 1 head" in (
+            proc.stdout)
+        text = (ws / table).read_text()
+        assert "| differential | — |" in text and "| cog+gate |" in text
+    return check
+
+
 def states_the_gated_compute(ws: Path, proc: subprocess.CompletedProcess) -> None:
     """--dry-run times one model, states the compute and writes nothing."""
     assert proc.stdout.startswith("compute: 9 models; one (softmax, 1 heads, n = 1) took")
@@ -570,6 +581,16 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
              "--init-std", "0.02", "--max-steps", "100", "--workers", "1"),
             check=writes("runs/gated/copy_suppress/copy_suppress.json",
                          "runs/gated/copy_suppress/copy_suppress.md")),
+    "python scripts/gated_attention.py capacity --modes softmax,cog,differential,softmax+gate,"
+    "cog+gate --heads 1,2 --max-trigrams 7 --workers 2 --out runs/gated/capacity_controls":
+        Run(("--seeds", "1", "--max-trigrams", "1", "--max-steps", "10", "--lr", "0.1",
+             "--init-std", "0.02", "--workers", "1"),
+            check=shows_the_absent_cell("runs/gated/capacity_controls/capacity.md")),
+    "python scripts/gated_attention.py copy-suppress --modes softmax,cog,differential,"
+    "softmax+gate,cog+gate --heads 1,2 --workers 2 --out runs/gated/copy_suppress_controls":
+        Run(("--seeds", "1", "--group", "2", "--lr", "0.1", "--init-std", "0.02",
+             "--max-steps", "10", "--workers", "1"),
+            check=shows_the_absent_cell("runs/gated/copy_suppress_controls/copy_suppress.md")),
     'make test ARGS="tests/test_kernels.py -x"':
         NotHere("a part of the test suite itself (make test runs it all)"),
     "TRITON_INTERPRET=1 .venv/bin/python -m pytest tests/test_kernels.py":
