@@ -322,8 +322,8 @@ def test_plan_and_margin_check_before_torch(tmp_path: Path) -> None:
 DESIGNS_RESULT = Path(__file__).resolve().parents[1] / "docs/compare_designs.json"
 
 
-@pytest.mark.parametrize("variant", ["uvit", "uvic", "uvie", "uvis", "uvid", "uvit_gate",
-                                     "uvic_gate"])
+@pytest.mark.parametrize("variant", ["uvit", "uvic", "uvie", "uvis", "uvid", "uvid2",
+                                     "uvit_gate", "uvic_gate"])
 def test_documented_design_comparison_is_the_recorded_run(variant: str) -> None:
     """docs/comparisons.md's table of every design is the recorded comparison: each row's
     five cells are its summary at the last step, and the summary is its runs' mean."""
@@ -345,14 +345,14 @@ def test_documented_design_comparison_is_the_recorded_run(variant: str) -> None:
 
 
 # docs/comparisons.md: every design and the two controls
-README_DESIGNS = 'python scripts/compare.py --steps 1500,2100 --best --set eval.n_samples=128 --variants uvit,uvic,uvie,uvis,uvid,uvit_gate,uvic_gate --variant "uvit_gate:model.attention=uvit;model.output_gate=elementwise" --variant "uvic_gate:model.attention=uvic;model.output_gate=elementwise" --out runs/compare_designs'  # noqa: E501
+README_DESIGNS = 'python scripts/compare.py --steps 1500,2100 --best --set eval.n_samples=128 --variants uvit,uvic,uvie,uvis,uvid,uvid2,uvit_gate,uvic_gate --variant "uvit_gate:model.attention=uvit;model.output_gate=elementwise" --variant "uvic_gate:model.attention=uvic;model.output_gate=elementwise" --out runs/compare_designs'  # noqa: E501
 
 
 @pytest.mark.slow
 def test_design_comparison_as_documented_plans_paired_runs(tmp_path: Path, capsys) -> None:
-    """The documented command, as a dry run: 7 variants x 3 seeds, and the pairing check
+    """The documented command, as a dry run: 8 variants x 3 seeds, and the pairing check
     passes (a design's own weights are drawn after the shared ones)."""
     assert compare.main([*argv(README_DESIGNS)[2:], "--dry-run", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert ("7 variants (uvit, uvic, uvie, uvis, uvid, uvit_gate, uvic_gate) x 3 seeds "
-            "(1234, 1235, 1236) = 21 runs") in out
+    assert ("8 variants (uvit, uvic, uvie, uvis, uvid, uvid2, uvit_gate, uvic_gate) x 3 seeds "
+            "(1234, 1235, 1236) = 24 runs") in out

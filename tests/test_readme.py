@@ -533,7 +533,7 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
     # docs/comparisons.md: every design and the two controls (the runner at reduced size:
     # tests/test_compare.py; the designs' training: tests/test_designs.py)
     "python scripts/compare.py --steps 1500,2100 --best --set eval.n_samples=128 "
-    "--variants uvit,uvic,uvie,uvis,uvid,uvit_gate,uvic_gate "
+    "--variants uvit,uvic,uvie,uvis,uvid,uvid2,uvit_gate,uvic_gate "
     "--variant \"uvit_gate:model.attention=uvit;model.output_gate=elementwise\" "
     "--variant \"uvic_gate:model.attention=uvic;model.output_gate=elementwise\" "
     "--out runs/compare_designs":
