@@ -64,8 +64,3 @@ def load_script(path: str) -> ModuleType:
         raise
     return module
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests first (in their order), so that pytest-xdist's workers end together
-    on short tests rather than one waiting on a long one collected last."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

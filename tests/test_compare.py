@@ -44,14 +44,14 @@ def run(tmp_path: Path, *extra: str, readme: str | None = None) -> int:
 
 @pytest.mark.slow
 def test_readme_plan_states_the_compute(tmp_path: Path, capsys) -> None:
-    """The README's dry run, as written: every attention preset (5) x 3 seeds, 3
+    """The README's dry run, as written: every attention preset (6) x 3 seeds, 3
     evaluation steps."""
     assert compare.main([*argv(README_PLAN)[2:], "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert ("5 variants (uvit, uvic, uvie, uvis, uvid) x 3 seeds (1234, 1235, 1236) = 15 runs"
-            in out)
-    assert "15 runs x 2,700 steps x 32 images = 40,500 steps" in out
-    assert "15 runs x 3 steps (1500, 2100, 2700) = 45" in out
+    assert ("6 variants (uvit, uvic, uvie, uvis, uvid, uvid2) x 3 seeds (1234, 1235, 1236) "
+            "= 18 runs") in out
+    assert "18 runs x 2,700 steps x 32 images = 48,600 steps" in out
+    assert "18 runs x 3 steps (1500, 2100, 2700) = 54" in out
     assert "128 x 100 network calls = 12,800 image forwards per evaluation" in out
 
 

@@ -671,7 +671,8 @@ def test_sdpa_backend_runs_softmax_blocks_and_refuses_cog() -> None:
         baseline = model(x, t, context=context).sample
     assert torch.allclose(baseline, ours, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError,
-                       match=r"'sdpa' runs softmax and differential attention only.*blocks \[1\]"):
+                       match=r"'sdpa' runs softmax, differential and differential_v2 "
+                             r"attention only.*blocks \[1\]"):
         model.set_attention("uvic")
     with pytest.raises(ValueError, match=r"attention_backend='sdpa'.*'cog'"):
         tiny("uncond", attention="uvic", attention_backend="sdpa")

@@ -583,13 +583,13 @@ COMMANDS: dict[str, Run | Elsewhere | Same | NotHere] = {
                          "runs/gated/copy_suppress/copy_suppress.md")),
     "python scripts/gated_attention.py capacity --modes softmax,cog,differential,softmax+gate,"
     "cog+gate --heads 1,2 --max-trigrams 7 --workers 2 --out runs/gated/capacity_controls":
-        Run(("--seeds", "1", "--max-trigrams", "1", "--max-steps", "10", "--lr", "0.1",
-             "--init-std", "0.02", "--workers", "1"),
+        Run(("--modes", "softmax,differential,cog+gate", "--seeds", "1", "--max-trigrams", "1",
+             "--max-steps", "10", "--lr", "0.1", "--init-std", "0.02", "--workers", "1"),
             check=shows_the_absent_cell("runs/gated/capacity_controls/capacity.md")),
     "python scripts/gated_attention.py copy-suppress --modes softmax,cog,differential,"
     "softmax+gate,cog+gate --heads 1,2 --workers 2 --out runs/gated/copy_suppress_controls":
-        Run(("--seeds", "1", "--group", "2", "--lr", "0.1", "--init-std", "0.02",
-             "--max-steps", "10", "--workers", "1"),
+        Run(("--modes", "softmax,differential,cog+gate", "--seeds", "1", "--group", "2",
+             "--lr", "0.1", "--init-std", "0.02", "--max-steps", "10", "--workers", "1"),
             check=shows_the_absent_cell("runs/gated/copy_suppress_controls/copy_suppress.md")),
     'make test ARGS="tests/test_kernels.py -x"':
         NotHere("a part of the test suite itself (make test runs it all)"),

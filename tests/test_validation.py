@@ -79,8 +79,9 @@ MODEL_MESSAGES = [
     ("model.img_size=9", "model.img_size=9 is not divisible by model.patch_size=2"),
     ("model.attention_backend=cuda", "model.attention_backend='cuda': choose one of "
      "['auto', 'sdpa', 'torch', 'triton']"),
-    ("model.attention=uvic", "model.attention_backend='sdpa' runs softmax and differential "
-     "attention only, but blocks [1] use 'cog'; use 'auto', 'triton' or 'torch'"),
+    ("model.attention=uvic", "model.attention_backend='sdpa' runs softmax, differential and "
+     "differential_v2 attention only, but blocks [1] use 'cog'; use 'auto', 'triton' or "
+     "'torch'"),
     ("model.attention=softmax,cog", "model.attention='softmax,cog': has 2 entries but depth 2 "
      "gives 3 blocks (in_blocks, mid_block, out_blocks)"),
     ("model.pos_embed_init=zeros",
@@ -117,7 +118,8 @@ def test_sdpa_rule_is_the_kernels_table(monkeypatch: pytest.MonkeyPatch) -> None
     modes = ["softmax", "cog", "softmax"]
     cfg = apply_overrides(Config(), [*TINY_MODEL, "model.attention=uvic",
                                      "model.attention_backend=sdpa"])
-    with pytest.raises(ValueError, match="softmax and differential attention only"):
+    with pytest.raises(ValueError,
+                       match="softmax, differential and differential_v2 attention only"):
         check_backend_fits("sdpa", modes)
     with pytest.raises(ValueError, match="softmax attention only"):
         fused_attention._check_inputs(q, k, v, "cog", None, "sdpa")

@@ -154,7 +154,8 @@ def check_backend_fits(backend: str | None, modes: Sequence[str]) -> None:
         able = [AUTO_BACKEND] + [b for b, ok in BACKEND_MODES.items() if set(modes) <= set(ok)]
         names = [repr(b) for b in able]
         raise ConfigError(
-            f"model.attention_backend={backend!r} runs {' and '.join(runs)} attention only, "
+            f"model.attention_backend={backend!r} runs "
+            f"{', '.join(runs[:-1]) + ' and ' * (len(runs) > 1) + runs[-1]} attention only, "
             f"but blocks {bad} use {modes[bad[0]]!r}; use "
             f"{', '.join(names[:-1])} or {names[-1]}")
 
