@@ -52,11 +52,17 @@ def _kernels_interpreted() -> bool:
     return _interpret_requested()
 
 
+def interpreted_on_cpu() -> bool:
+    """Whether the default backend runs the Triton kernels in Triton's interpreter on a CPU
+    (``TRITON_INTERPRET=1``, as when the kernels were defined)."""
+    return _triton_available() and _interpret_requested() and _kernels_interpreted()
+
+
 def _backend_for(q: torch.Tensor, mode: str) -> str:
     """Default backend for tensors on ``q.device``: ``"triton"`` on CUDA (and on a CPU under
     the interpreter); elsewhere PyTorch's own attention for softmax, our PyTorch path else."""
-    if _triton_available() and (q.device.type == "cuda" or (
-            q.device.type == "cpu" and _interpret_requested() and _kernels_interpreted())):
+    if ((q.device.type == "cuda" and _triton_available())
+            or (q.device.type == "cpu" and interpreted_on_cpu())):
         return "triton"
     return "sdpa" if mode == "softmax" else "torch"
 

@@ -59,11 +59,12 @@ def _weights(
 
 
 def _score_grad(
-    s: torch.Tensor, a: torch.Tensor, da: torch.Tensor, delta: torch.Tensor,
+    s: torch.Tensor, a: torch.Tensor, da: torch.Tensor, delta: torch.Tensor | None,
     stat: torch.Tensor, mode: str,
 ) -> torch.Tensor:
     """dL/dS of one chunk from the weights ``A``, ``dA`` and ``Delta = rowsum(dO * O)``
-    (written over ``dA``, which the caller does not need again)."""
+    (written over ``dA``, which the caller does not need again; sigmoid's rows are not
+    normalised and use no Delta)."""
     if mode == "cog":
         # sign(S) P (sign(S) dA - Delta), unsimplified: exactly 0 where S == 0, as
         # autograd is
@@ -170,8 +171,7 @@ class Materialised(torch.autograd.Function):
             for i, b in enumerate(_batch_slices(qs, kf.shape[2])):
                 s, a, stat = kept[3 * i: 3 * i + 3]
                 da = dof[b] @ vf[b].transpose(-2, -1)
-                d = torch.zeros_like(stat).unsqueeze(-1) if delta is None else delta[b]
-                ds = _score_grad(s, a, da, d, stat, mode)
+                ds = _score_grad(s, a, da, None if delta is None else delta[b], stat, mode)
                 if mode == "sigmoid" and ctx.needs_input_grad[5]:
                     dbias.append(ds.sum(dim=(0, 2, 3)))
                 torch.matmul(a.transpose(-2, -1), dof[b], out=dv[b])

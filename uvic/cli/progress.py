@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -197,11 +196,12 @@ def calibrate(cfg: Config, label: str, threads: int | None = None,
 
     from uvic.cli.bench_train import make_batch, synthetic_loss
     from uvic.models.uvit import build_model
+    from uvic_kernels.fused_attention import interpreted_on_cpu
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     m = cfg.model
-    if (device.type == "cpu" and m.attention_backend == "auto"
-            and os.environ.get("TRITON_INTERPRET") == "1"):  # not the interpreter's pace
+    if device.type == "cpu" and m.attention_backend == "auto" and interpreted_on_cpu():
+        # the user's run would not go at the interpreter's pace
         m = dataclasses.replace(m, attention_backend="torch")
     per_image = training_flops(m)
     budget = PROBE_FLOPS.get(device.type, PROBE_FLOPS["cpu"])
