@@ -37,7 +37,7 @@ import torchvision
 from diffusers import AutoencoderKL
 from PIL import Image
 
-from uvic.cli import smoke_data
+from uvic.experiments import smoke_data
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
                    "dog", "frog", "horse", "ship", "truck"]
@@ -334,7 +334,7 @@ def make_celeba(root: str | Path, partitions: tuple[int, ...] = (0, 0, 1, 0, 2, 
 # --------------------------------------------------------------------------- REPA encoder
 
 # A DINOv2 ViT of timm's real class, shrunk (one block of width 32, patch 14): the smoke
-# runs' encoder (`uvic.cli.smoke_data`), saved in timm's hub layout.
+# runs' encoder (`uvic.experiments.smoke_data`), saved in timm's hub layout.
 TINY_REPA_ARGS = smoke_data.TINY_REPA_ARGS
 
 

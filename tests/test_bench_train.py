@@ -79,8 +79,8 @@ def test_peaks_and_mfu() -> None:
 
 def test_default_record_paths() -> None:
     """Both benchmarks' record files: kernels/results/<date>_<device>_<kind>.json of the
-    checkout on a GPU, runs/bench/<kind>.json on a CPU (uvic.cli.bench_records)."""
-    from uvic.cli.bench_records import default_out
+    checkout on a GPU, runs/bench/<kind>.json on a CPU (uvic.experiments.records)."""
+    from uvic.experiments.records import default_out
 
     h100 = {"device": "NVIDIA H100 80GB HBM3", "device_type": "cuda",
             "date": "2026-11-24T01:02:03+00:00"}

@@ -1,6 +1,6 @@
 """A checkpoint carries its noise schedule as it carries its architecture.
 
-The issue's example, at test size: a run of the quickstart config (`diffusion` beta_max
+At test size: a run of the quickstart config (`diffusion` beta_max
 10) sampled with `--config configs/cifar10_uvit.py` (beta_max 20) samples with beta_max
 10, and the one-line note lists the `diffusion.*` values not used next to the `model.*`
 ones. The EMA file's `uvic.diffusion` metadata records the settings; an explicit
@@ -114,7 +114,7 @@ def test_the_metadata_is_written_in_one_order(tmp_path: Path) -> None:
     assert resolve_model(cfg, path).diffusion == cfg.diffusion
 
 
-def test_issue_example_samples_with_the_stored_schedule(run: Path, tmp_path: Path,
+def test_a_checkpoint_samples_with_its_stored_schedule(run: Path, tmp_path: Path,
                                                         capsys) -> None:
     out = tmp_path / "samples"
     assert sample("--config", CIFAR, "--ckpt", str(run / "ema.safetensors"), "--out", str(out),

@@ -404,3 +404,39 @@ def test_extract_mscoco_refuses_a_size_below_one(flag, capsys) -> None:
         extract_mscoco.parse_args(["--coco", "c", "--out", "o", flag, "0"])
     assert exc.value.code == 2
     assert f"argument {flag}: must be >= 1, got 0" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the error path
+class _Stopped(KeyboardInterrupt):
+    signum = 15  # SIGTERM, as a run stopped by a signal raises it
+
+
+class _Failed(RuntimeError):
+    exit_status = 1
+
+
+def test_one_error_path_for_every_program(capsys, monkeypatch) -> None:
+    """`run_reported`: an expected error is its first line on stderr and status 2 (or the
+    error's own), a stop by signal 128 + its number after the note, any other error raises;
+    "module:Class" kinds count only where the module is loaded (it is never imported)."""
+    from uvic.cli.errors import run_reported
+
+    def fail(err: BaseException):
+        def body() -> int:
+            raise err
+        return body
+
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    assert run_reported(lambda: None) == 0 and run_reported(lambda: 3) == 3
+    assert run_reported(fail(ValueError("train.lr=-1: must be > 0\nmore"))) == 2
+    assert capsys.readouterr().err == "error: train.lr=-1: must be > 0\n"
+    assert run_reported(fail(_Failed("U-ViT: loss is nan")), (_Failed,)) == 1
+    assert run_reported(fail(_Stopped()), resume_note="run it again") == 128 + 15
+    assert capsys.readouterr().err.splitlines()[-1] == "stopped by SIGTERM: run it again"
+    with pytest.raises(TypeError):
+        run_reported(fail(TypeError("a bug: its traceback")))
+    with pytest.raises(RuntimeError):  # its module is not loaded: not one of its errors
+        run_reported(fail(RuntimeError("x")), ("uvic_nonexistent.module:Error",))
+    assert "uvic_nonexistent" not in sys.modules
+    monkeypatch.setitem(sys.modules, "uvic_loaded", mock.Mock(Error=_Failed))
+    assert run_reported(fail(_Failed("y")), ("uvic_loaded:Error",)) == 1

@@ -14,7 +14,8 @@ import pytest
 import torch
 from readme_commands import argv
 
-from uvic.cli import compare, compare_plan, compare_report
+from uvic.cli import compare
+from uvic.experiments import compare_plan, compare_report
 
 T1 = math.tan(math.pi * 0.475)  # t(0.975) with 1 degree of freedom (2 seeds)
 T2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)  # t(0.975) with 2 degrees of freedom (3 seeds)

@@ -393,7 +393,7 @@ def read_split(folder: Path) -> dict[str, object]:
 
 def test_extraction_checks_every_input_before_the_first_image(tmp_path: Path, vae,
                                                               clip_model) -> None:
-    """Item 10 of the reliability issue: a missing val captions file (or image) is found
+    """A missing val captions file (or image) is found
     before the train split is extracted; nothing is written."""
     coco = tmp_path / "coco"
     make_coco(coco, {"train": 3, "val": 2}, seed=1)

@@ -283,7 +283,7 @@ def fid_cli_error(capsys, tmp_path: Path, *extra: str) -> str:
 
 @pytest.mark.filterwarnings("ignore:`torch.jit:FutureWarning")
 def test_corrupt_inception_weights_stop_before_sampling(tmp_path: Path, capsys) -> None:
-    """Item 7 of the reliability issue: the weights are loaded (not only found) first."""
+    """The weights are loaded (not only found) first."""
     weights = tmp_path / "no_inception.pt"
     weights.write_bytes(b"PK\x03\x04 not really a TorchScript archive")
     err = fid_cli_error(capsys, tmp_path)
@@ -334,7 +334,7 @@ def test_missing_inception_weights(tmp_path: Path) -> None:
 
 
 def test_inception_weights_default_to_the_user_cache(tmp_path: Path, monkeypatch) -> None:
-    """Item 5 of the trust issue: not /tmp (emptied on reboot) but ~/.cache/uvic, or
+    """The cache: not /tmp (emptied on reboot) but ~/.cache/uvic, or
     $XDG_CACHE_HOME/uvic; the missing-file line names that exact path and the URL."""
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.delenv("UVIC_FID_STATS", raising=False)
@@ -458,7 +458,7 @@ def projection_fid_cli(tmp_path: Path, run: Path, *extra: str) -> int:
 
 def test_projection_fid_of_a_cifar10_checkpoint_without_downloads(tmp_path: Path, monkeypatch,
                                                                   capsys) -> None:
-    """Item 5 of the trust issue: `--features projection` scores one's own CIFAR-10
+    """`--features projection` scores one's own CIFAR-10
     checkpoint with no Inception weights and no downloads, the reference statistics built
     with the same features from data.root's CIFAR-10 copy; the printed lines, the result
     and the table say the number is not comparable with Inception FID."""
@@ -520,7 +520,7 @@ def test_features_option_is_validated(tmp_path: Path, capsys) -> None:
 
 def test_quickstart_fid_column_names_stand_in_features() -> None:
     """The quickstart's FID column with --set eval.features=projection says it is no FID."""
-    from uvic.cli import quickstart_report as quickstart
+    from uvic.experiments import quickstart_report as quickstart
 
     row = {"pattern": "SSS", "final_loss": 0.5, "heldout_loss": 0.05, "hf_ratio": 1.0,
            "palette_share": 0.9, "shape_share": 0.8}
@@ -535,8 +535,8 @@ def test_quickstart_fid_column_names_stand_in_features() -> None:
 
 def test_quickstart_heldout_column_names_the_objective() -> None:
     """A quickstart under flow matching reports a held-out velocity MSE, never a noise MSE."""
-    from uvic.cli import quickstart_report as quickstart
     from uvic.config import load_config
+    from uvic.experiments import quickstart_report as quickstart
 
     eps = load_config("configs/quickstart.py")
     flow = load_config("configs/quickstart.py", ["diffusion.objective=velocity",
@@ -552,7 +552,7 @@ def test_quickstart_heldout_column_names_the_objective() -> None:
 
 @pytest.mark.parametrize("content", [None, {"name": "x", "steps": 3}, "not json"])
 def test_fid_table_refuses_a_folder_without_results(tmp_path: Path, capsys, content) -> None:
-    """Item 6 of the trust issue: an empty or wrong folder exits non-zero with one line
+    """An empty or wrong folder exits non-zero with one line
     (naming the folder, or the file that is no result) and prints no table."""
     folder = tmp_path / "runs"
     folder.mkdir()

@@ -401,13 +401,13 @@ def test_flow_configs_are_the_release_recipe_with_flow_matching() -> None:
 def test_flow_configs_dry_run_states_their_compute(capsys, tmp_path: Path) -> None:
     """The release-table plan of the flow pair: the release's 500k x 128 training, and FID
     with Heun's 99 network calls per sample under a protocol that names the objective."""
-    from uvic.cli import table_runner
-    from uvic.cli.table_runner import Row, Table
+    from uvic.cli import tables
+    from uvic.experiments.runner import Row, Table
 
     table = Table(name="flow", description="", smoke_rows=(), smoke_help="", render=str,
                   rows=tuple(Row("cifar10_flow", m, f"cifar10_{m}_flow")
                              for m in ("uvit", "uvic")))
-    assert table_runner.main(table, ["--dry-run", "--out", str(tmp_path)]) == 0
+    assert tables.run(table, ["--dry-run", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     for model in ("uvit", "uvic"):
         assert f"- cifar10_flow / {model}: train 500,000 of 500,000 steps x 128 images" in out

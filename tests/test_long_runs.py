@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 import uvic.training.trainer as trainer_module
-from uvic.cli import compare, compare_eval, recipes_table, release_table, table3, table_runner
-from uvic.cli.progress import EVAL, TRAIN, Cell, Clock, duration
+from uvic.cli import compare, tables
+from uvic.experiments import compare_eval, runner
+from uvic.experiments.progress import EVAL, TRAIN, Cell, Clock, duration
 
 # uvic-compare at the size of tests/test_compare.py: 2 variants x 2 seeds, 6 steps
 TINY = ["train.max_steps=6", "train.batch_size=4", "model.embed_dim=16", "model.depth=2",
@@ -66,12 +67,12 @@ def test_durations_read_at_a_useful_precision() -> None:
         "4.2 s", "45 s", "12.5 min", "3.2 h", "5.0 days", "3.0 years"]
 
 
-@pytest.mark.parametrize("program", [table3, release_table, recipes_table],
+@pytest.mark.parametrize("program", [tables.table3, tables.release_table, tables.recipes_table],
                          ids=["table3", "release_table", "recipes_table"])
 def test_a_table_dry_run_states_a_calibrated_time_before_any_run(program, tmp_path: Path,
                                                                    capsys) -> None:
     out = tmp_path / "out"
-    assert program.main(["--smoke", "--dry-run", "--out", str(out)]) == 0
+    assert program(["--smoke", "--dry-run", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     rows = [line for line in text.splitlines() if line.startswith("- ")]
     assert rows and all(TIME.search(r) and "(calibrated)" in r for r in rows), text
@@ -129,19 +130,19 @@ def test_a_table_interrupted_after_one_cell_redoes_none_of_it(tmp_path: Path, ca
     out = tmp_path / "t3"
     args = ["--smoke", "--out", str(out), "--quiet"]
     count = Counter(monkeypatch)
-    real = table_runner.run_train
+    real = runner.run_train
 
     def stop_after_one(job):
         real(job)
         raise KeyboardInterrupt  # as Ctrl-C between two cells
 
-    monkeypatch.setattr(table_runner, "run_train", stop_after_one)
-    assert table3.main(args) == 130
+    monkeypatch.setattr(runner, "run_train", stop_after_one)
+    assert tables.table3(args) == 130
     assert "stopped by SIGINT: every finished cell is kept" in capsys.readouterr().err
     assert count.take() == (["shapes_uvit"], 0)
 
-    monkeypatch.setattr(table_runner, "run_train", real)
-    assert table3.main(args) == 0
+    monkeypatch.setattr(runner, "run_train", real)
+    assert tables.table3(args) == 0
     printed = capsys.readouterr().out
     assert count.take() == (["shapes_uvic"], 2)  # the U-ViT's training is not redone
     assert "progress: 1 of 4 cells done (last: shapes / uvit: train, found done)" in printed
@@ -150,7 +151,7 @@ def test_a_table_interrupted_after_one_cell_redoes_none_of_it(tmp_path: Path, ca
     assert len(progress) == 4 and progress[-1].endswith("all done")
     assert all(TIME.search(line) for line in progress[1:-1])  # then from measured cells
 
-    assert table3.main(args) == 0
+    assert tables.table3(args) == 0
     assert count.take() == ([], 0)
 
 

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from uvic.cli import compare, release_table, table_runner
+from uvic.cli import compare, tables
 from uvic.config import apply_overrides, load_config
 from uvic.config.diffusion import sampler_calls
 from uvic.diffusion.guidance_interval import guided_calls, sampling_passes
 from uvic.diffusion.schedule import Diffusion
+from uvic.experiments import runner
+from uvic.experiments.tables import RELEASE_TABLE
 from uvic.presets import preset_path
 
 INTERVAL = "sample.guidance_interval=0.3,2.33"
@@ -61,11 +63,11 @@ def test_compare_plan_counts_the_interval(tmp_path: Path, capsys) -> None:
 
 def test_table_plan_counts_the_interval() -> None:
     """uvic-release-table / uvic-table3's plan: a guided row under an interval."""
-    table = release_table.RELEASE_TABLE
-    args = table_runner.parse_args(table, ["--only", "imagenet256_large", "--out", "unused"])
+    table = RELEASE_TABLE
+    args = tables.parse_args(table, ["--only", "imagenet256_large", "--out", "unused"])
     jobs = [dataclasses.replace(j, cfg=apply_overrides(j.cfg, [INTERVAL]))
-            for j in table_runner.make_jobs(table, args)]
+            for j in runner.make_jobs(table, args)]
     inside_n, calls = counted(jobs[0].cfg)
     passes = calls + inside_n
     assert passes < 2 * calls
-    assert f"50,000 samples x {passes} network calls" in table_runner.plan(jobs)
+    assert f"50,000 samples x {passes} network calls" in runner.plan(jobs)

@@ -208,7 +208,7 @@ def test_a_run_that_ends_at_or_before_its_guide_samples_unguided_with_a_note(
     unguided, at twice the cost); a 5-step run never writes it. Either run samples unguided,
     and one note says so before any training, and how to keep autoguidance."""
     from uvic.cli.quickstart import parse_args
-    from uvic.cli.quickstart_steps import build_config
+    from uvic.experiments.quickstart_steps import build_config
 
     cfg = build_config(parse_args([
         "--preset", "cpu", "--set", f"train.max_steps={steps}", "--set", "train.keep_steps=[8]",
@@ -223,8 +223,8 @@ def test_a_run_that_ends_at_or_before_its_guide_samples_unguided_with_a_note(
 def test_loss_plot_names_the_training_objective(tmp_path: Path) -> None:
     """loss.png's axis says what the curves are: Min-SNR weighted when the config is."""
     from uvic.cli.quickstart import parse_args
-    from uvic.cli.quickstart_report import objective_name, plot_losses
-    from uvic.cli.quickstart_steps import build_config
+    from uvic.experiments.quickstart_report import objective_name, plot_losses
+    from uvic.experiments.quickstart_steps import build_config
 
     cfg = build_config(parse_args([]))
     logs = {"U-ViT": [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.25}]}
@@ -239,8 +239,8 @@ def test_fid_says_it_is_skipped_before_anything_else(tmp_path: Path, capsys) -> 
     """Without Inception weights the quickstart's line says FID is skipped (not "FID (256
     samples)" and then no FID), and no sample is made for it."""
     from uvic.cli.quickstart import parse_args
-    from uvic.cli.quickstart_steps import build_config, try_fid
     from uvic.config import apply_overrides
+    from uvic.experiments.quickstart_steps import build_config, try_fid
 
     absent = tmp_path / "absent" / "inception-2015-12-05.pt"
     cfg = apply_overrides(build_config(parse_args(["--preset", "cpu"])),

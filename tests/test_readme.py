@@ -365,7 +365,7 @@ def quickstart_config_is_valid(command: str) -> Callable[[], None]:
     """The quickstart's own checks (the autoguidance model included) pass for `command`."""
     def check() -> None:
         from uvic.cli.quickstart import parse_args
-        from uvic.cli.quickstart_steps import build_config
+        from uvic.experiments.quickstart_steps import build_config
 
         words = command_line(command)[1]
         assert runpy.run_path(words[1], run_name="readme_quickstart")["main"] is not None
@@ -1043,7 +1043,7 @@ def quickstart_defaults() -> argparse.Namespace:
 
 
 def gpu_preset() -> Config:
-    from uvic.cli.quickstart_steps import GPU_PRESET
+    from uvic.experiments.quickstart_steps import GPU_PRESET
 
     return load_config(ROOT / "configs/quickstart.py", GPU_PRESET)
 
@@ -1123,7 +1123,7 @@ def flow_cells(variant: str) -> tuple[str, ...]:
 def flow_pair(metric: str) -> tuple:
     """docs/recipes.md's paired difference uvic - uvit on `metric`: mean ± t half-width,
     paired t p, bootstrap interval and p, as written there."""
-    from uvic.cli.compare_report import _diff
+    from uvic.experiments.compare_report import _diff
 
     r = flow_result()
     (pair,) = r["summary"][metric]["steps"][str(r["grid"][-1])]["pairs"]

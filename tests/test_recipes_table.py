@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from readme_commands import argv, section
 
-from uvic.cli import recipes_table
+from uvic.cli.tables import recipes_table
 from uvic.config import load_config
 from uvic.config.validation import validate
 from uvic.evaluation.recipes_table import RECIPE_ROWS
@@ -115,7 +115,7 @@ def sde_guided(steps: int, low: float, high: float) -> int:
 def test_dry_run_states_the_compute_of_the_four_rows(capsys, tmp_path: Path) -> None:
     """Per row: steps x batch, REPA's encoder where on, and the FID calls: Heun 2 steps - 1;
     the SDE steps plus one unconditional pass for each call in the guidance interval."""
-    assert recipes_table.main([*argv(DRY_RUN)[2:], "--out", str(tmp_path)]) == 0
+    assert recipes_table([*argv(DRY_RUN)[2:], "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert not any(tmp_path.iterdir())
     for key, row in RECIPE_ROWS.items():
@@ -157,7 +157,7 @@ def test_smoke_chain_runs_every_recipe_and_resumes(tmp_path: Path, capsys) -> No
     features, logit-normal times, the SDE guided inside the interval, Heun, post-hoc EMA
     snapshots; a second run skips every stage."""
     out = tmp_path / "rt"
-    assert recipes_table.main([*argv(SMOKE)[2:], "--out", str(out), "--quiet"]) == 0
+    assert recipes_table([*argv(SMOKE)[2:], "--out", str(out), "--quiet"]) == 0
     first = capsys.readouterr().out
     meta = json.loads((out / "data" / "imagenet_features" / "meta.json").read_text())
     assert meta["settings"]["repa"]["grid"] == 4  # 8 x 8 latents in 2 x 2 patches
@@ -187,7 +187,7 @@ def test_smoke_chain_runs_every_recipe_and_resumes(tmp_path: Path, capsys) -> No
         assert f"| {row.title} (`{row.uvit}`) | " in table
     assert table.count("Smoke note (") == 2
 
-    assert recipes_table.main([*argv(SMOKE)[2:], "--out", str(out), "--quiet"]) == 0
+    assert recipes_table([*argv(SMOKE)[2:], "--out", str(out), "--quiet"]) == 0
     second = capsys.readouterr().out
     assert second.count("trained (skipped)") == 4
     assert second.count("(skipped: result exists)") == 4
@@ -198,9 +198,9 @@ def test_plan_counts_autoguidance_and_repas_encoder_on_pixels() -> None:
     """With autoguidance beside classifier-free guidance a guided call is 4 passes (the
     weaker network's too), still only inside the interval; on pixel data REPA's encoder
     runs once per training image (steps x batch)."""
-    from uvic.cli.table_runner import repa_cost
     from uvic.config import apply_overrides
     from uvic.diffusion.guidance_interval import sampling_calls as fid_calls
+    from uvic.experiments.runner import repa_cost
 
     cfg = load_config(CONFIGS / "imagenet256_uvit_large_flow.py")
     s = cfg.sample

@@ -10,19 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from uvic.cli import release_table, table_runner
+from uvic.cli import tables
 from uvic.evaluation.protocols import RELEASE_ROWS, Protocol
 from uvic.evaluation.release_table import release_table as render
+from uvic.experiments import runner
+from uvic.experiments.tables import RELEASE_TABLE
 
 
-def jobs_of(*argv: str) -> list[table_runner.Job]:
-    table = release_table.RELEASE_TABLE
-    return table_runner.make_jobs(table, table_runner.parse_args(table, argv))
+def jobs_of(*argv: str) -> list[runner.Job]:
+    table = RELEASE_TABLE
+    return runner.make_jobs(table, tables.parse_args(table, argv))
 
 
 @pytest.mark.slow
 def test_plan_of_every_release_row(capsys) -> None:
-    assert release_table.main(["--dry-run", "--out", "unused"]) == 0
+    assert tables.release_table(["--dry-run", "--out", "unused"]) == 0
     out = capsys.readouterr().out
     for key in RELEASE_ROWS:
         for model in ("uvit", "uvic"):
@@ -48,7 +50,7 @@ def test_only_picks_rows_and_models(capsys) -> None:
     assert [j.cfg.name for j in jobs] == ["imagenet512_huge_uvit", "imagenet512_huge_uvic"]
     assert [j.cfg.model.attention for j in jobs] == ["uvit", "uvic"]
     assert {j.row for j in jobs_of("--only", "uvic")} == set(RELEASE_ROWS)
-    assert release_table.main(["--dry-run", "--only", "imagenet1024"]) == 2
+    assert tables.release_table(["--dry-run", "--only", "imagenet1024"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --only ['imagenet1024']: matches no row of release_table")
     assert len(err.strip().splitlines()) == 1
@@ -111,7 +113,7 @@ def test_table_lines_keep_references_apart() -> None:
 @pytest.mark.slow
 def test_smoke_chain_on_every_kind_of_data_and_resume(tmp_path: Path, capsys) -> None:
     out = tmp_path / "rt"
-    assert release_table.main(["--smoke", "--out", str(out), "--quiet"]) == 0
+    assert tables.release_table(["--smoke", "--out", str(out), "--quiet"]) == 0
     first = capsys.readouterr().out
     data = out / "data"
     # the real on-disk formats, read by the real loaders
@@ -147,7 +149,7 @@ def test_smoke_chain_on_every_kind_of_data_and_resume(tmp_path: Path, capsys) ->
     assert "| ImageNet 512, U-ViT-H/4 (`imagenet512_uvit_huge`) | P8 | — | — | 4.05 |" in table
     assert "| ImageNet 64, U-ViT-L/4 (`imagenet64_uvit_large`) | P4 | — | — | 4.26 |" in table
 
-    assert release_table.main(["--smoke", "--out", str(out), "--quiet"]) == 0
+    assert tables.release_table(["--smoke", "--out", str(out), "--quiet"]) == 0
     second = capsys.readouterr().out
     assert second.count("trained (skipped)") == 6
     assert second.count("(skipped: result exists)") == 6
@@ -158,7 +160,7 @@ def test_smoke_chain_on_every_kind_of_data_and_resume(tmp_path: Path, capsys) ->
 def test_seeded_runs_plan_and_cells(capsys) -> None:
     """--seeds 2: every row twice, the second run with the next seed in its own folder; the
     cell of two seeds is their mean ± t(0.975, 1) |a - b| / 2."""
-    assert release_table.main(["--dry-run", "--out", "unused", "--only", "celeba64_small",
+    assert tables.release_table(["--dry-run", "--out", "unused", "--only", "celeba64_small",
                                "--seeds", "2"]) == 0
     out = capsys.readouterr().out
     assert "- celeba64_small / uvit / seed 1234: train" in out

@@ -11,21 +11,22 @@ import torch
 from accelerate.utils import set_seed
 from PIL import Image
 
+from uvic.cli import tables
+from uvic.experiments import runner
+from uvic.experiments.tables import TABLE3
 from uvic.models.uvit import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load_table3():
-    """The program scripts/reproduce_table3.py runs."""
-    from uvic.cli import table3
-
-    return table3
+def jobs_of(argv: list[str]) -> list[runner.Job]:
+    """The runs `uvic-table3` (scripts/reproduce_table3.py) makes of `argv`."""
+    return runner.make_jobs(TABLE3, tables.parse_args(TABLE3, argv))
 
 
 @pytest.mark.slow
 def test_plan_of_the_paper_runs(capsys) -> None:
-    assert load_table3().main(["--dry-run", "--out", "unused"]) == 0
+    assert tables.table3(["--dry-run", "--out", "unused"]) == 0
     out = capsys.readouterr().out
     assert "cifar10 / uvit: train 500,000 of 500,000 steps x 128 images" in out
     assert "mscoco / uvic: train 1,000,000 of 1,000,000 steps x 256 images" in out
@@ -39,9 +40,8 @@ def test_plan_of_the_paper_runs(capsys) -> None:
 
 @pytest.mark.slow
 def test_smoke_chain_and_resume(tmp_path: Path, capsys) -> None:
-    script = load_table3()
     out = tmp_path / "t3"
-    assert script.main(["--smoke", "--out", str(out), "--quiet"]) == 0
+    assert tables.table3(["--smoke", "--out", str(out), "--quiet"]) == 0
     first = capsys.readouterr().out
     assert "shapes / uvit: trained to step 40" in first
     assert "shapes / uvic: trained to step 40" in first
@@ -62,7 +62,7 @@ def test_smoke_chain_and_resume(tmp_path: Path, capsys) -> None:
     assert "| Shapes (P1, stand-in: not FID) |" in table.splitlines()[0]
     assert "shapes / uvit: stand-in FID " in first
 
-    # Item 8 of the trust issue: the two rows agree, and the table says why, measured
+    # the two rows agree, and the table says why, measured
     samples = {m: np.stack([np.asarray(Image.open(p)) for p in sorted(
         (out / "fid" / f"shapes_{m}_samples").glob("*.png"))]) for m in ("uvit", "uvic")}
     same = np.mean(samples["uvit"] == samples["uvic"])
@@ -81,18 +81,17 @@ def test_smoke_chain_and_resume(tmp_path: Path, capsys) -> None:
     assert note[0] in first  # printed too
     # the note's "same weights": the seed alone decides the initial weights of both
     initial = []
-    for job in script.make_jobs(script.parse_args(["--smoke", "--out", str(out)])):
+    for job in jobs_of(["--smoke", "--out", str(out)]):
         set_seed(job.cfg.train.seed)
         initial.append(build_model(job.cfg.model).state_dict())
     assert initial[0].keys() == initial[1].keys()
     assert all(torch.equal(initial[0][k], initial[1][k]) for k in initial[0])
 
     # again: every stage is found done and skipped; the table is the same
-    assert script.main(["--smoke", "--out", str(out), "--quiet"]) == 0
+    assert tables.table3(["--smoke", "--out", str(out), "--quiet"]) == 0
     second = capsys.readouterr().out
     assert second.count("trained (skipped)") == 2
     assert second.count("(skipped: result exists)") == 2
     assert (out / "table3.md").read_text() == table
     # a measured step time now states the remaining training time
-    assert "measured" in script.plan(script.make_jobs(script.parse_args(["--smoke", "--out",
-                                                                          str(out)])))
+    assert "measured" in runner.plan(jobs_of(["--smoke", "--out", str(out)]))

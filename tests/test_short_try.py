@@ -16,9 +16,9 @@ from accelerate.state import AcceleratorState
 
 from uvic.cli import compare, errors
 from uvic.cli import train as train_cli
-from uvic.cli.config_options import startup_config
 from uvic.config import load_config
 from uvic.config.sampling import own_guide_step
+from uvic.config.validation import startup_config
 from uvic.evaluation.protocols import protocol_of
 from uvic.models.uvit import build_model
 from uvic.sampling.generate import sample_checkpoint

@@ -1,7 +1,7 @@
 """CPU threads per process (`--threads`, config key `train.threads`, `uvic.cli.threads`):
 the auto rule on given inputs, the setting reaching torch in real tiny command runs, bad
 values refused in one line before torch loads, and the hint when steps slow down
-(`uvic.cli.progress`)."""
+(`uvic.experiments.progress`)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from uvic.cli.progress import LogWatcher, StepClock
 from uvic.cli.threads import auto_threads, choose_threads, free_cores, local_processes
 from uvic.config import ConfigError, from_dict
 from uvic.config.validation import validate
+from uvic.experiments.progress import LogWatcher, StepClock
 
 REPO = Path(__file__).resolve().parents[1]
 

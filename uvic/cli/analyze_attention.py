@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from uvic.cli import positive_int, summary, unit_float
-from uvic.cli.config_options import add_config_options, startup_config
-from uvic.cli.errors import first_line, report_error
-from uvic.config import ConfigError
+from uvic.cli.config_options import add_config_options
+from uvic.cli.errors import run_reported
+from uvic.config.validation import startup_config
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:
@@ -75,45 +75,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the program; returns the exit status."""
     args = parse_args(argv)
-    try:
-        cfg = startup_config(args.config, args.set, rules=False)
-    except ConfigError as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
-    # torch and the models: once the arguments and the config are checked
+    return run_reported(lambda: _analyze(args))
+
+
+def _analyze(args: argparse.Namespace) -> None:
+    """The config's check (no torch), then the models, the analysis and its files."""
+    cfg = startup_config(args.config, args.set, rules=False)
     from uvic.analysis import analyze, load_inputs, load_models, save_figures
     from uvic.analysis.core import checkpoints_config
     from uvic.analysis.massive import massive_table
     from uvic.files import write_json
     from uvic.run.architecture import ModelChoice
-    from uvic.run.weights import CheckpointError
 
-    try:
-        checkpoints = _pairs([*args.checkpoints, *args.checkpoint], "--checkpoint")
-        if not checkpoints:
-            raise ValueError("give at least one checkpoint (--checkpoint LABEL=PATH)")
-        attention = _pairs(args.attention, "--attention")
-        unknown = sorted(set(attention) - set(checkpoints))
-        if unknown:
-            raise ValueError(f"--attention names label {unknown[0]!r}, which no checkpoint has")
-        choice = ModelChoice.from_overrides(args.set, args.model_from_config, args.config)
-        models = load_models(cfg, checkpoints, attention, device=args.device, choice=choice,
-                             say=print)
-        cfg = checkpoints_config(cfg, checkpoints, choice)  # their noise schedule
-        images, contexts = load_inputs(cfg, args.num_images, args.split, args.seed)
-        result = analyze(models, cfg, images, contexts, timesteps=args.timestep,
-                         num_levels=args.levels, queries=args.query,
-                         batch_size=args.batch_size, seed=args.seed,
-                         sink_threshold=args.sink_threshold)
-    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
+    checkpoints = _pairs([*args.checkpoints, *args.checkpoint], "--checkpoint")
+    if not checkpoints:
+        raise ValueError("give at least one checkpoint (--checkpoint LABEL=PATH)")
+    attention = _pairs(args.attention, "--attention")
+    unknown = sorted(set(attention) - set(checkpoints))
+    if unknown:
+        raise ValueError(f"--attention names label {unknown[0]!r}, which no checkpoint has")
+    choice = ModelChoice.from_overrides(args.set, args.model_from_config, args.config)
+    models = load_models(cfg, checkpoints, attention, device=args.device, choice=choice,
+                         say=print)
+    cfg = checkpoints_config(cfg, checkpoints, choice)  # their noise schedule
+    images, contexts = load_inputs(cfg, args.num_images, args.split, args.seed)
+    result = analyze(models, cfg, images, contexts, timesteps=args.timestep,
+                     num_levels=args.levels, queries=args.query,
+                     batch_size=args.batch_size, seed=args.seed,
+                     sink_threshold=args.sink_threshold)
     out = Path(args.out)
     print(f"json: {write_json(out / 'attention.json', result, indent=1)}")
     print(massive_table(result))
     for name, path in save_figures(result, out).items():
         print(f"{name}: {path}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from uvic.cli import summary
-from uvic.cli.bench_records import environment, peak_mib, write_records
 from uvic.config import Config, ConfigError, load_config
 from uvic.config.sampling import COMPILE_MODES, PRECISIONS
+from uvic.experiments.records import environment, peak_mib, write_records
 from uvic.presets import preset_path
 
 if TYPE_CHECKING:

@@ -44,17 +44,18 @@ from typing import TYPE_CHECKING, Any
 
 from uvic.cli import summary
 from uvic.cli.bench_profile import profile_lines, profile_step
-from uvic.cli.bench_records import (
+from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
+from uvic.config import Config, ConfigError, load_config
+from uvic.config.models import ATTENTION_PRESETS
+from uvic.config.training import TRAIN_COMPILE_MODES
+from uvic.experiments.progress import make_batch, synthetic_loss
+from uvic.experiments.records import (
     environment,
     error_line,
     peak_memory_mib,
     reset_peak_memory,
     write_records,
 )
-from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
-from uvic.config import Config, ConfigError, load_config
-from uvic.config.models import ATTENTION_PRESETS
-from uvic.config.training import TRAIN_COMPILE_MODES
 from uvic.models.flops import num_tokens, training_flops
 from uvic.presets import preset_path
 
@@ -91,37 +92,6 @@ def peak_tflops(device_name: str) -> float | None:
 def mfu(flops_per_image: int, images_per_s: float, peak: float | None) -> float | None:
     """Model FLOPs utilisation: achieved model FLOP/s over the peak (None: no peak known)."""
     return None if peak is None else flops_per_image * images_per_s / (peak * 1e12)
-
-
-def make_batch(cfg: Config, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Random images (or latents) and, for conditional models, CLIP contexts or labels."""
-    import torch
-
-    m = cfg.model
-    out = {"x": torch.randn(batch, m.in_chans, m.img_size, m.img_size, device=device)}
-    if m.clip_dim > 0:
-        out["context"] = torch.randn(batch, m.num_clip_token, m.clip_dim, device=device)
-    if m.num_classes > 0:
-        out["y"] = torch.randint(0, m.num_classes, (batch,), device=device)
-    return out
-
-
-def synthetic_loss(cfg: Config, model: torch.nn.Module, data: dict[str, torch.Tensor],
-                   device: torch.device) -> Callable[[], torch.Tensor]:
-    """The trainer's loss of `model` on the fixed batch `data` (zeros as the empty text
-    context, the last class as the null class, its own noise generator): what a timed
-    training step computes."""
-    import torch
-
-    from uvic.diffusion.schedule import Diffusion, diffusion_loss
-
-    m, diffusion = cfg.model, Diffusion(cfg.diffusion)
-    empty = (torch.zeros(m.num_clip_token, m.clip_dim, device=device) if m.clip_dim > 0
-             else None)
-    null_class = m.num_classes - 1 if m.num_classes > 0 else None
-    generator = torch.Generator(device=device).manual_seed(0)
-    return lambda: diffusion_loss(model, diffusion, data, generator, empty_context=empty,
-                                  p_uncond=cfg.diffusion.p_uncond, null_class=null_class)
 
 
 def train_step(cfg: Config, cell: Cell, device: torch.device) -> Callable[[], None]:

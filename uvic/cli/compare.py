@@ -8,7 +8,7 @@ confidence intervals.
 
 Each variant trains with each seed through the real loop and is evaluated at every step of
 the grid; the report in `--out` pairs the variants by seed (docs/comparisons.md). Every
-stage resumes: run the same command again. The stages are in `uvic.cli.compare_run`.
+stage resumes: run the same command again. The stages are in `uvic.experiments.compare_run`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from uvic.cli.config_options import add_config_options
-from uvic.cli.errors import first_line, report_error
+from uvic.cli.errors import run_reported
 
 
 def _ints(text: str) -> list[int]:
@@ -71,25 +71,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison; returns the exit status."""
     args = parse_args(argv)
+    return run_reported(lambda: _compare(args), (ValueError, FileNotFoundError, RuntimeError),
+                        stopped=(KeyboardInterrupt, "uvic.experiments.compare_eval:RunStopped"),
+                        resume_note="every finished step is kept; run the same command "
+                                    "again to continue")
+
+
+def _compare(args: argparse.Namespace) -> None:
+    """The plan (no torch: every run's config and its rules), then the comparison."""
+    from uvic.experiments.compare_plan import make_plan, metric_names, metric_values, power_plan
+
     if args.threads < 1 or (args.jobs is not None and args.jobs < 1):
-        print(f"error: --threads {args.threads} and --jobs {args.jobs} must be >= 1",
-              file=sys.stderr)
-        return 2
-    from uvic.cli.compare_plan import make_plan, metric_names, metric_values, power_plan
-    from uvic.config import ConfigError
+        raise ValueError(f"--threads {args.threads} and --jobs {args.jobs} must be >= 1")
+    if args.plan is not None:
+        print(power_plan(args.plan, args.out, args.target))
+        return
+    metric_values(args.margin, "--margin", metric_names(args.metrics))
+    plan = make_plan(args)
+    from uvic.experiments.compare_run import run  # torch, the training loop: after the plan
 
-    try:  # no torch for these: the plan, every run's config and its rules
-        if args.plan is not None:
-            print(power_plan(args.plan, args.out, args.target))
-            return 0
-        metric_values(args.margin, "--margin", metric_names(args.metrics))
-        plan = make_plan(args)
-    except (ConfigError, ValueError) as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
-    from uvic.cli.compare_run import run  # torch, the training loop: after the arguments
-
-    return run(args, plan)
+    run(args, plan)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """The config options the uvic commands share, declared once: `--config` (a file or a
-preset's name, resolved as it is parsed), `--set KEY=VALUE` and `--model-from-config`; and
-`startup_config`, their start-up check, run before torch is imported so that `--help` and a
-wrong option or config answer at once.
+preset's name, resolved as it is parsed), `--set KEY=VALUE` and `--model-from-config`;
+`uvic.config.validation.startup_config` checks what they give before torch loads.
 """
 
 from __future__ import annotations
@@ -10,8 +9,6 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from uvic.config import Config, apply_overrides, load_config
-from uvic.config.validation import validate
 from uvic.presets import resolve_config
 
 
@@ -52,18 +49,3 @@ def add_config_options(parser: argparse.ArgumentParser, *, model_from_config: bo
                             "diffusion settings, as --config and --set say, not as stored "
                             "with it (e.g. to run a checkpoint under another attention "
                             "pattern)")
-
-
-def startup_config(path: str | None, overrides: Sequence[str], *,
-                   rules: bool = True) -> Config:
-    """The config a command will run with, checked before the command imports torch: the
-    file loads (`uvic.config.load_config`), every `--set` names a field and parses as its
-    type, and with `rules` every section's rules hold (`uvic.config.validation.validate`, which
-    the library runs again). `path` None (a config the command finds later, e.g. in a run
-    folder): the overrides are checked against the defaults. Raises the ConfigError that
-    names the file, key or value; the command prints it and exits, with nothing heavy
-    loaded."""
-    if path is None:
-        return apply_overrides(Config(), list(overrides))
-    cfg = load_config(path, list(overrides))
-    return validate(cfg) if rules else cfg

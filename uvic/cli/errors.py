@@ -6,10 +6,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+# Errors whose message names the file, key or value at fault: a program ends on one with
+# that line. "module:Class" names a class of a module that may not be loaded (then the
+# error cannot be one of its).
+EXPECTED = (ValueError, FileNotFoundError, "uvic.training.launch:TrainError")
+Kinds = Sequence[type[BaseException] | str]
 
 
 def first_line(err: Exception) -> str:
@@ -81,3 +89,35 @@ def after_launcher(line: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def _is_one_of(err: BaseException, kinds: Kinds) -> bool:
+    """Whether `err` is of one of `kinds` (classes, or "module:Class" of loaded modules)."""
+    for kind in kinds:
+        if isinstance(kind, str):
+            module, _, name = kind.partition(":")
+            kind = getattr(sys.modules.get(module), name, None)
+        if isinstance(kind, type) and isinstance(err, kind):
+            return True
+    return False
+
+
+def run_reported(body: Callable[[], int | None], expected: Kinds = EXPECTED, *,
+                 stopped: Kinds = (KeyboardInterrupt,), resume_note: str = "",
+                 status: int = 2) -> int:
+    """Run a program's body and return its exit status: an expected error ends it with its
+    one line and `status` (or the error's own `exit_status`), a stop by signal (the run
+    saved its work first) with 128 + its number, after `resume_note`; others propagate."""
+    try:
+        return body() or 0
+    except BaseException as err:
+        if _is_one_of(err, stopped):
+            signum = getattr(err, "signum", signal.SIGINT)
+            if resume_note:
+                print(f"stopped by {signal.Signals(signum).name}: {resume_note}",
+                      file=sys.stderr)
+            return 128 + signum
+        if not isinstance(err, Exception) or not _is_one_of(err, expected):
+            raise
+        report_error(f"error: {first_line(err)}")
+        return getattr(err, "exit_status", status)

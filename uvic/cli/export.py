@@ -15,9 +15,9 @@ import argparse
 from pathlib import Path
 
 from uvic.cli import summary
-from uvic.cli.config_options import add_config_options, startup_config
-from uvic.cli.errors import first_line, report_error
-from uvic.config import ConfigError
+from uvic.cli.config_options import add_config_options
+from uvic.cli.errors import run_reported
+from uvic.config.validation import startup_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,27 +34,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the program; returns the exit status."""
     args = parse_args(argv)
-    try:  # without --config, the source's run config: its --set keys and values checked
-        startup_config(args.config, args.set)
-    except ConfigError as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
-    if not Path(args.source).exists():  # as the library says it, before torch loads
-        report_error(f"error: export source not found: {args.source}")
-        return 2
-    # torch, diffusers and the model only now: --help and a wrong option stay fast
-    from uvic.models.autoencoder import VAELoadError
-    from uvic.pipelines.export import ExportError, export
-    from uvic.run.weights import CheckpointError
+    return run_reported(lambda: _export(args))
 
-    try:
-        out = export(args.source, args.out, config=args.config, overrides=args.set,
-                     from_config=args.model_from_config, null_class=args.null_class,
-                     say=print)
-    except (ExportError, ConfigError, CheckpointError, VAELoadError, FileNotFoundError,
-            ValueError) as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
+
+def _export(args: argparse.Namespace) -> None:
+    """The checks that need no torch (without --config, the source's run config: its --set
+    keys and values), then the export."""
+    startup_config(args.config, args.set)
+    if not Path(args.source).exists():  # as the library says it, before torch loads
+        raise FileNotFoundError(f"export source not found: {args.source}")
+    from uvic.pipelines.export import export  # torch, diffusers: --help stays fast
+
+    out = export(args.source, args.out, config=args.config, overrides=args.set,
+                 from_config=args.model_from_config, null_class=args.null_class, say=print)
     print(f"pipeline: {out} (UViTPipeline.from_pretrained({str(out)!r}))")
-    return 0

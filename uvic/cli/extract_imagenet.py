@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from uvic.cli import extract_options, positive_int
-from uvic.cli.errors import first_line, report_error
+from uvic.cli.errors import run_reported
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -53,33 +53,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status (2: an error, named in one line)."""
     args = parse_args(argv)
-    from uvic.config import ConfigError
-    from uvic.data.base import DatasetError
+    return run_reported(lambda: _extract(args))
+
+
+def _extract(args: argparse.Namespace) -> None:
+    """Every split's listing (before the VAE loads), then the extraction."""
     from uvic.data.imagenet_extraction import extract_features, list_splits
-    from uvic.models.autoencoder import DEFAULT_VAE, VAELoadError, load_vae
+    from uvic.models.autoencoder import DEFAULT_VAE, load_vae
 
     vae_name = args.vae or DEFAULT_VAE
     device = extract_options.extraction_device(args.device)
-    try:
-        listings = list_splits(args.imagenet, args.splits, args.per_class)  # before the VAE
-        vae = load_vae(vae_name, device)
-        repa = extract_options.load_repa_encoder(args, args.resolution // 16, device)
-        extract_features(
-            listings, args.out, vae, vae_name=vae_name, resolution=args.resolution,
-            per_class=args.per_class, moments_dtype=args.moments_dtype,
-            batch_size=args.batch_size, chunk_size=args.chunk_size, num_workers=args.workers,
-            skip_corrupt=args.skip_corrupt, progress=not args.no_progress,
-            repa=repa, repa_name=args.repa_encoder,
-        )
-    except (DatasetError, VAELoadError, ConfigError) as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
+    listings = list_splits(args.imagenet, args.splits, args.per_class)
+    vae = load_vae(vae_name, device)
+    repa = extract_options.load_repa_encoder(args, args.resolution // 16, device)
+    extract_features(
+        listings, args.out, vae, vae_name=vae_name, resolution=args.resolution,
+        per_class=args.per_class, moments_dtype=args.moments_dtype,
+        batch_size=args.batch_size, chunk_size=args.chunk_size, num_workers=args.workers,
+        skip_corrupt=args.skip_corrupt, progress=not args.no_progress,
+        repa=repa, repa_name=args.repa_encoder,
+    )
     latent = args.resolution // 8
     for split, listing in listings.items():
         print(f"{split}: {len(listing)} images in {len(listing.classes)} classes, latents "
               f"4x{latent}x{latent} of each and of its mirror image")
     print(f"features complete in {args.out}")
-    return 0
 
 
 if __name__ == "__main__":

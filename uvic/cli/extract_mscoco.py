@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from uvic.cli import extract_options, positive_int
-from uvic.cli.errors import first_line, report_error
+from uvic.cli.errors import EXPECTED, run_reported
 from uvic.config import DataConfig
 
 
@@ -53,37 +53,41 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; returns the exit status."""
+    """Command-line entry point; returns the exit status (2: a missing --coco folder, found
+    before the imports, which take seconds; 1: an error of the extraction, named in one line,
+    or features left incomplete)."""
     args = parse_args(argv)
-    if not Path(args.coco).is_dir():  # before the imports below, which take seconds
-        print(f"error: --coco {args.coco}: no such folder (it holds train2014/, val2014/ and "
-              "annotations/)", file=sys.stderr)
-        return 2
-    from uvic.config import ConfigError
-    from uvic.data.datasets import DatasetError
-    from uvic.data.mscoco_extraction import CorruptImageError, check_inputs, extract_features
-    from uvic.models.autoencoder import VAELoadError, load_vae
-    from uvic.models.text_encoder import ClipLoadError, ClipTextEncoder
+    return run_reported(lambda: _check_folder(args.coco)) or run_reported(
+        lambda: _extract(args), (*EXPECTED, "uvic.data.mscoco_extraction:CorruptImageError",
+                                 "uvic.models.text_encoder:ClipLoadError"), status=1)
+
+
+def _check_folder(coco: str) -> None:
+    if not Path(coco).is_dir():
+        raise FileNotFoundError(f"--coco {coco}: no such folder (it holds train2014/, "
+                                "val2014/ and annotations/)")
+
+
+def _extract(args: argparse.Namespace) -> int:
+    """The inputs' checks (before the models load), then the extraction."""
+    from uvic.data.mscoco_extraction import check_inputs, extract_features
+    from uvic.models.autoencoder import load_vae
+    from uvic.models.text_encoder import ClipTextEncoder
 
     args.device = extract_options.extraction_device(args.device)
-    try:
-        # fail fast, before loading the models
-        check_inputs(args.coco, args.splits, args.limit, args.skip_corrupt)
-        vae = load_vae(args.vae, args.device)
-        text_encoder = ClipTextEncoder(args.clip_model, args.clip_pretrained, args.device)
-        repa = extract_options.load_repa_encoder(args, args.resolution // 16, args.device)
-        complete = extract_features(
-            args.coco, args.out, vae, text_encoder, splits=args.splits, vae_name=args.vae,
-            clip_model=args.clip_model, clip_pretrained=args.clip_pretrained,
-            resolution=args.resolution, limit=args.limit, moments_dtype=args.moments_dtype,
-            context_dtype=args.context_dtype, batch_size=args.batch_size,
-            text_batch_size=args.text_batch_size, chunk_size=args.chunk_size,
-            num_workers=args.workers, skip_corrupt=args.skip_corrupt,
-            progress=not args.no_progress, repa=repa, repa_name=args.repa_encoder,
-        )
-    except (DatasetError, CorruptImageError, VAELoadError, ClipLoadError, ConfigError) as err:
-        report_error(f"error: {first_line(err)}")
-        return 1
+    check_inputs(args.coco, args.splits, args.limit, args.skip_corrupt)
+    vae = load_vae(args.vae, args.device)
+    text_encoder = ClipTextEncoder(args.clip_model, args.clip_pretrained, args.device)
+    repa = extract_options.load_repa_encoder(args, args.resolution // 16, args.device)
+    complete = extract_features(
+        args.coco, args.out, vae, text_encoder, splits=args.splits, vae_name=args.vae,
+        clip_model=args.clip_model, clip_pretrained=args.clip_pretrained,
+        resolution=args.resolution, limit=args.limit, moments_dtype=args.moments_dtype,
+        context_dtype=args.context_dtype, batch_size=args.batch_size,
+        text_batch_size=args.text_batch_size, chunk_size=args.chunk_size,
+        num_workers=args.workers, skip_corrupt=args.skip_corrupt,
+        progress=not args.no_progress, repa=repa, repa_name=args.repa_encoder,
+    )
     print(f"features {'complete' if complete else 'incomplete'} in {args.out}")
     return 0 if complete else 1
 

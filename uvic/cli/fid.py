@@ -48,12 +48,13 @@ import argparse
 import os
 
 from uvic.cli import input_error, summary
-from uvic.cli.config_options import add_config_options, startup_config
-from uvic.cli.errors import first_line, report_error
+from uvic.cli.config_options import add_config_options
+from uvic.cli.errors import run_reported
 from uvic.cli.sampler_options import add_sampler_options, guidance_option, sampler_overrides
 from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
 from uvic.config import ConfigError
 from uvic.config.evaluation import FID_FEATURES, FID_MODES, METRICS
+from uvic.config.validation import startup_config
 from uvic.evaluation.protocols import NOT_FID
 
 
@@ -110,15 +111,16 @@ def usage_error(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the program; returns the exit status."""
     args = parse_args(argv)
-    try:
-        cfg = startup_config(args.config, [*args.set, *overrides(args), *threads_overrides(args)])
-    except ConfigError as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
+    return run_reported(lambda: _fid(args))
+
+
+def _fid(args: argparse.Namespace) -> None:
+    """The checks that need no torch, then the evaluation and its summary."""
+    cfg = startup_config(args.config, [*args.set, *overrides(args), *threads_overrides(args)])
     if (problem := usage_error(args)) is not None:
-        report_error(f"error: {problem}")
-        return 2
+        raise ConfigError(problem)
     threads = choose_threads(cfg.train.threads)
     apply_threads(threads)  # the library (torch) is imported from here on
     if not args.quiet and int(os.environ.get("RANK", "0")) == 0:
@@ -127,21 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     from uvic.evaluation.metrics import summary_line
     from uvic.evaluation.protocols import protocol_from_result
     from uvic.run.architecture import ModelChoice
-    from uvic.run.weights import CheckpointError
 
-    try:
-        result = evaluate(
-            cfg, args.ckpt, n=args.n, out_json=args.out, samples_dir=args.samples_dir,
-            config_path=args.config, seed=args.seed, precision=args.precision,
-            stats_dir=args.stats_dir, allow_download=args.download,
-            feature_batch_size=args.feature_batch_size, num_workers=args.num_workers,
-            progress=not args.quiet,
-            choice=ModelChoice.from_overrides(args.set, args.model_from_config, args.config),
-            say=print, guidance_option=guidance_option(args),
-        )
-    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
+    result = evaluate(
+        cfg, args.ckpt, n=args.n, out_json=args.out, samples_dir=args.samples_dir,
+        config_path=args.config, seed=args.seed, precision=args.precision,
+        stats_dir=args.stats_dir, allow_download=args.download,
+        feature_batch_size=args.feature_batch_size, num_workers=args.num_workers,
+        progress=not args.quiet,
+        choice=ModelChoice.from_overrides(args.set, args.model_from_config, args.config),
+        say=print, guidance_option=guidance_option(args),
+    )
     if result:  # main process
         kid = "n/a" if result["kid"] is None else f"{result['kid']:.5f}"
         protocol = protocol_from_result(result)
@@ -154,4 +151,3 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         print(f"protocol: {result['protocol']['label']}")
         print(f"result: {result['result_json']}")
-    return 0

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from uvic.cli import summary
-from uvic.cli.errors import first_line, report_error
+from uvic.cli.errors import run_reported
 from uvic.evaluation.protocols import load_results, protocol_table
 
 
@@ -24,16 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("results_dir", help="folder with result JSONs (searched recursively)")
     p.add_argument("--out", help="also write the table to this markdown file")
     args = p.parse_args(argv)
-    try:
-        table = protocol_table(load_results(args.results_dir))
-    except (FileNotFoundError, ValueError) as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
+    return run_reported(lambda: _table(args))
+
+
+def _table(args: argparse.Namespace) -> None:
+    table = protocol_table(load_results(args.results_dir))
     print(table, end="")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(table)
-    return 0
 
 
 if __name__ == "__main__":

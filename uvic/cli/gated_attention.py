@@ -18,8 +18,8 @@ from pathlib import Path
 
 from uvic.cli import positive_int
 from uvic.cli.config_options import add_config_options
-from uvic.cli.errors import first_line, report_error
-from uvic.config import ConfigError, load_config
+from uvic.cli.errors import run_reported
+from uvic.config import load_config
 from uvic_kernels.modes import GATED, MODES
 
 # the toy models' designs: the kernel modes and differential attention, each also "+gate"
@@ -344,52 +344,41 @@ PAPER_FILES = tuple(name for h, n in ((2, 3), (3, 4), (4, 5))
                     for name in (f"toy_model_{h}H_{n}ST.st", f"gated_block_{2 * h}H_{n}ST.st"))
 
 
-def _control(args: argparse.Namespace, out: Path) -> int:
+def _control(args: argparse.Namespace, out: Path) -> None:
     """The control; a missing folder or file is refused in one line before torch loads."""
     folder = Path(args.models_dir)
     if not folder.is_dir():
-        report_error(f"error: {folder}: no such folder (the paper's saved_models)")
-        return 2
+        raise FileNotFoundError(f"{folder}: no such folder (the paper's saved_models)")
     for name in PAPER_FILES:
         if not (folder / name).is_file():
-            print(f"error: {folder / name}: no such file (one of the paper's saved models)",
-                  file=sys.stderr)
-            return 2
+            raise FileNotFoundError(f"{folder / name}: no such file (one of the paper's saved "
+                                    "models)")
     from uvic.analysis.gated_paper import control, control_markdown
     from uvic.files import write_json, write_text
 
-    try:
-        result = control(folder, args.prompts, args.seed)
-    except ValueError as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
+    result = control(folder, args.prompts, args.seed)
     print(f"json: {write_json(out / 'control.json', result, indent=1)}")
     print(f"table: {write_text(out / 'control.md', control_markdown(result))}")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the program; returns the exit status."""
     args = parse_args(argv)
-    out = Path(args.out)
+    return run_reported(lambda: _run(args, Path(args.out)))
+
+
+def _run(args: argparse.Namespace, out: Path) -> None:
+    """The subcommand `args.command`, its results written under `out`."""
     if args.command == "control":
         return _control(args, out)
-    from uvic.files import write_json  # light; the heavy imports follow per command
-    from uvic.run.weights import CheckpointError
+    if args.command in ("capacity", "sensitivity"):
+        return _capacity(args, out)
+    if args.command == "copy-suppress":
+        return _copy_suppress(args, out)
+    from uvic.analysis.gated_figures import gate_figure
+    from uvic.files import write_json
 
-    try:
-        if args.command in ("capacity", "sensitivity"):
-            _capacity(args, out)
-            return 0
-        if args.command == "copy-suppress":
-            _copy_suppress(args, out)
-            return 0
-        from uvic.analysis.gated_figures import gate_figure
-
-        result = _trigrams(args) if args.command == "trigrams" else _distil(args, out)
-    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
+    result = _trigrams(args) if args.command == "trigrams" else _distil(args, out)
     name = "trigrams" if args.command == "trigrams" else "gated"
     reports = ([m["gated"] for m in result.get("models", [result])]
                if args.command == "trigrams" else [result])
@@ -398,7 +387,6 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("gate_mean", "open_heads"):  # drawn; large for real blocks
             report.pop(key, None)
     print(f"json: {write_json(out / f'{name}.json', result, indent=1)}")
-    return 0
 
 
 if __name__ == "__main__":

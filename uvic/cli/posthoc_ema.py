@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 from uvic.cli import positive_int, summary
-from uvic.cli.errors import first_line, report_error
-from uvic.config import ConfigError
+from uvic.cli.errors import EXPECTED, run_reported
 from uvic.config.training import check_sigma_rel
 
 
@@ -37,26 +36,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the program; returns the exit status."""
     args = parse_args(argv)
-    try:
-        check_sigma_rel(args.sigma_rel, f"--sigma-rel {args.sigma_rel}")
-    except ConfigError as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
-    if not Path(args.run).is_dir():  # as the library says it, before torch loads
-        report_error(f"error: run folder not found: {args.run}")
-        return 2
-    # torch and safetensors from here on: --help and a wrong value stay fast
-    from uvic.run.weights import CheckpointError
-    from uvic.training.posthoc_reconstruct import PosthocError, reconstruct
+    return run_reported(lambda: _posthoc(args), (*EXPECTED, OSError))
 
-    try:
-        result = reconstruct(args.run, args.sigma_rel, args.out, step=args.step, say=print)
-    except (PosthocError, ConfigError, CheckpointError, OSError) as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
+
+def _posthoc(args: argparse.Namespace) -> None:
+    """The checks that need no torch, then the reconstruction."""
+    check_sigma_rel(args.sigma_rel, f"--sigma-rel {args.sigma_rel}")
+    if not Path(args.run).is_dir():  # as the library says it, before torch loads
+        raise FileNotFoundError(f"run folder not found: {args.run}")
+    from uvic.training.posthoc_reconstruct import reconstruct  # torch, safetensors
+
+    result = reconstruct(args.run, args.sigma_rel, args.out, step=args.step, say=print)
     print(f"wrote {result.weights} (sample: uvic-sample --config "
           f"{result.weights.parent / 'config.json'} --ckpt {result.weights} --out ...)")
-    return 0
 
 
 if __name__ == "__main__":

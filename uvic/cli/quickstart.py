@@ -30,8 +30,8 @@ on every run with that count on the same machine and software, whatever else the
 machine runs. Each model's progress bar shows its seconds per step, and one hint is
 printed if its steps turn over 3x slower than its first ones (other work on the cores).
 
-The steps are in `uvic.cli.quickstart_steps` (training, sampling, scoring) and
-`uvic.cli.quickstart_report` (tables, notes, loss curves).
+The steps are in `uvic.experiments.quickstart_steps` (training, sampling, scoring) and
+`uvic.experiments.quickstart_report` (tables, notes, loss curves).
 """
 
 from __future__ import annotations
@@ -39,11 +39,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from uvic.cli.config_options import add_set_option, startup_config
-from uvic.cli.errors import first_line, report_error
+from uvic.cli.config_options import add_set_option
+from uvic.cli.errors import EXPECTED, run_reported
 from uvic.cli.threads import choose_threads, usable_cores
 from uvic.config import ConfigError
 from uvic.config.training import threads_value
+from uvic.config.validation import startup_config
 from uvic.presets import QUICKSTART_GPU_PRESET, QUICKSTART_MODELS, preset_path
 
 
@@ -75,29 +76,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the quickstart; returns the exit status."""
     args = parse_args(argv)
-    try:
-        args.threads = choose_threads(threads_value(args.threads, f"--threads {args.threads}:"),
-                                      processes=1).threads
-    except ConfigError as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
-    if args.jobs is not None and args.jobs < 1:
-        report_error(f"error: --jobs {args.jobs}: must be >= 1")
-        return 2
-    try:  # the --set keys, values and rules, for each model under each preset --preset
-        # may pick (auto: the gpu one where torch sees CUDA, which is asked only later)
-        presets = ["cpu", "gpu"] if args.preset == "auto" else [args.preset]
-        for preset in presets:
-            overrides = [*(QUICKSTART_GPU_PRESET if preset == "gpu" else []), *args.set]
-            for attention in QUICKSTART_MODELS.values():
-                startup_config(str(preset_path("quickstart")),
-                               [*overrides, f"model.attention={attention}"])
-    except ConfigError as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
-    from uvic.cli.quickstart_steps import run  # torch, the training loop: after the checks
+    return run_reported(lambda: _quickstart(args),
+                        (*EXPECTED, "uvic.experiments.quickstart_steps:QuickstartError"))
 
-    return run(args)
+
+def _quickstart(args: argparse.Namespace) -> None:
+    """The checks that need no torch (threads, jobs, every model's config under each preset
+    --preset may pick: auto asks for CUDA only later), then the quickstart."""
+    args.threads = choose_threads(threads_value(args.threads, f"--threads {args.threads}:"),
+                                  processes=1).threads
+    if args.jobs is not None and args.jobs < 1:
+        raise ConfigError(f"--jobs {args.jobs}: must be >= 1")
+    presets = ["cpu", "gpu"] if args.preset == "auto" else [args.preset]
+    for preset in presets:
+        overrides = [*(QUICKSTART_GPU_PRESET if preset == "gpu" else []), *args.set]
+        for attention in QUICKSTART_MODELS.values():
+            startup_config(str(preset_path("quickstart")),
+                           [*overrides, f"model.attention={attention}"])
+    from uvic.experiments.quickstart_steps import run  # torch, the training loop: after the checks
+
+    run(args)
 
 
 if __name__ == "__main__":

@@ -54,11 +54,12 @@ import argparse
 import os
 
 from uvic.cli import class_list, input_error, positive_int, summary
-from uvic.cli.config_options import add_config_options, startup_config
-from uvic.cli.errors import first_line, report_error
+from uvic.cli.config_options import add_config_options
+from uvic.cli.errors import EXPECTED, run_reported
 from uvic.cli.sampler_options import add_sampler_options, guidance_option, sampler_overrides
 from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
 from uvic.config import ConfigError
+from uvic.config.validation import startup_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,38 +101,33 @@ def usage_error(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the program; returns the exit status."""
     args = parse_args(argv)
-    try:
-        cfg = startup_config(args.config, [*args.set, *sampler_overrides(args),
-                                             *threads_overrides(args)])
-    except ConfigError as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
+    return run_reported(lambda: _sample(args),
+                        (*EXPECTED, "uvic.models.text_encoder:ClipLoadError"))
+
+
+def _sample(args: argparse.Namespace) -> None:
+    """The checks that need no torch, then the samples."""
+    cfg = startup_config(args.config, [*args.set, *sampler_overrides(args),
+                                       *threads_overrides(args)])
     if (problem := usage_error(args)) is not None:
-        report_error(f"error: {problem}")
-        return 2
+        raise ConfigError(problem)
     threads = choose_threads(cfg.train.threads)
     apply_threads(threads)  # the library (torch) is imported from here on
     if not args.quiet and int(os.environ.get("RANK", "0")) == 0:
         print(threads.line(), flush=True)
-    from uvic.models.text_encoder import ClipLoadError
     from uvic.run.architecture import ModelChoice
-    from uvic.run.weights import CheckpointError
     from uvic.sampling.folder import sample_to_folder
 
-    try:
-        written = sample_to_folder(
-            cfg, args.ckpt, args.out, labels=args.label, n=args.n, seed=args.seed,
-            prompts_file=args.prompts, precision=args.precision,
-            save_individual=args.save_individual, nrow=args.nrow,
-            record={"config_path": args.config, "args": vars(args)}, progress=not args.quiet,
-            choice=ModelChoice.from_overrides(args.set, args.model_from_config, args.config),
-            upscale=args.upscale, say=print, class_labels=args.class_labels,
-            guidance_option=guidance_option(args),
-        )
-    except (ConfigError, CheckpointError, ClipLoadError, FileNotFoundError, ValueError) as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
+    written = sample_to_folder(
+        cfg, args.ckpt, args.out, labels=args.label, n=args.n, seed=args.seed,
+        prompts_file=args.prompts, precision=args.precision,
+        save_individual=args.save_individual, nrow=args.nrow,
+        record={"config_path": args.config, "args": vars(args)}, progress=not args.quiet,
+        choice=ModelChoice.from_overrides(args.set, args.model_from_config, args.config),
+        upscale=args.upscale, say=print, class_labels=args.class_labels,
+        guidance_option=guidance_option(args),
+    )
     for name, path in written.items():
         print(f"{name}: {path}")
-    return 0

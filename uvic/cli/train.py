@@ -32,26 +32,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 from typing import TYPE_CHECKING
 
-from uvic.cli.config_options import add_config_options, startup_config
-from uvic.cli.errors import first_line, report_error
+from uvic.cli.config_options import add_config_options
+from uvic.cli.errors import run_reported
 from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
 from uvic.config import Config, ConfigError
+from uvic.config.validation import startup_config
 
 if TYPE_CHECKING:
-    from uvic.cli.progress import LogWatcher
+    from uvic.experiments.progress import LogWatcher
 
 
-def expected_errors() -> tuple[type[Exception], ...]:
-    """Errors whose message says what is wrong and how to fix it: no traceback needed.
-    (Missing data, VAE or prompt files raise FileNotFoundError subclasses that name the
-    path.) A function: the training loop's errors come with torch, after the arguments."""
-    from uvic.run.weights import CheckpointError
-    from uvic.training.trainer import TrainError
-
-    return ConfigError, TrainError, CheckpointError, FileNotFoundError
+# Errors whose message says what is wrong and how to fix it (missing data, VAE or prompt
+# files raise FileNotFoundError subclasses that name the path): no traceback needed.
+EXPECTED_ERRORS = (ConfigError, FileNotFoundError, "uvic.run.weights:CheckpointError",
+                   "uvic.training.launch:TrainError")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,14 +69,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit status."""
     args = parse_args(argv)
+    return run_reported(lambda: _train(args), EXPECTED_ERRORS)
+
+
+def _train(args: argparse.Namespace) -> None:
+    """The config's check (no torch), then the run."""
     overrides = list(args.set)
     if args.output_dir is not None:
         overrides.append(f"train.output_dir={args.output_dir}")
-    try:
-        cfg = startup_config(args.config, [*overrides, *threads_overrides(args)])
-    except ConfigError as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
+    cfg = startup_config(args.config, [*overrides, *threads_overrides(args)])
     threads = choose_threads(cfg.train.threads)
     apply_threads(threads)  # torch, Accelerate: once the config is checked
     from uvic.training.trainer import train
@@ -88,25 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     main_process = int(os.environ.get("RANK", "0")) == 0
     if main_process:
         print(threads.line(), flush=True)
-    try:
-        with step_watcher(cfg, threads.threads) if main_process else contextlib.nullcontext():
-            run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
-    except expected_errors() as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
-    except KeyboardInterrupt as err:  # a run stopped on a signal saved its checkpoint first
-        return 128 + getattr(err, "signum", signal.SIGINT)
+    with step_watcher(cfg, threads.threads) if main_process else contextlib.nullcontext():
+        run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
     if main_process:  # once, not per process
         print(f"done: {run_dir}")
-    return 0
 
 
 def step_watcher(cfg: Config, threads: int) -> LogWatcher:
     """The run's seconds per step, read from its log as it trains, and the hint when its
-    steps turn far slower than its first ones (`uvic.cli.progress.StepClock`)."""
+    steps turn far slower than its first ones (`uvic.experiments.progress.StepClock`)."""
     from tqdm.auto import tqdm
 
-    from uvic.cli.progress import LogWatcher, StepClock
+    from uvic.experiments.progress import LogWatcher, StepClock
     from uvic.run.folder import RunFolder
 
     clock = StepClock(threads, change="" if threads == 1 else "--threads N or config key "

@@ -10,7 +10,9 @@ section. Loading this module imports no torch.
 
 from __future__ import annotations
 
-from uvic.config import Config
+from collections.abc import Sequence
+
+from uvic.config import Config, apply_overrides, load_config
 from uvic.config.data import check_data
 from uvic.config.diffusion import check_diffusion, check_sampler_objective
 from uvic.config.evaluation import check_eval
@@ -32,3 +34,18 @@ def validate(cfg: Config) -> Config:
     check_guidance_interval(cfg)  # needs the model's conditioning
     check_model(cfg.model)
     return cfg
+
+
+def startup_config(path: str | None, overrides: Sequence[str], *,
+                   rules: bool = True) -> Config:
+    """The config a command will run with, checked before the command imports torch: the
+    file loads (`uvic.config.load_config`), every `--set` names a field and parses as its
+    type, and with `rules` every section's rules hold (`uvic.config.validation.validate`, which
+    the library runs again). `path` None (a config the command finds later, e.g. in a run
+    folder): the overrides are checked against the defaults. Raises the ConfigError that
+    names the file, key or value; the command prints it and exits, with nothing heavy
+    loaded."""
+    if path is None:
+        return apply_overrides(Config(), list(overrides))
+    cfg = load_config(path, list(overrides))
+    return validate(cfg) if rules else cfg

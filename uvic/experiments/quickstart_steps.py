@@ -26,24 +26,22 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from uvic.analysis import analyze, save_figures
-from uvic.cli.errors import first_line, report_error
-from uvic.cli.progress import LogWatcher, StepClock
-from uvic.cli.quickstart_report import (
-    guide_record,
-    objective_name,
-    plot_losses,
-    read_log,
-    write_report,
-)
 from uvic.config import (
     Config,
-    ConfigError,
     apply_overrides,
     load_config,
 )
 from uvic.config.sampling import short_run_guide
 from uvic.evaluation.heldout import heldout_loss, real_images
 from uvic.evaluation.quality import quality_figures
+from uvic.experiments.progress import LogWatcher, StepClock
+from uvic.experiments.quickstart_report import (
+    guide_record,
+    objective_name,
+    plot_losses,
+    read_log,
+    write_report,
+)
 from uvic.files import save_config, write_json
 from uvic.presets import QUICKSTART_GPU_PRESET as GPU_PRESET
 from uvic.presets import QUICKSTART_MODELS as MODELS
@@ -83,6 +81,8 @@ def make_deterministic(threads: int) -> None:
 
 class QuickstartError(RuntimeError):
     """A model's training or sampling failed (the message names it and its log)."""
+
+    exit_status = 1  # the program's, where the inputs were right but a model failed
 
 
 def train_and_sample(cfg: Config, n_samples: int, threads: int) -> dict:
@@ -157,7 +157,7 @@ def train_models(configs: dict[str, Config], n_samples: int, threads: int,
 def step_log(cfg: Config, threads: int, say: Callable[[str], Any],
              total: int = 1) -> LogWatcher:
     """The run's log.jsonl as it trains: its seconds per step, and the hint (to `say`) when
-    its steps turn far slower than its first ones (`uvic.cli.progress.StepClock`);
+    its steps turn far slower than its first ones (`uvic.experiments.progress.StepClock`);
     `threads`: the run's, `total`: the quickstart's in all."""
     clock = StepClock(threads, change="" if total == 1 else "make quickstart ARGS=\"--threads "
                       "1\" trains the models one after the other on one thread, into the "
@@ -319,13 +319,10 @@ def write_figures(base: Config, scores: Scores, real: RealImages, args: argparse
     return analysis
 
 
-def run(args: argparse.Namespace) -> int:
-    """The quickstart of `uvic.cli.quickstart` on parsed arguments; returns the exit status."""
-    try:
-        base = build_config(args)
-    except ConfigError as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
+def run(args: argparse.Namespace) -> None:
+    """The quickstart of `uvic.cli.quickstart` on parsed arguments; raises the error that
+    stops it (QuickstartError: a model failed in its worker)."""
+    base = build_config(args)
     make_deterministic(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -335,11 +332,7 @@ def run(args: argparse.Namespace) -> int:
     real = load_real_images(base, args)
     configs = model_configs(base, out)
     jobs = job_count(args, device)
-    try:
-        trained = train_models(configs, max(args.n_grid, args.n_quality), args.threads, jobs)
-    except (QuickstartError, ConfigError) as err:
-        report_error(f"error: {first_line(err)}")
-        return 1
+    trained = train_models(configs, max(args.n_grid, args.n_quality), args.threads, jobs)
 
     scores = score_models(configs, trained, real, args, device)
     analysis = write_figures(base, scores, real, args, out, device)
@@ -351,4 +344,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"grid: {out / 'grid.png'}\nloss curves: {out / 'loss.png'}\n"
           f"attention: {out / 'attention.png'}\n"
           f"table: {out / 'results.md'}\ntotal time: {timing['total_s']:.0f} s")
-    return 0

@@ -9,20 +9,19 @@ Outputs: <out>/runs/<row>_<model>/, <out>/fid/<row>_<model>.json and <out>/<tabl
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import signal
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from uvic.cli.config_options import add_set_option, startup_config
-from uvic.cli.errors import first_line, report_error
-from uvic.cli.progress import (
+from uvic.config import Config, ConfigError, apply_overrides
+from uvic.config.data import LATENT_DATASETS
+from uvic.config.validation import startup_config
+from uvic.evaluation.protocols import load_results, protocol_of
+from uvic.experiments.progress import (
     EVAL,
     TRAIN,
     Calibration,
@@ -35,10 +34,6 @@ from uvic.cli.progress import (
     sampling_cost,
     train_cost,
 )
-from uvic.config import Config, ConfigError, apply_overrides
-from uvic.config.data import LATENT_DATASETS
-from uvic.config.sampling import PRECISIONS
-from uvic.evaluation.protocols import load_results, protocol_of
 from uvic.presets import preset_path
 
 if TYPE_CHECKING:
@@ -79,6 +74,23 @@ class Table:
     smoke_help: str
     render: Callable[[list[dict[str, Any]]], str]
     prepare_smoke: Callable[[Path], None] | None = None
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """How a table program runs: output folder, smoke rows or the real ones, the rows
+    `only` picks, up to which stage, training seeds per row, config overrides for every
+    row, FID's autocast precision, progress bars."""
+
+    out: str
+    smoke: bool = False
+    only: tuple[str, ...] = ()
+    stage: str = "all"  # train, fid, table or all
+    seeds: int = 1
+    dry_run: bool = False
+    overrides: tuple[str, ...] = ()
+    precision: str = "fp32"
+    quiet: bool = False
 
 
 @dataclass
@@ -147,23 +159,23 @@ def seeds_from(base: int, n: int) -> list[int]:
     return [base + i for i in range(n)]
 
 
-def make_jobs(table: Table, args: argparse.Namespace) -> list[Job]:
+def make_jobs(table: Table, options: TableOptions) -> list[Job]:
     """The table's runs (its smoke runs with --smoke) that --only picks, configured and
     checked (`startup_config`: before any heavy import); with --seeds N, N runs of each
     (the first keeps the row's folder and seed, run k the seed train.seed + k in
     <row>_<model>_seed<seed>)."""
-    rows = selected(table.smoke_rows if args.smoke else table.rows, args.only)
+    rows = selected(table.smoke_rows if options.smoke else table.rows, options.only)
     if not rows:
-        raise ConfigError(f"--only {args.only}: matches no row of {table.name} "
+        raise ConfigError(f"--only {list(options.only)}: matches no row of {table.name} "
                           f"({', '.join(dict.fromkeys(r.row for r in table.rows))})")
-    out = Path(args.out)
+    out = Path(options.out)
     jobs = []
     for r in rows:
         name = f"{r.row}_{r.model}"
         extra = [o.format(data=out / "data") for o in r.overrides]
         cfg = startup_config(str(preset_path(r.preset)), [
-            *extra, f"name={name}", f"train.output_dir={out / 'runs' / name}", *args.set])
-        seeds = seeds_from(cfg.train.seed, args.seeds)
+            *extra, f"name={name}", f"train.output_dir={out / 'runs' / name}", *options.overrides])
+        seeds = seeds_from(cfg.train.seed, options.seeds)
         for seed in seeds:
             run = name if seed == seeds[0] else f"{name}_seed{seed}"
             run_cfg = apply_overrides(cfg, [f"train.output_dir={out / 'runs' / run}",
@@ -241,7 +253,7 @@ def plan(jobs: list[Job], calibration: Calibration | None = None) -> str:
 
 def dry_run_calibration(jobs: list[Job]) -> Calibration:
     """The dry run's rates: a few training steps and forwards of the cheapest row's model
-    (`uvic.cli.progress.calibrate`), timed here."""
+    (`uvic.experiments.progress.calibrate`), timed here."""
     cfg = probe_config([job.cfg for job in jobs])
     job = next(job for job in jobs if job.cfg is cfg)
     return calibrate(cfg, job.label)
@@ -262,7 +274,7 @@ def fid_name(cfg: Config) -> str:
     return "FID" if protocol_of(cfg).inception else "stand-in FID"
 
 
-def run_fid(job: Job, smoke: bool, args: argparse.Namespace) -> str:
+def run_fid(job: Job, options: TableOptions) -> str:
     """The row's FID (skipped when a result for the same checkpoint and protocol exists)."""
     from uvic.evaluation.fid import evaluate
     from uvic.run.weights import file_sha256
@@ -275,8 +287,8 @@ def run_fid(job: Job, smoke: bool, args: argparse.Namespace) -> str:
                 and old.get("protocol", {}).get("label") == label):
             return f"{what} {old['fid']:.3f} (skipped: result exists)"
     result = evaluate(job.cfg, job.ckpt, out_json=job.result,
-                      stats_dir=Path(args.out) / "fid_stats", precision=args.precision,
-                      num_workers=0 if smoke else None, progress=not args.quiet)
+                      stats_dir=Path(options.out) / "fid_stats", precision=options.precision,
+                      num_workers=0 if options.smoke else None, progress=not options.quiet)
     return f"{what} {result['fid']:.3f}" if result else f"{what} (other process)"
 
 
@@ -321,81 +333,35 @@ def smoke_note(jobs: list[Job]) -> str:
     return "".join(notes)
 
 
-def parse_args(table: Table, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The table program's options (the same for every table)."""
-    p = argparse.ArgumentParser(description=table.description)
-    p.add_argument("--out", help=f"output folder (default runs/{table.name}, or "
-                                 f"runs/{table.name}_smoke)")
-    p.add_argument("--smoke", action="store_true", help=table.smoke_help)
-    p.add_argument("--only", action="append", default=[], metavar="NAME",
-                   help="only rows with this name (or name prefix) or model (repeatable)")
-    p.add_argument("--stage", choices=["all", "train", "fid", "table"], default="all",
-                   help="run up to this stage only (default all)")
-    p.add_argument("--seeds", type=int, default=1,
-                   help="training seeds per row (default 1); with 2 or more every cell is "
-                        "the mean over seeds with its 95%% interval")
-    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="autocast dtype for FID sampling on CUDA")
-    add_set_option(p)  # applied to every row
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    args = p.parse_args(argv)
-    args.out = args.out or (f"runs/{table.name}_smoke" if args.smoke else f"runs/{table.name}")
-    return args
-
-
-def run(table: Table, args: argparse.Namespace) -> int:
-    """Plan, then every stage of every job, then the table; returns the exit status."""
-    try:  # the configs need no torch: a wrong --set or --only ends at once
-        jobs = make_jobs(table, args)
-        # the dry run times one row's model here: every row's time, before any run exists
-        print(plan(jobs, dry_run_calibration(jobs) if args.dry_run else None), flush=True)
-    except (ConfigError, FileNotFoundError, ValueError) as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
-    if args.dry_run:
-        return 0
-    # torch, the training loop: once the configs are checked
-    from uvic.data.base import DatasetError
-    from uvic.run.weights import CheckpointError
-    from uvic.training.trainer import TrainError
-
+def run_table(table: Table, options: TableOptions) -> None:
+    """Plan, then every stage of every job, then the table. Raises the error that stops it
+    (a stop by signal: KeyboardInterrupt, every finished cell kept)."""
+    jobs = make_jobs(table, options)  # the configs need no torch: a wrong --set ends at once
+    # the dry run times one row's model here: every row's time, before any run exists
+    print(plan(jobs, dry_run_calibration(jobs) if options.dry_run else None), flush=True)
+    if options.dry_run:
+        return
+    out = Path(options.out)
     main_process = int(os.environ.get("RANK", "0")) == 0
-    stages = [i for i, stage in enumerate(("train", "fid")) if args.stage in ("all", stage)]
+    stages = [i for i, stage in enumerate(("train", "fid")) if options.stage in ("all", stage)]
     cells = {job.label: job.cells() for job in jobs}
     clock = Clock([cells[job.label][i] for job in jobs for i in stages])
-    try:
-        if args.smoke and table.prepare_smoke is not None:
-            table.prepare_smoke(Path(args.out) / "data")
-        for job in jobs:
-            for i in stages:  # each cell saved when done: a rerun skips it
-                start = time.monotonic()
-                line = run_train(job) if i == 0 else run_fid(job, args.smoke, args)
-                print(f"{job.label}: {line}", flush=True)
-                progress = clock.finished(cells[job.label][i], time.monotonic() - start,
-                                          worked="skipped" not in line)
-                if main_process:
-                    print(progress, flush=True)
-        if args.stage in ("all", "table") and int(os.environ.get("RANK", "0")) == 0:
-            text = table.render(load_results(Path(args.out) / "fid"))
-            if args.smoke and (note := smoke_note(jobs)):
-                text += "\n" + note
-            path = Path(args.out) / f"{table.name}.md"
-            path.write_text(text)
-            print(text, end="")
-            print(f"table: {path}")
-    except (ConfigError, TrainError, CheckpointError, DatasetError, FileNotFoundError,
-            ValueError) as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
-    except KeyboardInterrupt as err:  # a run stopped on a signal saved its checkpoint first
-        signum = getattr(err, "signum", signal.SIGINT)
-        print(f"stopped by {signal.Signals(signum).name}: every finished cell is kept; run "
-              "the same command again to continue", file=sys.stderr)
-        return 128 + signum
-    return 0
-
-
-def main(table: Table, argv: Sequence[str] | None = None) -> int:
-    """Run a table program; returns the exit status."""
-    return run(table, parse_args(table, argv))
+    if options.smoke and table.prepare_smoke is not None:
+        table.prepare_smoke(out / "data")
+    for job in jobs:
+        for i in stages:  # each cell saved when done: a rerun skips it
+            start = time.monotonic()
+            line = run_train(job) if i == 0 else run_fid(job, options)
+            print(f"{job.label}: {line}", flush=True)
+            progress = clock.finished(cells[job.label][i], time.monotonic() - start,
+                                      worked="skipped" not in line)
+            if main_process:
+                print(progress, flush=True)
+    if options.stage in ("all", "table") and main_process:
+        text = table.render(load_results(out / "fid"))
+        if options.smoke and (note := smoke_note(jobs)):
+            text += "\n" + note
+        path = out / f"{table.name}.md"
+        path.write_text(text)
+        print(text, end="")
+        print(f"table: {path}")

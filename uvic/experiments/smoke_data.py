@@ -68,18 +68,21 @@ def tiny_vae(seed: int = 0) -> AutoencoderKL:
     ).eval()
 
 
-def extract_latents(folder: Path, *options: str) -> None:
-    """`uvic-extract-imagenet` of <folder>/imagenet with <folder>/vae into
-    <folder>/imagenet_features at SMOKE_RESOLUTION (and `options`)."""
-    from uvic.cli import extract_imagenet
+def extract_latents(folder: Path, repa_encoder: Path | None = None) -> None:
+    """The latents of <folder>/imagenet's train split, encoded with <folder>/vae at
+    SMOKE_RESOLUTION, into <folder>/imagenet_features (with `repa_encoder`'s features):
+    what `uvic-extract-imagenet` writes."""
+    from uvic.data.imagenet_extraction import extract_features, list_splits
+    from uvic.models.autoencoder import load_vae
+    from uvic.models.repa_encoder import load_encoder
 
-    status = extract_imagenet.main([
-        "--imagenet", str(folder / "imagenet"), "--out", str(folder / "imagenet_features"),
-        "--resolution", str(SMOKE_RESOLUTION), "--vae", str(folder / "vae"), *options,
-        "--batch-size", "8", "--chunk-size", "8", "--workers", "0", "--device", "cpu",
-        "--no-progress"])
-    if status != 0:
-        raise RuntimeError(f"feature extraction of the smoke data in {folder} failed")
+    repa = None if repa_encoder is None else load_encoder(str(repa_encoder), "",
+                                                          SMOKE_RESOLUTION // 16)
+    extract_features(list_splits(folder / "imagenet", ["train"]),
+                     folder / "imagenet_features", load_vae(str(folder / "vae")),
+                     vae_name=str(folder / "vae"), resolution=SMOKE_RESOLUTION,
+                     batch_size=8, chunk_size=8, num_workers=0, skip_corrupt=False,
+                     progress=False, repa=repa, repa_name=str(repa_encoder or ""))
 
 
 def write_smoke_data(folder: Path) -> None:
@@ -122,5 +125,5 @@ def write_recipes_smoke_data(folder: Path) -> None:
     write_imagenet(folder / "imagenet")
     tiny_vae().save_pretrained(folder / "vae")
     tiny_repa_encoder(folder / "repa_encoder")
-    extract_latents(folder, "--repa-encoder", str(folder / "repa_encoder"))
+    extract_latents(folder, folder / "repa_encoder")
     done.touch()

@@ -179,6 +179,37 @@ class Clock:
                 f"{cell.label}, {how}), {duration(self.now() - self.start)} so far; {when}")
 
 
+def make_batch(cfg: Config, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Random images (or latents) and, for conditional models, CLIP contexts or labels."""
+    import torch
+
+    m = cfg.model
+    out = {"x": torch.randn(batch, m.in_chans, m.img_size, m.img_size, device=device)}
+    if m.clip_dim > 0:
+        out["context"] = torch.randn(batch, m.num_clip_token, m.clip_dim, device=device)
+    if m.num_classes > 0:
+        out["y"] = torch.randint(0, m.num_classes, (batch,), device=device)
+    return out
+
+
+def synthetic_loss(cfg: Config, model: torch.nn.Module, data: dict[str, torch.Tensor],
+                   device: torch.device) -> Callable[[], torch.Tensor]:
+    """The trainer's loss of `model` on the fixed batch `data` (zeros as the empty text
+    context, the last class as the null class, its own noise generator): what a timed
+    training step computes."""
+    import torch
+
+    from uvic.diffusion.schedule import Diffusion, diffusion_loss
+
+    m, diffusion = cfg.model, Diffusion(cfg.diffusion)
+    empty = (torch.zeros(m.num_clip_token, m.clip_dim, device=device) if m.clip_dim > 0
+             else None)
+    null_class = m.num_classes - 1 if m.num_classes > 0 else None
+    generator = torch.Generator(device=device).manual_seed(0)
+    return lambda: diffusion_loss(model, diffusion, data, generator, empty_context=empty,
+                                  p_uncond=cfg.diffusion.p_uncond, null_class=null_class)
+
+
 def probe_config(cfgs: Sequence[Config]) -> Config:
     """The config a calibration measures: the cheapest model per training image (the
     shortest probe); the others' times scale from it by their FLOPs."""
@@ -194,7 +225,6 @@ def calibrate(cfg: Config, label: str, threads: int | None = None,
 
     import torch
 
-    from uvic.cli.bench_train import make_batch, synthetic_loss
     from uvic.models.uvit import build_model
     from uvic_kernels.fused_attention import interpreted_on_cpu
 

@@ -14,7 +14,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from uvic.cli.progress import (
+from uvic.config import Config, ConfigError, load_config
+from uvic.config.models import ATTENTION_PRESETS
+from uvic.config.sampling import short_run_guide
+from uvic.config.validation import validate
+from uvic.experiments.progress import (
     EVAL,
     TRAIN,
     Calibration,
@@ -25,11 +29,7 @@ from uvic.cli.progress import (
     sampling_cost,
     train_cost,
 )
-from uvic.cli.table_runner import seeds_from
-from uvic.config import Config, ConfigError, load_config
-from uvic.config.models import ATTENTION_PRESETS
-from uvic.config.sampling import short_run_guide
-from uvic.config.validation import validate
+from uvic.experiments.runner import seeds_from
 from uvic.presets import preset_path
 
 # keys a variant may not set: the comparison sets them for every run alike

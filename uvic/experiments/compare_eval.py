@@ -19,14 +19,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from uvic.cli.compare_plan import QUALITY, SAMPLED
-from uvic.cli.quickstart_steps import make_deterministic
-from uvic.cli.table_runner import Job, run_train
 from uvic.config import Config, apply_overrides
 from uvic.evaluation.fid import evaluate
 from uvic.evaluation.heldout import heldout_loss, real_images
 from uvic.evaluation.protocols import protocol_of
 from uvic.evaluation.quality import quality_figures
+from uvic.experiments.compare_plan import QUALITY, SAMPLED
+from uvic.experiments.quickstart_steps import make_deterministic
+from uvic.experiments.runner import Job, run_train
 from uvic.files import write_json
 from uvic.run.folder import RunFolder
 from uvic.run.weights import file_sha256

@@ -16,14 +16,13 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from uvic.cli.compare_eval import CellTime, EvalSettings, RunStopped, train_and_evaluate
-from uvic.cli.compare_plan import SAMPLED, Plan, describe, make_plan, run_cells
-from uvic.cli.compare_report import write_report
-from uvic.cli.errors import first_line, report_error
-from uvic.cli.progress import Calibration, Clock, calibrate, probe_config
-from uvic.cli.quickstart_steps import run_logged
-from uvic.cli.table_runner import Job
 from uvic.config import ConfigError, apply_overrides
+from uvic.experiments.compare_eval import CellTime, EvalSettings, RunStopped, train_and_evaluate
+from uvic.experiments.compare_plan import SAMPLED, Plan, describe, make_plan, run_cells
+from uvic.experiments.compare_report import write_report
+from uvic.experiments.progress import Calibration, Clock, calibrate, probe_config
+from uvic.experiments.quickstart_steps import run_logged
+from uvic.experiments.runner import Job
 from uvic.training.stop import Interrupted
 
 # settings that change the attention design only (a design may add weights of its own)
@@ -186,45 +185,30 @@ def _stop_workers(pool: ProcessPoolExecutor):
     return handler
 
 
-def run(args: argparse.Namespace, plan: Plan | None = None) -> int:
-    """The comparison on parsed arguments (`plan`: theirs, made and checked already);
-    returns the exit status."""
-    from uvic.data.base import DatasetError
-    from uvic.evaluation.statistics import InceptionWeightsMissing
-    from uvic.run.weights import CheckpointError
-    from uvic.training.trainer import TrainError
+def run(args: argparse.Namespace, plan: Plan | None = None) -> None:
+    """The comparison on parsed arguments (`plan`: theirs, made and checked already).
+    Raises the error that stops it (a stop by signal: KeyboardInterrupt or RunStopped,
+    every finished step kept)."""
+    plan = plan or make_plan(args)
+    jobs = jobs_of(plan)
+    # the dry run times one run's model here: every cell's time, before any run exists
+    print(describe(plan, {(j.row, j.seed): j.step_time() for j in jobs},
+                   {(j.row, j.seed): trained_steps(j) for j in jobs},
+                   dry_run_calibration(plan, args) if args.dry_run else None,
+                   worker_count(args, len(jobs))), flush=True)
+    pairing = pairing_check(plan)
+    if "fid" in plan.metrics:  # before any training, not hours later
+        from uvic.evaluation.statistics import check_inception
 
-    try:
-        plan = plan or make_plan(args)
-        jobs = jobs_of(plan)
-        # the dry run times one run's model here: every cell's time, before any run exists
-        print(describe(plan, {(j.row, j.seed): j.step_time() for j in jobs},
-                       {(j.row, j.seed): trained_steps(j) for j in jobs},
-                       dry_run_calibration(plan, args) if args.dry_run else None,
-                       worker_count(args, len(jobs))), flush=True)
-        pairing = pairing_check(plan)
-        if "fid" in plan.metrics:  # before any training, not hours later
-            from uvic.evaluation.statistics import check_inception
-
-            check_inception(plan.base, plan.base.eval.mode)
-        if args.dry_run:
-            return 0
-        settings = EvalSettings(tuple(plan.metrics), tuple(plan.grid), plan.heldout, plan.out)
-        if args.stage != "report":
-            prepare_references(plan)
-            if args.stage == "train":
-                settings = EvalSettings((), (), plan.heldout, plan.out)
-            run_all(jobs, settings, args)
-        if args.stage in ("all", "report") and int(os.environ.get("RANK", "0")) == 0:
-            for line in write_report(plan, pairing, sys.argv):
-                print(line, flush=True)
-    except (ConfigError, TrainError, CheckpointError, DatasetError, InceptionWeightsMissing,
-            FileNotFoundError, ValueError, RuntimeError) as err:
-        report_error(f"error: {first_line(err)}")
-        return 2
-    except (KeyboardInterrupt, RunStopped) as err:  # a run stopped on a signal, or Ctrl-C
-        signum = getattr(err, "signum", signal.SIGINT)
-        print(f"stopped by {signal.Signals(signum).name}: every finished step is kept; run "
-              "the same command again to continue", file=sys.stderr)
-        return 128 + signum
-    return 0
+        check_inception(plan.base, plan.base.eval.mode)
+    if args.dry_run:
+        return
+    settings = EvalSettings(tuple(plan.metrics), tuple(plan.grid), plan.heldout, plan.out)
+    if args.stage != "report":
+        prepare_references(plan)
+        if args.stage == "train":
+            settings = EvalSettings((), (), plan.heldout, plan.out)
+        run_all(jobs, settings, args)
+    if args.stage in ("all", "report") and int(os.environ.get("RANK", "0")) == 0:
+        for line in write_report(plan, pairing, sys.argv):
+            print(line, flush=True)

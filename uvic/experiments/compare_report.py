@@ -12,8 +12,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from uvic.cli.bench_records import git_state
-from uvic.cli.compare_plan import BETTER_TEXT, METRICS, Plan
 from uvic.config import to_dict
 from uvic.evaluation.paired import (
     POWER,
@@ -26,6 +24,8 @@ from uvic.evaluation.paired import (
     t_interval,
     verdict,
 )
+from uvic.experiments.compare_plan import BETTER_TEXT, METRICS, Plan
+from uvic.experiments.records import git_state
 from uvic.files import write_json
 
 Values = dict[str, dict[int, float]]  # variant -> seed -> value
@@ -34,7 +34,7 @@ BEST = "best step (selected on this metric itself)"
 
 def load_evaluations(plan: Plan) -> tuple[dict[str, dict[int, dict[str, Any]]], list[str]]:
     """run name -> step -> evaluation record, and the evaluations still missing."""
-    from uvic.cli.compare_eval import eval_file  # torch: only where evaluations are read
+    from uvic.experiments.compare_eval import eval_file  # torch: only where evaluations are read
 
     records: dict[str, dict[int, dict[str, Any]]] = {}
     missing = []
