@@ -60,15 +60,16 @@ def _weights(
 
 def _score_grad(
     s: torch.Tensor, a: torch.Tensor, da: torch.Tensor, delta: torch.Tensor | None,
-    stat: torch.Tensor, mode: str,
+    stat: torch.Tensor, mode: str, scratch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dL/dS of one chunk from the weights ``A``, ``dA`` and ``Delta = rowsum(dO * O)``
     (written over ``dA``, which the caller does not need again; sigmoid's rows are not
-    normalised and use no Delta)."""
+    normalised and use no Delta).  ``scratch``: optional room of A's shape for cog's
+    temporaries."""
     if mode == "cog":
         # sign(S) P (sign(S) dA - Delta), unsimplified: exactly 0 where S == 0, as
         # autograd is
-        return da.mul_(a.abs()).sub_(a * delta)
+        return da.mul_(torch.abs(a, out=scratch)).sub_(torch.mul(a, delta, out=scratch))
     if mode == "sigmoid":
         # dA * A * (1 - A), with 1 - A = sigmoid(-(S + b)): no cancellation where A ~ 1
         return da.mul_(a).mul_(torch.sigmoid(-s))
@@ -129,30 +130,55 @@ def _batch_slices(q: torch.Tensor, n_kv: int) -> list[slice]:
     return [slice(i, i + step) for i in range(0, q.shape[0], step)]
 
 
+def _scores_room(slices: list[slice], q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """An fp32 buffer for the scores of the largest of ``slices`` (the first), flattened
+    over batch and heads: (items x H, Nq, Nkv)."""
+    rows = (min(slices[0].stop, q.shape[0]) - slices[0].start) * q.shape[1] if slices else 0
+    return torch.empty((rows, q.shape[2], k.shape[2]), dtype=torch.float32, device=q.device)
+
+
 class Materialised(torch.autograd.Function):
     """The same algorithm where all scores fit at once (small images on a CPU), keeping the
     weights for the backward instead of recomputing them, and working a batch slice at a
-    time. ``bias``: sigmoid's (H,) fp32 or None."""
+    time. ``bias``: sigmoid's (H,) fp32 or None.
+
+    Its tensors are contiguous, so that batch and heads flatten into one dimension (the
+    weights are kept so, and the modes' elementwise maths sees them 3-D): each product is
+    then one ``torch.bmm``, where ``torch.matmul``'s 4-D path costs some microseconds more
+    per call and copies a strided operand or output.  The scores' temporaries live in
+    buffers reused from slice to slice: a fresh allocation of that size costs about as much
+    as a pass over it."""
 
     @staticmethod
     def forward(ctx, q, k, v, mode: str, scale: float, bias=None):
         with torch.autocast(q.device.type, enabled=False):
-            # k and v contiguous once (each is used by two matmuls), and q scaled: N x D
-            # entries to scale rather than N x N scores
+            heads = q.shape[1]
+            # q scaled (N x D entries to scale rather than N x N scores) into a fresh
+            # contiguous tensor, never q itself
             qf, kf, vf = q.float(), k.float().contiguous(), v.float().contiguous()
-            qs = qf * scale
+            qs = torch.mul(qf, scale, out=torch.empty(q.shape, dtype=torch.float32,
+                                                      device=q.device))
+            q3, k3, v3 = qs.flatten(0, 1), kf.flatten(0, 1), vf.flatten(0, 1)
             bias_rows = sigmoid_bias_rows(q, k.shape[2], bias) if mode == "sigmoid" else None
             o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+            o3 = o.flatten(0, 1)
+            slices = _batch_slices(q, k.shape[2])
+            if mode in ("cog", "softmax"):  # S, and cog's |S|
+                s_room, t_room = (_scores_room(slices, q, k) for _ in range(2))
             kept = []  # per slice: S (where the backward needs it), A, the row statistic
-            for b in _batch_slices(q, k.shape[2]):
+            for b in slices:
+                r = slice(b.start * heads, b.stop * heads)
                 if mode in ("cog", "softmax"):  # one fused softmax; S is not needed again
-                    s = qs[b] @ kf[b].transpose(-2, -1)
-                    a = torch.softmax(s.abs() if mode == "cog" else s, dim=-1)
+                    qr = q3[r]
+                    s = torch.bmm(qr, k3[r].transpose(1, 2), out=s_room[:len(qr)])
+                    t = torch.abs(s, out=t_room[:len(qr)]) if mode == "cog" else s
+                    a = torch.softmax(t, dim=-1)
                     s, a, stat = None, (a.mul_(s.sign_()) if mode == "cog" else a), None
                 else:
                     rows = None if bias_rows is None else bias_rows[b]
                     s, a, stat = _weights(qf[b], kf[b], rows, mode, scale)
-                torch.matmul(a, vf[b], out=o[b])
+                    s, a, stat = s.flatten(0, 1), a.flatten(0, 1), stat.flatten(0, 1)
+                torch.bmm(a, v3[r], out=o3[r])
                 kept += [s, a, stat]
         ctx.save_for_backward(qs, kf, vf, o, *kept)
         ctx.mode, ctx.scale, ctx.dtypes = mode, scale, (q.dtype, k.dtype, v.dtype)
@@ -161,22 +187,31 @@ class Materialised(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         qs, kf, vf, o, *kept = ctx.saved_tensors
-        mode, scale = ctx.mode, ctx.scale
+        mode, heads = ctx.mode, qs.shape[1]
         with torch.autocast(do.device.type, enabled=False):
             dof = do.float().contiguous()
-            # rowsum(dO * O) = rowsum(dA * A); sigmoid's rows are not normalised
-            delta = None if mode == "sigmoid" else (dof * o).sum(-1, keepdim=True)
+            q3, k3, v3 = qs.flatten(0, 1), kf.flatten(0, 1), vf.flatten(0, 1)
+            do3, o3 = dof.flatten(0, 1), o.flatten(0, 1)
             dq, dk, dv = torch.empty_like(qs), torch.empty_like(kf), torch.empty_like(vf)
+            dq3, dk3, dv3 = dq.flatten(0, 1), dk.flatten(0, 1), dv.flatten(0, 1)
+            slices = _batch_slices(qs, kf.shape[2])
+            da_room = _scores_room(slices, qs, kf)
+            scratch = _scores_room(slices, qs, kf) if mode == "cog" else None
             dbias = []
-            for i, b in enumerate(_batch_slices(qs, kf.shape[2])):
+            for i, b in enumerate(slices):
                 s, a, stat = kept[3 * i: 3 * i + 3]
-                da = dof[b] @ vf[b].transpose(-2, -1)
-                ds = _score_grad(s, a, da, None if delta is None else delta[b], stat, mode)
+                r = slice(b.start * heads, b.stop * heads)
+                da = torch.bmm(do3[r], v3[r].transpose(1, 2), out=da_room[:len(a)])
+                # rowsum(dO * O) = rowsum(dA * A); sigmoid's rows are not normalised
+                delta = None if mode == "sigmoid" else (do3[r] * o3[r]).sum(-1, keepdim=True)
+                ds = _score_grad(s, a, da, delta, stat, mode,
+                                 None if scratch is None else scratch[:len(a)])
                 if mode == "sigmoid" and ctx.needs_input_grad[5]:
-                    dbias.append(ds.sum(dim=(0, 2, 3)))
-                torch.matmul(a.transpose(-2, -1), dof[b], out=dv[b])
-                torch.matmul(ds, kf[b], out=dq[b]).mul_(scale)
-                torch.matmul(ds.transpose(-2, -1), qs[b], out=dk[b])
+                    dbias.append(ds.view(len(qs[b]), heads, *ds.shape[1:]).sum(dim=(0, 2, 3)))
+                torch.bmm(a.transpose(1, 2), do3[r], out=dv3[r])
+                torch.bmm(ds, k3[r], out=dq3[r])
+                torch.bmm(ds.transpose(1, 2), q3[r], out=dk3[r])
+            dq.mul_(ctx.scale)
         grads = (g.to(t) for g, t in zip((dq, dk, dv), ctx.dtypes))
         return (*grads, None, None, torch.stack(dbias).sum(0) if dbias else None)
 
