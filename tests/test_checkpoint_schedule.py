@@ -184,8 +184,8 @@ def test_fid_export_and_analysis_use_the_stored_schedule(run: Path, tmp_path: Pa
     from uvic.pipelines.export import export
 
     ckpt = run / "ema.safetensors"
-    cifar = load_config(CIFAR)
-    job = _job(cifar, ckpt, 2, tmp_path / "fid.json", None, tmp_path / "stats", None, None)
+    cifar = load_config(CIFAR, ["eval.n_samples=2"])
+    job = _job(cifar, ckpt, tmp_path / "fid.json", None, tmp_path / "stats", None, None)
     assert job.cfg.diffusion.beta_max == 10.0 and job.cfg.model.img_size == 16
     export(ckpt, tmp_path / "exported", config=CIFAR)
     index = json.loads((tmp_path / "exported" / "model_index.json").read_text())

@@ -144,7 +144,8 @@ def test_fid_of_a_class_conditional_model_samples_the_release_labels(tmp_path: P
     size; its samples record and its protocol name the draw and the guidance."""
     cfg = tiny()  # 4 real classes + the null class 4
     model = saved_model(cfg, tmp_path / "ema.safetensors")
-    common = {"n": 6, "feat_extractor": ProjectionFeatures("tiny16"), "seed": 2,
+    cfg = apply_overrides(cfg, ["eval.n_samples=6", "sample.seed=2"])
+    common = {"feat_extractor": ProjectionFeatures("tiny16"),
               "stats_dir": tmp_path / "stats", "num_workers": 0, "progress": False}
     result = fid.evaluate(cfg, tmp_path / "ema.safetensors", out_json=tmp_path / "a.json",
                           **common)

@@ -211,15 +211,15 @@ def test_evaluate_reports_fd_dinov2_and_precision_recall(tmp_path: Path) -> None
     (stand-in) features; FID itself is unchanged; the protocol records the settings."""
     state = tiny_state(2)
     torch.save(state, tmp_path / "dino.pth")
-    plain = run_eval(shapes_config(tmp_path), tmp_path)
+    plain = run_eval(shapes_config(tmp_path), tmp_path, n=12)  # 12 reference images too
     assert not {"fd_dinov2", "precision", "recall"} & plain.keys()
     assert "metrics" not in plain["protocol"] and "metrics" not in plain["wall_time_s"]
-    result = run_eval(metrics_config(tmp_path, tmp_path / "dino.pth"), tmp_path,
-                      out_json=tmp_path / "results" / "metrics.json",
+    result = run_eval(metrics_config(tmp_path, tmp_path / "dino.pth", "eval.pr_n_ref=6"),
+                      tmp_path, n=12, out_json=tmp_path / "results" / "metrics.json",
                       samples_dir=tmp_path / "results" / "shapes_samples")
-    assert result["reused"] == 6 and (result["fid"], result["kid"]) == (plain["fid"],
+    assert result["reused"] == 12 and (result["fid"], result["kid"]) == (plain["fid"],
                                                                         plain["kid"])
-    samples = [tmp_path / "results" / "shapes_samples" / f"{i:06d}.png" for i in range(6)]
+    samples = [tmp_path / "results" / "shapes_samples" / f"{i:06d}.png" for i in range(12)]
     stats = tmp_path / "stats"
     refs = sorted((stats / "shapes_seed1_n12_8px").glob("*.png"))
     assert len(refs) == 12
@@ -230,7 +230,7 @@ def test_evaluate_reports_fd_dinov2_and_precision_recall(tmp_path: Path) -> None
     assert result["fd_dinov2"] > 0.1
 
     # precision/recall on FID's features: the samples' as FID extracts them, the reference's
-    # from its cached statistics, a subset of 6 of its 12 drawn with the seed
+    # from its cached statistics, a subset of 6 (eval.pr_n_ref) of its 12 drawn with the seed
     cached = np.load(stats / "shapes_seed1_n12_8px_clean_tiny16_8.npz")["feats"]
     fake_pr = fid_stats.files_features(samples, tiny_features(), progress=False)
     pick = np.sort(np.random.default_rng([0, 3]).choice(12, 6, replace=False))
@@ -239,7 +239,7 @@ def test_evaluate_reports_fd_dinov2_and_precision_recall(tmp_path: Path) -> None
     saved = json.loads((tmp_path / "results" / "metrics.json").read_text())
     record = saved["protocol"]["metrics"]
     assert record["precision_recall"] == {"features": "tiny16", "k": 3, "n_ref": 6,
-                                          "n_samples": 6, "distance": "euclidean, float64"}
+                                          "n_samples": 12, "distance": "euclidean, float64"}
     fd = record["fd_dinov2"]
     assert fd["features"] == "dinov2 vit_small_patch14_dinov2 (64 wide, 2 deep)"
     assert fd["weights_file"] == str(tmp_path / "dino.pth") and len(fd["weights"]) == 16

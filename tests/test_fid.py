@@ -126,8 +126,9 @@ def shapes_config(tmp_path: Path) -> Config:
     return cfg
 
 
-def run_eval(cfg: Config, tmp_path: Path, **kwargs) -> dict:
-    kwargs = {"n": 6, "out_json": tmp_path / "results" / "shapes.json",
+def run_eval(cfg: Config, tmp_path: Path, n: int = 6, seed: int = 0, **kwargs) -> dict:
+    cfg = apply_overrides(cfg, [f"eval.n_samples={n}", f"sample.seed={seed}"])
+    kwargs = {"out_json": tmp_path / "results" / "shapes.json",
               "feat_extractor": tiny_features(), "stats_dir": tmp_path / "stats",
               "num_workers": 0, "progress": False, **kwargs}
     return fid.evaluate(cfg, tmp_path / "ema.safetensors", **kwargs)
@@ -174,8 +175,8 @@ def test_evaluate_end_to_end_resume_and_table(tmp_path: Path, capsys) -> None:
     # FID recomputed by hand from the same features and the held-out reference images
     fx = tiny_features()
     feats = fid_stats.files_features(files, fx, progress=False)
-    refs = fid_stats.list_images(tmp_path / "stats" / "shapes_seed1_n12_8px")
-    assert len(refs) == 12
+    refs = fid_stats.list_images(tmp_path / "stats" / "shapes_seed1_n6_8px")
+    assert len(refs) == 6  # Shapes' held-out reference: eval.n_samples images
     ref_feats = fid_stats.files_features(refs, fx, progress=False)
     expected = reference_fid(*fid_stats.feature_statistics(feats),
                              *fid_stats.feature_statistics(ref_feats))
@@ -627,8 +628,9 @@ def test_mscoco_reference_and_text_to_image_fid(tmp_path: Path) -> None:
     torch.testing.assert_close(context_fn([0, 1, 2])[1:], context_fn([1, 2]))
     assert context_fn([0, 1, 2]).shape == (3, 77, 32)
 
-    result = fid.evaluate(cfg, tmp_path / "ema.safetensors", n=3,
-                          out_json=tmp_path / "coco.json", feat_extractor=tiny_features(),
+    result = fid.evaluate(apply_overrides(cfg, ["eval.n_samples=3"]),
+                          tmp_path / "ema.safetensors", out_json=tmp_path / "coco.json",
+                          feat_extractor=tiny_features(),
                           stats_dir=tmp_path / "cache", num_workers=0, progress=False)
     assert result["guidance"] == 1.0 and np.isfinite(result["fid"])
     assert Image.open(tmp_path / "coco_samples" / "000000.png").size == (64, 64)

@@ -19,7 +19,7 @@ import uvic.evaluation.fid as fid
 import uvic.evaluation.fingerprint as fingerprint
 import uvic.evaluation.reference as fid_ref
 import uvic.evaluation.statistics as fid_stats
-from uvic.config import Config, DataConfig, EvalConfig, ModelConfig, SampleConfig
+from uvic.config import Config, DataConfig, EvalConfig, ModelConfig, SampleConfig, apply_overrides
 from uvic.models.uvit import build_model
 from uvic.run.weights import save_safetensors
 
@@ -214,7 +214,8 @@ def test_the_result_records_the_reference_digest(tmp_path: Path) -> None:
     cfg.sample = SampleConfig(steps=2, batch_size=6, cfg_scale=0.0)
     torch.manual_seed(0)
     save_safetensors(build_model(cfg.model), tmp_path / "ema.safetensors")
-    kwargs = {"n": 6, "out_json": tmp_path / "fid.json", "feat_extractor": tiny_features(),
+    cfg = apply_overrides(cfg, ["eval.n_samples=6"])
+    kwargs = {"out_json": tmp_path / "fid.json", "feat_extractor": tiny_features(),
               "stats_dir": tmp_path / "stats", "num_workers": 0, "progress": False}
     result = fid.evaluate(cfg, tmp_path / "ema.safetensors", **kwargs)
     saved = json.loads((tmp_path / "fid.json").read_text())

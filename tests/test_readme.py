@@ -750,7 +750,8 @@ class Assets:
             cfg = load_config(ROOT / "configs/cifar10_uvic.py", [
                 *set_values(CIFAR10_MODEL), "sample.steps=2", "sample.batch_size=4",
                 f"eval.ref_images={ref}"])
-            fid.evaluate(cfg, self.root / "runs/cifar10_uvic/ema.safetensors", n=4,
+            fid.evaluate(apply_overrides(cfg, ["eval.n_samples=4"]),
+                         self.root / "runs/cifar10_uvic/ema.safetensors",
                          out_json=self.root / "fid/cifar10_uvic.json",
                          feat_extractor=fid_stats.ProjectionFeatures("tiny16"),
                          stats_dir=self.root / "stats", num_workers=0, progress=False)

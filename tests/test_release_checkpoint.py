@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from uvic.config import load_config
+from uvic.config import apply_overrides, load_config
 from uvic.data.datasets import save_shapes_folder
 from uvic.diffusion.schedule import Diffusion
 from uvic.evaluation import fid
@@ -48,7 +48,8 @@ def test_released_checkpoint_under_the_release_protocol(tmp_path: Path) -> None:
     ckpt = tmp_path / "nnet_ema.pth"
     torch.save(state, ckpt)
 
-    result = fid.evaluate(cfg, ckpt, n=6, out_json=tmp_path / "fid" / "release.json",
+    result = fid.evaluate(apply_overrides(cfg, ["eval.n_samples=6"]), ckpt,
+                          out_json=tmp_path / "fid" / "release.json",
                           feat_extractor=Features(), stats_dir=tmp_path / "stats",
                           num_workers=0, progress=False)
     p = result["protocol"]

@@ -92,22 +92,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def overrides(args: argparse.Namespace) -> list[str]:
     """Command-line options as config overrides (recorded in the result's config): the
     sampler flags as `uvic-sample` reads them, then the evaluator's own."""
-    pairs = [("eval.mode", args.mode), ("eval.features", args.features),
+    pairs = [("eval.n_samples", args.n), ("eval.mode", args.mode),
+             ("eval.features", args.features),
              ("eval.inception_path", args.inception_path), ("eval.metrics", args.metrics),
              ("eval.dinov2_path", args.dinov2_path)]
     return sampler_overrides(args) + [f"{key}={value}" for key, value in pairs
                                       if value is not None]
 
 
-def usage_error(args: argparse.Namespace) -> str | None:
-    """The first problem of the arguments that needs no model (a count out of range, a
-    missing or unreadable checkpoint), or None: checked before torch loads."""
+def count_error(args: argparse.Namespace) -> str | None:
+    """The first count out of range, said with its option (checked before the config, whose
+    rules would name `--n`'s key instead), or None."""
     counts = [("--n", args.n, 2), ("--feature-batch-size", args.feature_batch_size, 1),
               ("--num-workers", args.num_workers, 0)]
     for option, value, least in counts:
         if value is not None and value < least:
             return f"{option} {value}: must be >= {least}"
-    return input_error(args.ckpt, "--ckpt")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,9 +119,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fid(args: argparse.Namespace) -> None:
     """The checks that need no torch, then the evaluation and its summary."""
-    cfg = startup_config(args.config, [*args.set, *overrides(args), *threads_overrides(args)])
-    if (problem := usage_error(args)) is not None:
+    if (problem := count_error(args)) is not None:
         raise ConfigError(problem)
+    cfg = startup_config(args.config, [*args.set, *overrides(args), *threads_overrides(args)])
+    if (problem := input_error(args.ckpt, "--ckpt")) is not None:
+        raise FileNotFoundError(problem)
     threads = choose_threads(cfg.train.threads)
     apply_threads(threads)  # the library (torch) is imported from here on
     if not args.quiet and int(os.environ.get("RANK", "0")) == 0:
@@ -131,9 +134,8 @@ def _fid(args: argparse.Namespace) -> None:
     from uvic.run.architecture import ModelChoice
 
     result = evaluate(
-        cfg, args.ckpt, n=args.n, out_json=args.out, samples_dir=args.samples_dir,
-        config_path=args.config, seed=args.seed, precision=args.precision,
-        stats_dir=args.stats_dir, allow_download=args.download,
+        cfg, args.ckpt, out_json=args.out, samples_dir=args.samples_dir,
+        config_path=args.config, stats_dir=args.stats_dir, allow_download=args.download,
         feature_batch_size=args.feature_batch_size, num_workers=args.num_workers,
         progress=not args.quiet,
         choice=ModelChoice.from_overrides(args.set, args.model_from_config, args.config),

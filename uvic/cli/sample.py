@@ -121,8 +121,7 @@ def _sample(args: argparse.Namespace) -> None:
     from uvic.sampling.folder import sample_to_folder
 
     written = sample_to_folder(
-        cfg, args.ckpt, args.out, labels=args.label, n=args.n, seed=args.seed,
-        prompts_file=args.prompts, precision=args.precision,
+        cfg, args.ckpt, args.out, labels=args.label, n=args.n, prompts_file=args.prompts,
         save_individual=args.save_individual, nrow=args.nrow,
         record={"config_path": args.config, "args": vars(args)}, progress=not args.quiet,
         choice=ModelChoice.from_overrides(args.set, args.model_from_config, args.config),

@@ -22,15 +22,17 @@ def add_sampler_options(parser: argparse.ArgumentParser) -> None:
                         "(diffusers' guidance_scale = s + 1)")
     parser.add_argument("--batch-size", type=int,
                         help="images per forward pass per process")
-    parser.add_argument("--seed", type=int, default=0, help="sample seed (default 0)")
-    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
-                        help="autocast dtype on CUDA for sampling (default fp32)")
+    parser.add_argument("--seed", type=int, help="sample seed (default: sample.seed, 0)")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS),
+                        help="autocast dtype on CUDA for sampling (default: sample.precision, "
+                        "fp32)")
 
 
 def sampler_overrides(args: argparse.Namespace) -> list[str]:
     """--steps etc. as config overrides, so the saved config records what was used."""
     pairs = [("steps", args.steps), ("scheduler", args.scheduler), ("order", args.order),
-             ("cfg_scale", args.cfg_scale), ("batch_size", args.batch_size)]
+             ("cfg_scale", args.cfg_scale), ("batch_size", args.batch_size),
+             ("seed", args.seed), ("precision", args.precision)]
     return [f"sample.{key}={value}" for key, value in pairs if value is not None]
 
 

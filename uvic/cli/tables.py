@@ -40,15 +40,17 @@ def parse_args(table: Table, argv: Sequence[str] | None = None) -> TableOptions:
                    help="training seeds per row (default 1); with 2 or more every cell is "
                         "the mean over seeds with its 95%% interval")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="autocast dtype for FID sampling on CUDA")
+    p.add_argument("--precision", choices=PRECISIONS,
+                   help="autocast dtype for FID sampling on CUDA (sets sample.precision; "
+                        "default fp32)")
     add_set_option(p)  # applied to every row
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     a = p.parse_args(argv)
     out = a.out or (f"runs/{table.name}_smoke" if a.smoke else f"runs/{table.name}")
     return TableOptions(out=out, smoke=a.smoke, only=tuple(a.only), stage=a.stage,
-                        seeds=a.seeds, dry_run=a.dry_run, overrides=tuple(a.set),
-                        precision=a.precision, quiet=a.quiet)
+                        seeds=a.seeds, dry_run=a.dry_run, quiet=a.quiet,
+                        overrides=(*a.set, *([f"sample.precision={a.precision}"]
+                                             if a.precision else [])))
 
 
 def run(table: Table, argv: Sequence[str] | None = None) -> int:

@@ -45,6 +45,8 @@ def check_sample(sample: SampleConfig) -> None:
          f"sample.autoguidance_scale={sample.autoguidance_scale} needs "
          "sample.autoguidance_ckpt (the weaker model's weights)"),
         compile_rule(sample.compile),
+        (sample.precision in PRECISIONS,
+         f"sample.precision={sample.precision!r}: expected one of {', '.join(PRECISIONS)}"),
     ])
     require(interval_rules(sample.guidance_interval, "sample.guidance_interval"))
     check_scheduler(sample.scheduler, sample.order)

@@ -193,6 +193,10 @@ class SampleConfig:
     guidance_interval: tuple[float, ...] = ()
     batch_size: int = 500
     decode_batch_size: int = 50
+    # The noise of sample i is seeded by (seed, i): the same seed gives the same images on
+    # any device, batch size or process count (and FID's class labels, prompts, KID subsets)
+    seed: int = 0
+    precision: str = "fp32"  # autocast dtype on CUDA for sampling: fp32 (none) | fp16 | bf16
     # torch.compile of the network call (static shapes: every call of a run sees one batch
     # size, the last batch padded): off | default | reduce-overhead (CUDA graphs on a GPU)
     # | max-autotune (see uvic.sampling.compiled)

@@ -157,14 +157,11 @@ def versions() -> dict[str, str]:
 def evaluate(
     cfg: Config,
     ckpt_path: str | Path,
-    n: int | None = None,
     out_json: str | Path | None = None,
     samples_dir: str | Path | None = None,
     feat_extractor: Callable | None = None,
     *,
     config_path: str | Path | None = None,
-    seed: int = 0,
-    precision: str = "fp32",
     stats_dir: str | Path | None = None,
     allow_download: bool = False,
     feature_batch_size: int = 64,
@@ -174,9 +171,11 @@ def evaluate(
     say: Callable[[str], None] | None = None,
     guidance_option: str | None = None,
 ) -> dict[str, Any]:
-    """Generate `n` samples of the checkpoint (resumable), compute FID and KID, write JSON.
+    """Generate eval.n_samples samples of the checkpoint (resumable), compute FID and KID,
+    write JSON.
 
-    Sampler settings come from cfg.sample, the protocol from cfg.eval (mode, reference).
+    Sampler settings (seed and precision too) come from cfg.sample, the protocol from
+    cfg.eval (samples, mode, reference).
     Runs on every process of an `accelerate launch` (each samples its share); the main
     process then extracts features and returns the result (other processes return {}).
     `feat_extractor` replaces Inception (tests): a callable mapping (B, 3, 299, 299) images
@@ -194,7 +193,8 @@ def evaluate(
         feat_extractor = stand_in_features(cfg)  # None: Inception
     state = distributed_state()
     say = say if state.is_main_process else None
-    job = _job(cfg, ckpt_path, n, out_json, samples_dir, stats_dir, choice, say)
+    job = _job(cfg, ckpt_path, out_json, samples_dir, stats_dir, choice, say)
+    seed, precision = cfg.sample.seed, cfg.sample.precision
     check_guidance(job.cfg, guidance_option)
     extractor = _check_protocol(job, feat_extractor, allow_download, state)
     ckpt_sha = file_sha256(job.ckpt)
@@ -251,14 +251,14 @@ class _Job:
     metrics: MetricsPlan | None = None  # eval.metrics beside FID, set by _check_protocol
 
 
-def _job(cfg: Config, ckpt_path: str | Path, n: int | None, out_json: str | Path | None,
+def _job(cfg: Config, ckpt_path: str | Path, out_json: str | Path | None,
          samples_dir: str | Path | None, stats_dir: str | Path | None,
          choice: ModelChoice | None, say: Callable[[str], None] | None) -> _Job:
     """What `evaluate` was asked, with its defaults, and the checkpoint's architecture
     (`say` gets its note)."""
-    n = int(n if n is not None else cfg.eval.n_samples)
+    n = cfg.eval.n_samples
     if n < 2:
-        raise ValueError(f"FID needs at least 2 samples, got n={n}")
+        raise ValueError(f"eval.n_samples={n}: FID needs at least 2 samples")
     ckpt_path = Path(ckpt_path)
     if not ckpt_path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {ckpt_path}")

@@ -87,13 +87,14 @@ def _sampled_metrics(cfg: Config, ckpt: Path, folder: Path, settings: EvalSettin
     by each); also the protocols and the reference statistics' digests."""
     metrics, found = settings.metrics, {}
     samples = folder.with_name(folder.name + "_samples")
-    seed = cfg.train.seed
     features = (["projection"] if any(m in metrics for m in ("standin_fid", *QUALITY)) else [])
     features += ["inception"] if "fid" in metrics else []
     for feature in features:
-        result = evaluate(apply_overrides(cfg, [f"eval.features={feature}"]), ckpt,
-                          out_json=folder.with_name(f"{folder.name}_{feature}.json"),
-                          samples_dir=samples, seed=seed, stats_dir=settings.out / "fid_stats",
+        # each run's samples seeded by its training seed: the pairs share their noise
+        scored = apply_overrides(cfg, [f"eval.features={feature}",
+                                       f"sample.seed={cfg.train.seed}"])
+        result = evaluate(scored, ckpt, out_json=folder.with_name(f"{folder.name}_{feature}.json"),
+                          samples_dir=samples, stats_dir=settings.out / "fid_stats",
                           num_workers=0, progress=False)
         if result:
             key = "fid" if feature == "inception" else "standin_fid"

@@ -201,7 +201,7 @@ def try_fid(cfg: Config, ckpt: Path, out_dir: Path, name: str) -> tuple[float | 
         return None, str(err)
     print(f"=== {name}: {what} ({cfg.eval.n_samples} samples) ===", flush=True)
     try:
-        result = fid.evaluate(cfg, ckpt, n=cfg.eval.n_samples, out_json=out_dir / "fid.json",
+        result = fid.evaluate(cfg, ckpt, out_json=out_dir / "fid.json",
                               samples_dir=out_dir / "fid_samples")
     except fid.InceptionWeightsMissing as err:
         return None, str(err)

@@ -80,7 +80,7 @@ class Table:
 class TableOptions:
     """How a table program runs: output folder, smoke rows or the real ones, the rows
     `only` picks, up to which stage, training seeds per row, config overrides for every
-    row, FID's autocast precision, progress bars."""
+    row, progress bars."""
 
     out: str
     smoke: bool = False
@@ -89,7 +89,6 @@ class TableOptions:
     seeds: int = 1
     dry_run: bool = False
     overrides: tuple[str, ...] = ()
-    precision: str = "fp32"
     quiet: bool = False
 
 
@@ -287,7 +286,7 @@ def run_fid(job: Job, options: TableOptions) -> str:
                 and old.get("protocol", {}).get("label") == label):
             return f"{what} {old['fid']:.3f} (skipped: result exists)"
     result = evaluate(job.cfg, job.ckpt, out_json=job.result,
-                      stats_dir=Path(options.out) / "fid_stats", precision=options.precision,
+                      stats_dir=Path(options.out) / "fid_stats",
                       num_workers=0 if options.smoke else None, progress=not options.quiet)
     return f"{what} {result['fid']:.3f}" if result else f"{what} (other process)"
 

@@ -132,9 +132,7 @@ def sample_to_folder(
     *,
     labels: Sequence[str] | None = None,
     n: int = 64,
-    seed: int = 0,
     prompts_file: str | Path | None = None,
-    precision: str = "fp32",
     save_individual: bool = False,
     nrow: int | None = None,
     record: dict | None = None,
@@ -144,8 +142,9 @@ def sample_to_folder(
     say: Callable[[str], None] | None = None,
     class_labels: Sequence[int] | None = None, guidance_option: str | None = None,
 ) -> dict[str, Path]:
-    """Sample `n` images from each checkpoint with the same noise and write them to `out`
-    (the files of the module docstring; label "samples" for one checkpoint).
+    """Sample `n` images from each checkpoint with the same noise (cfg.sample's seed and
+    precision) and write them to `out` (the files of the module docstring; label "samples"
+    for one checkpoint).
 
     `sample_config.json` records the given config, the model built for each checkpoint
     and its source, the prompts and `record`. Grids are enlarged `upscale` times (nearest
@@ -170,6 +169,7 @@ def sample_to_folder(
     given = cfg
     cfg = next(iter(resolved.values())).applied(cfg)  # the inputs
     check_guidance(cfg, guidance_option)
+    seed, precision = given.sample.seed, given.sample.precision
     say = say if state.is_main_process else None
     assets, shown = _assets(cfg, n, nrow, prompts_file, device, class_labels, say)
 
