@@ -440,3 +440,26 @@ def test_one_error_path_for_every_program(capsys, monkeypatch) -> None:
     assert "uvic_nonexistent" not in sys.modules
     monkeypatch.setitem(sys.modules, "uvic_loaded", mock.Mock(Error=_Failed))
     assert run_reported(fail(_Failed("y")), ("uvic_loaded:Error",)) == 1
+
+
+def test_seed_precision_and_count_flags_are_config_overrides() -> None:
+    """`--seed`, `--precision` (uvic-sample, uvic-fid) and uvic-fid's `--n` set
+    sample.seed, sample.precision and eval.n_samples, so the saved config records them;
+    unset, the config's values hold; a precision no sampler knows is refused naming it."""
+    from uvic.cli import fid, sample
+    from uvic.cli.sampler_options import sampler_overrides
+    from uvic.config import ConfigError, load_config
+    from uvic.config.validation import validate
+    from uvic.presets import preset_path
+
+    given = sample.parse_args(["--config", "cifar10_uvic", "--ckpt", "c", "--out", "o",
+                               "--seed", "3", "--precision", "bf16"])
+    assert sampler_overrides(given)[-2:] == ["sample.seed=3", "sample.precision=bf16"]
+    assert sampler_overrides(sample.parse_args(["--config", "cifar10_uvic", "--ckpt", "c",
+                                                "--out", "o"])) == []
+    assert "eval.n_samples=7" in fid.overrides(fid.parse_args(
+        ["--config", "cifar10_uvic", "--ckpt", "c", "--n", "7"]))
+    cfg = load_config(preset_path("cifar10_uvic"), sampler_overrides(given))
+    assert (cfg.sample.seed, cfg.sample.precision) == (3, "bf16")
+    with pytest.raises(ConfigError, match=r"sample\.precision='fp8'"):
+        validate(load_config(preset_path("cifar10_uvic"), ["sample.precision=fp8"]))
