@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from uvic.analysis import capacity as C
-from uvic.analysis import skip_trigrams as S
+from uvic.analysis.superposition import capacity as C
+from uvic.analysis.superposition import skip_trigrams as S
 
 
 def _zeroed(vocab: int, mode: str) -> S.ToyAttentionModel:

@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from uvic.analysis import copy_suppress as CS
-from uvic.analysis.capacity import Grid, ToyRecipe
-from uvic.analysis.skip_trigrams import ToyAttentionModel
+from uvic.analysis.superposition import copy_suppress as CS
+from uvic.analysis.superposition.capacity import Grid, ToyRecipe
+from uvic.analysis.superposition.skip_trigrams import ToyAttentionModel
 from uvic.cli.gated_attention import main
 
 TASK = CS.CopySuppressTask(group=3, fillers=2, slots=5)

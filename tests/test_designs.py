@@ -428,7 +428,7 @@ def test_differential_processor_refuses_what_it_cannot_pair() -> None:
 def test_toy_differential_and_gate_match_their_equations() -> None:
     """The toy models' differential heads and output gate, against the equations written
     with plain loops (causal, head width 2)."""
-    from uvic.analysis.skip_trigrams import ToyAttentionModel
+    from uvic.analysis.superposition.skip_trigrams import ToyAttentionModel
 
     torch.manual_seed(5)
     model = ToyAttentionModel(vocab=6, num_heads=2, mode="differential+gate", head_dim=2,
@@ -456,7 +456,7 @@ def test_toy_differential_and_gate_match_their_equations() -> None:
 
 
 def test_toy_designs_share_the_initial_weights_and_learn_a_trigram() -> None:
-    from uvic.analysis import capacity
+    from uvic.analysis.superposition import capacity
 
     recipe = capacity.ToyRecipe(max_steps=600)
     states = {}

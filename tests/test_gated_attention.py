@@ -16,11 +16,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from uvic.analysis import gated as G
-from uvic.analysis import skip_trigrams as S
-from uvic.analysis import trigram_experiments as E
-from uvic.analysis.gated_distil import capture, distil_module, module_attention, uvit_block
-from uvic.analysis.gated_figures import capacity_figure, gate_figure
+from uvic.analysis.superposition import gated as G
+from uvic.analysis.superposition import reproduction as E
+from uvic.analysis.superposition import skip_trigrams as S
+from uvic.analysis.superposition.distil import capture, distil_module, module_attention, uvit_block
+from uvic.analysis.superposition.figures import capacity_figure, gate_figure
 from uvic.cli.gated_attention import main
 from uvic.config import load_config
 from uvic.models.uvit import build_model

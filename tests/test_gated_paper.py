@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from uvic.analysis import gated as G
-from uvic.analysis import gated_paper as P
-from uvic.analysis import skip_trigrams as S
+from uvic.analysis.superposition import gated as G
+from uvic.analysis.superposition import paper as P
+from uvic.analysis.superposition import skip_trigrams as S
 from uvic.cli import gated_attention as cli
 
 ROOT = Path(__file__).resolve().parents[1]

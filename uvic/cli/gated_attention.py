@@ -221,7 +221,7 @@ def _settings(args: argparse.Namespace, base):
 
 
 def _trigrams(args: argparse.Namespace) -> dict:
-    from uvic.analysis import trigram_experiments as te
+    from uvic.analysis.superposition import reproduction as te
 
     if args.setting == "hand-built":
         return te.reproduce_hand_built(args.seed, _settings(args, te.HAND_BUILT))
@@ -240,8 +240,8 @@ def _capacity(args: argparse.Namespace, out: Path) -> None:
     """The tuned capacity table, or the sensitivity table; resumable, figures and JSON."""
     import time
 
-    from uvic.analysis import capacity as C
-    from uvic.analysis.gated_figures import capacity_figure
+    from uvic.analysis.superposition import capacity as C
+    from uvic.analysis.superposition.figures import capacity_figure
     from uvic.files import write_json
 
     base = C.ToyRecipe(head_dim=args.head_dim, depth=args.depth, max_steps=args.max_steps,
@@ -282,7 +282,7 @@ def _capacity(args: argparse.Namespace, out: Path) -> None:
 
 def _cells(modes: list[str], head_counts: list[int]) -> list[tuple[str, int]]:
     """The (design, heads) cells to run; says which ones no toy model can have."""
-    from uvic.analysis.skip_trigrams import design_cells
+    from uvic.analysis.superposition.skip_trigrams import design_cells
 
     cells = design_cells(modes, head_counts)
     skipped = [(m, h) for m in modes for h in head_counts if (m, h) not in cells]
@@ -297,8 +297,8 @@ def _cells(modes: list[str], head_counts: list[int]) -> list[tuple[str, int]]:
 
 def _copy_suppress(args: argparse.Namespace, out: Path) -> None:
     """Seeds that solve copy-and-suppress per mode and head count, every mode tuned alike."""
-    from uvic.analysis import copy_suppress as CS
-    from uvic.analysis.capacity import Grid, ToyRecipe
+    from uvic.analysis.superposition import copy_suppress as CS
+    from uvic.analysis.superposition.capacity import Grid, ToyRecipe
     from uvic.files import write_json
 
     base = ToyRecipe(head_dim=args.head_dim or 2 * args.group, max_steps=args.max_steps)
@@ -317,7 +317,7 @@ def _distil(args: argparse.Namespace, out: Path) -> dict:
     import torch
 
     from uvic.analysis.core import load_inputs, load_models, noised_inputs
-    from uvic.analysis.gated_distil import capture, distil_module, uvit_block
+    from uvic.analysis.superposition.distil import capture, distil_module, uvit_block
     from uvic.run.architecture import ModelChoice
 
     cfg = load_config(args.config, args.set)
@@ -353,7 +353,7 @@ def _control(args: argparse.Namespace, out: Path) -> None:
         if not (folder / name).is_file():
             raise FileNotFoundError(f"{folder / name}: no such file (one of the paper's saved "
                                     "models)")
-    from uvic.analysis.gated_paper import control, control_markdown
+    from uvic.analysis.superposition.paper import control, control_markdown
     from uvic.files import write_json, write_text
 
     result = control(folder, args.prompts, args.seed)
@@ -375,7 +375,7 @@ def _run(args: argparse.Namespace, out: Path) -> None:
         return _capacity(args, out)
     if args.command == "copy-suppress":
         return _copy_suppress(args, out)
-    from uvic.analysis.gated_figures import gate_figure
+    from uvic.analysis.superposition.figures import gate_figure
     from uvic.files import write_json
 
     result = _trigrams(args) if args.command == "trigrams" else _distil(args, out)

@@ -18,8 +18,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
-from uvic.analysis.gated import GatedAttentionBlock
-from uvic.analysis.skip_trigrams import (
+from uvic.analysis.superposition.gated import GatedAttentionBlock
+from uvic.analysis.superposition.skip_trigrams import (
     LEARNT,
     PROMPT_LENGTH,
     ToyAttentionModel,
@@ -129,10 +129,10 @@ def paper_prompts(num_trigrams: int, num_prompts: int, seed: int,
                   length: int = PROMPT_LENGTH) -> TrigramData:
     """Prompts of ``length`` tokens drawn as the paper draws them, plus one token.
 
-    As :func:`~uvic.analysis.skip_trigrams.make_prompts`, but each token is uniform over
-    A, B, C and BOS (B, C, BOS while an A waits): BOS can recur. One more token is drawn
-    so that a B at the prompt's last position has its C (the paper counts that trigram);
-    the inputs ``tokens[:, :-1]`` are the paper's prompts.
+    As :func:`~uvic.analysis.superposition.skip_trigrams.make_prompts`, but each token is
+    uniform over A, B, C and BOS (B, C, BOS while an A waits): BOS can recur. One more token
+    is drawn so that a B at the prompt's last position has its C (the paper counts that
+    trigram); the inputs ``tokens[:, :-1]`` are the paper's prompts.
     """
     return make_prompts(num_trigrams, num_prompts, seed, length + 1, bos_recurs=True)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from uvic.analysis.gated import (
+from uvic.analysis.superposition.gated import (
     GatedAttentionBlock,
     expanded_heads,
     fit,

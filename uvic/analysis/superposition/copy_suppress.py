@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from uvic.analysis.capacity import (
+from uvic.analysis.superposition.capacity import (
     TUNING_SEED,
     Grid,
     Ledger,
@@ -24,7 +24,7 @@ from uvic.analysis.capacity import (
     run_jobs,
     train_to_plateau,
 )
-from uvic.analysis.skip_trigrams import LEARNT, design_cells, toy_model
+from uvic.analysis.superposition.skip_trigrams import LEARNT, design_cells, toy_model
 
 SOLVED = LEARNT  # share of held-out prompts a model must get right
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from uvic.analysis.gated import (
+from uvic.analysis.superposition.gated import (
     OPEN_GATE,
     GatedAttentionBlock,
     expanded_heads,
@@ -22,8 +22,8 @@ from uvic.analysis.gated import (
     gate_report,
     start_at_mean,
 )
-from uvic.analysis.gated_paper import paper_head_test
-from uvic.analysis.skip_trigrams import (
+from uvic.analysis.superposition.paper import paper_head_test
+from uvic.analysis.superposition.skip_trigrams import (
     LEARNT,
     ToyAttentionModel,
     TrigramData,
@@ -89,7 +89,7 @@ def train_original(mode: str, heads: int, trigrams: int, seed: int,
         data = make_prompts(trigrams, cfg.steps * cfg.batch, seed=2 * seed)
         train_toy(model, data, epochs=1, batch_size=cfg.batch, lr=cfg.lr, seed=seed)
     else:  # long runs: fresh prompts drawn as they go, no early stop
-        from uvic.analysis.capacity import ToyRecipe, TrigramTask, train_to_plateau
+        from uvic.analysis.superposition.capacity import ToyRecipe, TrigramTask, train_to_plateau
 
         recipe = ToyRecipe(lr=cfg.lr, batch=cfg.batch, max_steps=cfg.steps,
                            check_every=1000, patience=cfg.steps)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from uvic.analysis.gated import attention_pattern
+from uvic.analysis.superposition.gated import attention_pattern
 from uvic_kernels.modes import GATED
 from uvic_kernels.reference import lambda_init_at
 

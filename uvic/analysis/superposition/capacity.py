@@ -1,8 +1,8 @@
 """How many skip trigrams an attention layer holds, per mode and head count.
 
 Every (mode, heads, seed, n) model is trained to a plateau and judged by one rule,
-:func:`uvic.analysis.skip_trigrams.learnt_trigrams`, on the same number of scored sites
-per trigram at every n. Every n up to the maximum is trained for every seed (no stop at
+:func:`~uvic.analysis.superposition.skip_trigrams.learnt_trigrams`, on the same number of
+scored sites per trigram at every n. Every n up to the maximum is trained for every seed (no stop at
 the first failure). Each mode gets the same grid of learning rates and initial scales,
 chosen on seeds of its own that the table does not report. Every finished model is
 appended at once to a ledger in the output folder, so a stopped run resumes where it was.
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from uvic.analysis.skip_trigrams import (
+from uvic.analysis.superposition.skip_trigrams import (
     LEARNT,
     balanced_prompts,
     design_cells,
