@@ -1044,9 +1044,7 @@ def quickstart_defaults() -> argparse.Namespace:
 
 
 def gpu_preset() -> Config:
-    from uvic.experiments.quickstart_steps import GPU_PRESET
-
-    return load_config(ROOT / "configs/quickstart.py", GPU_PRESET)
+    return load_config(ROOT / "configs/quickstart_gpu.py")
 
 
 def guide_step() -> int:
@@ -1226,7 +1224,8 @@ CLAIMS: dict[str, list[tuple[str, Callable[[], tuple]]]] = {
         (r"here Min-SNR-(\d+) weighted", lambda: (config(QS).diffusion.min_snr_gamma,)),
         (r"training objective, Min-SNR-(\d+) weighted: see below",
          lambda: (config(QS).diffusion.min_snr_gamma,)),
-        (r"`--preset gpu` trains a larger model for (\d+) steps on a GPU, (without) autoguidance",
+        (r"`--preset gpu` \(`configs/quickstart_gpu.py`\) trains a larger model for (\d+) steps "
+         r"on a GPU, (without) autoguidance",
          lambda: (gpu_preset().train.max_steps,
                   "without" if gpu_preset().sample.autoguidance_scale == 0 else "with")),
         (r"`diffusion\.min_snr_gamma=(\d+)`", lambda: (config(QS).diffusion.min_snr_gamma,)),

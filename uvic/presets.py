@@ -1,8 +1,8 @@
 """The preset configs (`configs/*.py`) by name, in a checkout and in an installed copy (a
 wheel installs them as `uvic/configs/`). `--config` takes a path or a preset's name, and a
 `configs/NAME.py` that does not exist where the program runs is that preset. Also the
-quickstart's two models and its GPU run's overrides. Imports nothing of uvic: the config
-loader may call it.
+quickstart's two models and its configs. Imports nothing of uvic: the config loader may
+call it.
 """
 
 from __future__ import annotations
@@ -14,20 +14,10 @@ _HERE = Path(__file__).resolve().parent
 # An installed copy: uvic/configs/; a checkout (or an editable install): configs/ beside uvic/.
 _FOLDERS = (_HERE / "configs", _HERE.parent / "configs")
 
-# The quickstart (`uvic-quickstart`, configs/quickstart.py): its two models, display name ->
-# attention preset, and the overrides of its larger run on a GPU.
+# The quickstart (`uvic-quickstart`): its two models, display name -> attention preset, and
+# its config per `--preset` (the larger run on a GPU).
 QUICKSTART_MODELS = {"U-ViT": "uvit", "U-ViC": "uvic"}
-QUICKSTART_GPU_PRESET = [
-    "model.embed_dim=256", "model.depth=8", "model.num_heads=4",
-    "model.mlp_ratio=4",  # the CPU default's 2 saves CPU time; a GPU affords the usual 4
-    "data.num_images=50000", "data.num_workers=4",
-    "train.batch_size=128", "train.max_steps=20000", "train.mixed_precision=bf16",
-    "train.ema_decay=0.9995", "train.log_every=100", "train.sample_every=5000",
-    "train.ckpt_every=5000", "optim.lr=4e-4", "optim.warmup_steps=1000",
-    "eval.n_samples=10000",
-    # autoguidance was tuned on the CPU run (guide at step 1000 of 2700); unmeasured here
-    "train.keep_steps=[]", "sample.autoguidance_scale=0", "sample.steps=100",
-]
+QUICKSTART_PRESETS = {"cpu": "quickstart", "gpu": "quickstart_gpu"}
 
 
 def presets_folder() -> Path:

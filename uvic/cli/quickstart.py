@@ -45,7 +45,7 @@ from uvic.cli.threads import choose_threads, usable_cores
 from uvic.config import ConfigError
 from uvic.config.training import threads_value
 from uvic.config.validation import startup_config
-from uvic.presets import QUICKSTART_GPU_PRESET, QUICKSTART_MODELS, preset_path
+from uvic.presets import QUICKSTART_MODELS, QUICKSTART_PRESETS, preset_path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -89,10 +89,9 @@ def _quickstart(args: argparse.Namespace) -> None:
         raise ConfigError(f"--jobs {args.jobs}: must be >= 1")
     presets = ["cpu", "gpu"] if args.preset == "auto" else [args.preset]
     for preset in presets:
-        overrides = [*(QUICKSTART_GPU_PRESET if preset == "gpu" else []), *args.set]
         for attention in QUICKSTART_MODELS.values():
-            startup_config(str(preset_path("quickstart")),
-                           [*overrides, f"model.attention={attention}"])
+            startup_config(str(preset_path(QUICKSTART_PRESETS[preset])),
+                           [*args.set, f"model.attention={attention}"])
     from uvic.experiments.quickstart_steps import run  # torch, the training loop: after the checks
 
     run(args)

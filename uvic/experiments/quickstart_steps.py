@@ -43,9 +43,8 @@ from uvic.experiments.quickstart_report import (
     write_report,
 )
 from uvic.files import save_config, write_json
-from uvic.presets import QUICKSTART_GPU_PRESET as GPU_PRESET
 from uvic.presets import QUICKSTART_MODELS as MODELS
-from uvic.presets import preset_path
+from uvic.presets import QUICKSTART_PRESETS, preset_path
 from uvic.run.folder import RunFolder
 from uvic.run.prepare import check_guide
 from uvic.sampling.assets import to_pixels
@@ -61,8 +60,8 @@ def build_config(args: argparse.Namespace) -> Config:
     preset = args.preset
     if preset == "auto":
         preset = "gpu" if torch.cuda.is_available() else "cpu"
-    overrides = (GPU_PRESET if preset == "gpu" else []) + list(args.set)
-    cfg, note = short_run_guide(load_config(preset_path("quickstart"), overrides))
+    cfg, note = short_run_guide(load_config(preset_path(QUICKSTART_PRESETS[preset]),
+                                            list(args.set)))
     if note is not None:  # a short try of the quickstart
         print(f"note: {note}", flush=True)
     check_guide(cfg)
