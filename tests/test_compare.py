@@ -139,6 +139,26 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys, extra: list[str], message
     assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
 
 
+def test_runs_trained_with_other_settings_are_refused(tmp_path: Path, capsys) -> None:
+    """A run folder that trained under other settings than the plan's (another learning
+    rate here) is refused in one line before anything runs, the dry run too: it would be
+    skipped or continued and reported under settings it was not trained with."""
+    from uvic.config import apply_overrides
+    from uvic.experiments.compare_run import jobs_of
+    from uvic.files import save_config
+
+    plan = compare_plan.make_plan(compare.parse_args([*ARGS, "--out", str(tmp_path / "cmp")]))
+    job = jobs_of(plan)[0]
+    save_config(apply_overrides(job.cfg, ["optim.lr=0.5"]), job.run_dir / "config.json")
+    assert run(tmp_path, "--dry-run") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: {job.run_dir} was trained with other settings "
+                              "(optim.lr: 0.5 -> ")
+    save_config(apply_overrides(job.cfg, ["eval.n_samples=7", "train.max_steps=2"]),
+                job.run_dir / "config.json")  # what it makes of a run, and its length: free
+    assert run(tmp_path, "--dry-run") == 0
+
+
 @pytest.mark.slow
 def test_flow_matching_plan_and_report(tmp_path: Path, capsys) -> None:
     """docs/recipes.md's comparison under flow matching: its plan counts flow_heun's 2 steps

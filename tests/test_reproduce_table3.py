@@ -93,5 +93,11 @@ def test_smoke_chain_and_resume(tmp_path: Path, capsys) -> None:
     assert second.count("trained (skipped)") == 2
     assert second.count("(skipped: result exists)") == 2
     assert (out / "table3.md").read_text() == table
+    # other training settings for the same runs: refused before anything runs
+    assert tables.table3(["--smoke", "--out", str(out), "--quiet", "--set", "optim.lr=0.5"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {out / 'runs' / 'shapes_uvit'} was "
+                                                "trained with other settings (optim.lr: ")
+    assert "use another --out" in err[0] and (out / "table3.md").read_text() == table
     # a measured step time now states the remaining training time
     assert "measured" in runner.plan(jobs_of(["--smoke", "--out", str(out)]))

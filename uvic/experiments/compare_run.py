@@ -22,7 +22,7 @@ from uvic.experiments.compare_plan import SAMPLED, Plan, describe, make_plan, ru
 from uvic.experiments.compare_report import write_report
 from uvic.experiments.progress import Calibration, Clock, calibrate, probe_config
 from uvic.experiments.quickstart_steps import run_logged
-from uvic.experiments.runner import Job
+from uvic.experiments.runner import Job, check_unchanged
 from uvic.training.stop import Interrupted
 
 # settings that change the attention design only (a design may add weights of its own)
@@ -191,6 +191,7 @@ def run(args: argparse.Namespace, plan: Plan | None = None) -> None:
     every finished step kept)."""
     plan = plan or make_plan(args)
     jobs = jobs_of(plan)
+    check_unchanged(jobs)
     # the dry run times one run's model here: every cell's time, before any run exists
     print(describe(plan, {(j.row, j.seed): j.step_time() for j in jobs},
                    {(j.row, j.seed): trained_steps(j) for j in jobs},

@@ -144,6 +144,42 @@ class Job:
         return float(value) if isinstance(value, int | float) and value == value else None
 
 
+# Settings an existing run may change without changing what it trained: its length (a
+# longer run continues), name, folder, threads, logging and kernels; sample.* and eval.*
+# decide only what is made of it.
+FREE_TO_CHANGE = frozenset({
+    "name", "train.output_dir", "train.max_steps", "train.threads", "train.log_every",
+    "train.sample_every", "train.ckpt_every", "train.keep_last", "train.n_grid",
+    "train.log_with", "data.num_workers", "model.attention_backend"})
+
+
+def changed_training(job: Job) -> list[str]:
+    """The settings that decide what `job`'s run trains and differ from those its folder
+    last trained with, "key: old -> new" each ([] for a run not started)."""
+    from uvic.config import load_config
+    from uvic.config.compare import config_diff
+    from uvic.run.folder import RunFolder
+
+    saved = RunFolder(job.run_dir).config
+    if not saved.is_file():
+        return []
+    return [f"{key}: {old!r} -> {new!r}"
+            for key, (old, new) in config_diff(load_config(saved), job.cfg).items()
+            if key.split(".")[0] not in ("sample", "eval") and key not in FREE_TO_CHANGE]
+
+
+def check_unchanged(jobs: Sequence[Job]) -> None:
+    """Refuse (ConfigError) runs that exist with other training settings: a finished one
+    would be skipped, a stopped one continued, and its results would claim settings it was
+    not trained with."""
+    for job in jobs:
+        if changed := changed_training(job):
+            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+            raise ConfigError(f"{job.run_dir} was trained with other settings "
+                              f"({'; '.join(changed[:3])}{more}): use another --out, or "
+                              "delete that folder to train it afresh")
+
+
 def selected(rows: Sequence[Row], only: Sequence[str]) -> list[Row]:
     """The rows `--only` picks: a row name, a model, or a row-name prefix (`imagenet256`)."""
     return [r for r in rows if not only or any(
@@ -336,6 +372,7 @@ def run_table(table: Table, options: TableOptions) -> None:
     """Plan, then every stage of every job, then the table. Raises the error that stops it
     (a stop by signal: KeyboardInterrupt, every finished cell kept)."""
     jobs = make_jobs(table, options)  # the configs need no torch: a wrong --set ends at once
+    check_unchanged(jobs)
     # the dry run times one row's model here: every row's time, before any run exists
     print(plan(jobs, dry_run_calibration(jobs) if options.dry_run else None), flush=True)
     if options.dry_run:
