@@ -69,56 +69,57 @@ def interrupt(out: Path, how: str) -> tuple[int, str]:
     return int(checkpoints[0].name.split("_")[1]), said
 
 
-@pytest.mark.slow
-def test_two_processes_end_stop_on_signals_and_resume_bit_exactly(tmp_path):
-    """SIGINT (Ctrl-C) and SIGTERM (a scheduler) stop a two-process run: both processes
-    save the checkpoint of the same step (nothing of the steps since the last periodic
-    checkpoint is lost) and the run says so; resumed (the Ctrl-C one: both checkpoints are
-    written by the same code), it reaches the weights of an uninterrupted run, which itself
-    ends cleanly although its train.max_steps is not a multiple of train.sample_every (the
-    final grid was sampled by one process while the other waited at a barrier it never
-    reached: the launch failed)."""
-    stopped = {}
-    for how in ("SIGINT", "SIGTERM"):
-        out = tmp_path / how
-        step, said = interrupt(out, how)
-        stopped[how] = step
-        assert step >= 6  # past the 3rd log, at log_every=2; no periodic checkpoint yet
-        line = f"stopped by {how} at step {step}; saved {out / 'checkpoints'}"
-        assert line in said, said[-3000:]
-        state = json.loads((out / "checkpoints" / f"step_{step:06d}" /
-                            "trainer_state.json").read_text())
-        assert state["step"] == step and state["num_processes"] == 2
-        assert not (out / "summary.json").exists()  # the run has not ended
+def stop_two(out, how: str) -> int:
+    """Stop a two-process run with `how`; both processes saved the same step's checkpoint
+    (no periodic one yet) and the run says so. Returns that step."""
+    step, said = interrupt(out, how)
+    assert step >= 6  # past the 3rd log, at log_every=2; no periodic checkpoint yet
+    line = f"stopped by {how} at step {step}; saved {out / 'checkpoints'}"
+    assert line in said, said[-3000:]
+    state = json.loads((out / "checkpoints" / f"step_{step:06d}" /
+                        "trainer_state.json").read_text())
+    assert state["step"] == step and state["num_processes"] == 2
+    assert not (out / "summary.json").exists()  # the run has not ended
+    return step
 
-    targets = {"SIGINT": stopped["SIGINT"] + 3}
-    for how, target in targets.items():
-        out = tmp_path / how
-        proc = launch_two(out, f"train.max_steps={target}", "train.ckpt_every=1000",
-                          "data.num_workers=2", resume=True)
-        said = finish(proc, out)
-        assert proc.returncode == 0, said[-3000:]
+
+@pytest.mark.slow
+def test_sigterm_stops_two_processes_at_one_saved_step(tmp_path):
+    """SIGTERM (a scheduler) stops a two-process run: both processes save the checkpoint
+    of the same step, so nothing of the steps since the last periodic checkpoint is lost."""
+    stop_two(tmp_path / "SIGTERM", "SIGTERM")
+
+
+@pytest.mark.slow
+def test_two_processes_stopped_by_ctrl_c_resume_bit_exactly(tmp_path):
+    """SIGINT (Ctrl-C) stops a two-process run as SIGTERM does; resumed, it reaches the
+    weights of an uninterrupted run, which itself ends cleanly although its
+    train.max_steps is not a multiple of train.sample_every (the final grid was sampled by
+    one process while the other waited at a barrier it never reached: the launch failed)."""
+    out = tmp_path / "SIGINT"
+    target = stop_two(out, "SIGINT") + 3
+    proc = launch_two(out, f"train.max_steps={target}", "train.ckpt_every=1000",
+                      "data.num_workers=2", resume=True)
+    said = finish(proc, out)
+    assert proc.returncode == 0, said[-3000:]
 
     reference = tmp_path / "reference"
-    last = max(targets.values())
-    proc = launch_two(reference, f"train.max_steps={last}", "train.ckpt_every=1000",
-                      f"train.keep_steps={tuple(sorted(set(targets.values())))}",
-                      f"train.sample_every={last - 1}")
+    proc = launch_two(reference, f"train.max_steps={target}", "train.ckpt_every=1000",
+                      f"train.keep_steps=({target},)", f"train.sample_every={target - 1}")
     said = finish(proc, reference)
     assert proc.returncode == 0, said[-3000:]
     summary = json.loads((reference / "summary.json").read_text())
-    assert summary["steps"] == last and summary["num_processes"] == 2
+    assert summary["steps"] == target and summary["num_processes"] == 2
     grids = sorted(p.name for p in (reference / "samples").iterdir())
-    assert grids == [f"step_{last - 1:06d}.png", f"step_{last:06d}.png"]
+    assert grids == [f"step_{target - 1:06d}.png", f"step_{target:06d}.png"]
 
-    for how, target in targets.items():
-        name = f"step_{target:06d}"
-        for file in ("model.safetensors", "ema.safetensors"):
-            mine, theirs = (tmp_path / how / "checkpoints" / name / file,
-                            reference / "checkpoints" / name / file)
-            assert same_tensors(load_file(mine), load_file(theirs)), (how, file)
-        log = (tmp_path / how / "log.jsonl").read_text().splitlines()
-        assert json.loads(log[-1])["step"] == target
+    name = f"step_{target:06d}"
+    for file in ("model.safetensors", "ema.safetensors"):
+        mine, theirs = (out / "checkpoints" / name / file,
+                        reference / "checkpoints" / name / file)
+        assert same_tensors(load_file(mine), load_file(theirs)), file
+    log = (out / "log.jsonl").read_text().splitlines()
+    assert json.loads(log[-1])["step"] == target
 
 
 @pytest.mark.slow
