@@ -1,5 +1,6 @@
-"""One program for the tables built by command (`uvic-table3`, `uvic-release-table`,
-`uvic-recipes-table`): for every row of a `Table`, train, then FID, then the table.
+"""The resumable runner of the tables built by command (`uvic.experiments.tables`, run by
+`uvic-table3`, `uvic-release-table` and `uvic-recipes-table`), whose runs and training step
+the comparison shares: for every row of a `Table`, train, then FID, then the table.
 
 Every stage resumes: training continues from the run's newest checkpoint and is skipped at
 train.max_steps, FID reuses the samples on disk and is skipped when a result for the same
