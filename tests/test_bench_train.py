@@ -66,15 +66,15 @@ def test_flop_count_of_the_paper_models() -> None:
 
 
 def test_peaks_and_mfu() -> None:
-    from uvic.cli import bench_train as bench
+    from uvic.experiments import speed
 
-    assert bench.peak_tflops("NVIDIA H100 80GB HBM3") == 989.4
-    assert bench.peak_tflops("NVIDIA H100 PCIe") == 756.0
-    assert bench.peak_tflops("NVIDIA H200") == 989.4
-    assert bench.peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
-    assert bench.peak_tflops("NVIDIA GeForce RTX 4090") is None
-    assert bench.mfu(73e9, 2298.0, 989.4) == pytest.approx(0.1696, abs=1e-4)
-    assert bench.mfu(73e9, 2298.0, None) is None
+    assert speed.peak_tflops("NVIDIA H100 80GB HBM3") == 989.4
+    assert speed.peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert speed.peak_tflops("NVIDIA H200") == 989.4
+    assert speed.peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+    assert speed.peak_tflops("NVIDIA GeForce RTX 4090") is None
+    assert speed.mfu(73e9, 2298.0, 989.4) == pytest.approx(0.1696, abs=1e-4)
+    assert speed.mfu(73e9, 2298.0, None) is None
 
 
 def test_default_record_paths() -> None:
@@ -142,14 +142,14 @@ def test_bench_train_compiled_row_and_options(tmp_path, capsys):
 
 def test_a_failing_profile_keeps_the_timing(monkeypatch) -> None:
     """A profiler failure is the record's `profile_error`; its timing stays."""
-    from uvic.cli import bench_train as bench
+    from uvic.experiments import speed
 
     def broken(step, device):
         raise RuntimeError("profiler unavailable\nmore")
 
-    monkeypatch.setattr(bench, "profile_step", broken)
-    cell = bench.Cell("cifar10", "cifar10_uvit", "uvit", "sdpa", "off", 2)
-    record = bench.run_cell(cell, 1, 1, torch.device("cpu"), None, profile=True)
+    monkeypatch.setattr(speed, "profile_step", broken)
+    cell = speed.Cell("cifar10", "cifar10_uvit", "uvit", "sdpa", "off", 2)
+    record = speed.run_cell(cell, 1, 1, torch.device("cpu"), None, profile=True)
     assert record["status"] == "ok" and record["ms_per_step"] > 0
     assert record["profile_error"] == "RuntimeError: profiler unavailable"
 
@@ -157,7 +157,7 @@ def test_a_failing_profile_keeps_the_timing(monkeypatch) -> None:
 def test_profile_step_counts_the_step_operators() -> None:
     """The profile of a step of known work: its operators and calls per step, and the
     host time of their own within the wall time; no GPU figures on a CPU."""
-    from uvic.cli.bench_profile import profile_lines, profile_step
+    from uvic.experiments.profile import profile_lines, profile_step
 
     a = torch.randn(64, 64)
 

@@ -12,15 +12,13 @@ projects the wall time of a 50k-sample FID run under each protocol. Without CUDA
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from uvic.cli import summary
 from uvic.config import Config, ConfigError, load_config
 from uvic.config.sampling import COMPILE_MODES, PRECISIONS
-from uvic.experiments.records import environment, peak_mib, write_records
+from uvic.experiments.records import environment, write_records
+from uvic.experiments.speed import SAMPLING_SMOKE, SMOKE_BATCH, bench_decode, bench_network
 from uvic.presets import preset_path
 
 if TYPE_CHECKING:
@@ -29,101 +27,9 @@ if TYPE_CHECKING:
 FID_50K = 50_000
 BATCHES = {"cifar10": 500, "mscoco": 50}  # images per sampling batch (--*-batch)
 MODELS = ("uvit", "uvic")
-SMOKE = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=4"]
-SMOKE_BATCH = 2
 RECORD_KEYS = ("dataset", "model", "backend", "compile", "batch", "ms_per_eval",
                "images_per_s_per_eval", "protocol", "evals_per_image",
                "projected_50k_minutes", "peak_mib")
-
-
-def sd_vae(smoke: bool = False) -> torch.nn.Module:
-    """Stable Diffusion's KL-f8 autoencoder architecture, random weights (timing only);
-    `smoke`: the same layout with 32 channels a level."""
-    from diffusers import AutoencoderKL
-
-    widths = (32,) * 4 if smoke else (128, 256, 512, 512)
-    return AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4, sample_size=256,
-        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=widths, layers_per_block=1 if smoke else 2,
-    )
-
-
-def time_ms(fn: Callable[[], object], device: torch.device, iters: int, repeats: int) -> float:
-    """Median over `repeats` of the mean wall time of `iters` calls of fn(), in ms
-    (CUDA-synchronised)."""
-    import torch
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    means = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        sync()
-        means.append((time.perf_counter() - start) / iters * 1e3)
-    return statistics.median(means)
-
-
-def bench_network(cfg: Config, images: int, compile_mode: str, args: argparse.Namespace,
-                  device: torch.device) -> dict[str, Any]:
-    """Time one network call of the solvers for `images` images (2x the rows when
-    guided) with the network compiled as `compile_mode`."""
-    import torch
-
-    from uvic.config.sampling import effective_cfg_scale, passes_per_eval
-    from uvic.models.uvit import build_model
-    from uvic.sampling.compiled import compile_network
-    from uvic.sampling.generate import autocast, class_conditions, guided_eps
-
-    torch.manual_seed(0)
-    model = build_model(cfg.model).to(device).eval()
-    torch._dynamo.reset()  # each cell compiles afresh: never dynamo's recompile limit
-    net = compile_network(model, compile_mode)
-    m, scale = cfg.model, effective_cfg_scale(cfg)
-    x = torch.randn(images, m.in_chans, m.img_size, m.img_size, device=device)
-    t = torch.full((images,), 500.0, device=device)
-    cond: dict[str, Any] = {}
-    if m.clip_dim > 0:
-        cond = {"context": torch.randn(images, m.num_clip_token, m.clip_dim, device=device),
-                "uncond_context": torch.randn(m.num_clip_token, m.clip_dim, device=device)}
-    cond.update(class_conditions(cfg, range(images), device))  # {} without class labels
-
-    def call() -> None:
-        with torch.inference_mode(), autocast(device, args.precision):
-            guided_eps(net, x, t, cfg_scale=scale, **cond)
-
-    start = time.perf_counter()
-    for _ in range(3):  # warm-up: compilation, CUDA-graph recording, autotuning, allocator
-        call()
-    warmup_s = time.perf_counter() - start
-    ms = time_ms(call, device, args.iters, args.repeats)
-    rows = images * passes_per_eval(scale != 0, autoguided=False)  # guided_eps: no guide
-    return {"batch": rows, "images_per_batch": images, "guidance": scale, "ms_per_eval": ms,
-            "images_per_s_per_eval": rows / ms * 1e3, "peak_mib": peak_mib(call, device),
-            "warmup_s": warmup_s}
-
-
-def bench_decode(batch: int, latent: int, args: argparse.Namespace,
-                 device: torch.device, smoke: bool) -> float:
-    """Images per second of VAE decoding (batches of `batch` latents 4 x latent x latent)."""
-    import torch
-
-    from uvic.sampling.generate import autocast
-
-    vae = sd_vae(smoke).to(device).eval()
-    z = torch.randn(batch, 4, latent, latent, device=device)
-
-    def run() -> None:
-        with torch.inference_mode(), autocast(device, args.precision):
-            vae.decode(z)
-
-    run()
-    return batch / time_ms(run, device, 1, args.repeats) * 1e3
 
 
 def protocols(dataset: str, cfg: Config) -> list[dict[str, Any]]:
@@ -167,16 +73,19 @@ def dataset_records(dataset: str, args: argparse.Namespace, device: torch.device
         for backend in args.backends:
             try:
                 cfg = load_config(preset_path(f"{dataset}_{model}"),
-                                  [f"model.attention_backend={backend}"] + (SMOKE if smoke else []))
+                                  [f"model.attention_backend={backend}",
+                                   *(SAMPLING_SMOKE if smoke else [])])
             except ConfigError as err:
                 print(f"{dataset} {model} {backend}: skipped ({err})", flush=True)
                 continue
             if decode is None and is_latent(cfg):
-                decode = bench_decode(images, cfg.model.img_size, args, device, smoke)
+                decode = bench_decode(images, cfg.model.img_size, args.precision, args.repeats,
+                                      device, smoke)
             for mode in args.compile:
                 row = {"dataset": dataset, "model": model, "backend": backend, "compile": mode,
                        "precision": args.precision,
-                       **bench_network(cfg, images, mode, args, device),
+                       **bench_network(cfg, images, mode, args.precision, args.iters,
+                                        args.repeats, device),
                        "decode_images_per_s": decode}
                 if device.type == "cuda":
                     torch.cuda.empty_cache()

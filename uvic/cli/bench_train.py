@@ -23,7 +23,8 @@ backends of `model.attention_backend` are
 
 Columns: ms / step (mean over `--steps` after `--warmup` steps, which include the
 compilation), images / s, MFU (the model's matmul FLOPs, `uvic.models.flops`, over the
-device's dense bf16 peak, `PEAK_BF16_TFLOPS`; n/a for another device) and peak memory.
+device's dense bf16 peak, `uvic.experiments.speed.PEAK_BF16_TFLOPS`; n/a for another
+device) and peak memory.
 It prints a markdown table and writes JSON (`kernels/results/README.md` has the schema):
 by default `kernels/results/<date>_<device>_train.json` on a GPU. Without CUDA (or with
 `--smoke`) it runs a tiny configuration on the CPU (our kernels' rows run PyTorch's
@@ -36,105 +37,27 @@ instead (`uvic.cli.bench_release`).
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from uvic.cli import summary
-from uvic.cli.bench_profile import profile_lines, profile_step
 from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
-from uvic.config import Config, ConfigError, load_config
+from uvic.config import ConfigError
 from uvic.config.models import ATTENTION_PRESETS
 from uvic.config.training import TRAIN_COMPILE_MODES
-from uvic.experiments.progress import make_batch, synthetic_loss
+from uvic.experiments.profile import profile_lines
 from uvic.experiments.records import (
     environment,
-    error_line,
-    peak_memory_mib,
-    reset_peak_memory,
     write_records,
 )
-from uvic.models.flops import num_tokens, training_flops
-from uvic.presets import preset_path
+from uvic.experiments.speed import SMOKE_BATCH, Cell, peak_tflops, run_cell
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 SETTINGS = {"cifar10": 128, "mscoco": 64}  # training batch per GPU
 HUGE = ("imagenet256", "imagenet256_uvit_huge", 128)  # dataset, preset, batch
-SMOKE = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=8"]
-SMOKE_BATCH = 2
-# Dense bf16 peak (TFLOP/s, no sparsity) by device name, first match: NVIDIA's data sheets.
-PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("A100", 312.0))
 GPU_COMPILE = ",".join(m for m in TRAIN_COMPILE_MODES if m != "max-autotune-no-cudagraphs")
-
-
-@dataclass
-class Cell:
-    """One row: what is timed."""
-
-    dataset: str
-    preset: str
-    model: str  # uvit | uvic
-    backend: str
-    compile: str
-    batch: int
-    grad_checkpointing: bool = False
-
-
-def peak_tflops(device_name: str) -> float | None:
-    """The dense bf16 peak of the device named `device_name`; None for one not in the table."""
-    return next((peak for key, peak in PEAK_BF16_TFLOPS if key in device_name), None)
-
-
-def mfu(flops_per_image: int, images_per_s: float, peak: float | None) -> float | None:
-    """Model FLOPs utilisation: achieved model FLOP/s over the peak (None: no peak known)."""
-    return None if peak is None else flops_per_image * images_per_s / (peak * 1e12)
-
-
-def train_step(cfg: Config, cell: Cell, device: torch.device) -> Callable[[], None]:
-    """The trainer's step for the cell: its model (compiled as `train.compile`), AdamW, EMA."""
-    import torch
-
-    from uvic.models.uvit import build_model
-    from uvic.training.compile import dynamo_kwargs
-    from uvic.training.ema import EMA
-    from uvic.training.optim import make_optimizer
-
-    torch.manual_seed(0)
-    model = build_model(cfg.model).to(device).train()
-    ema = EMA(model, cfg.train.ema_decay).to(device)
-    optimizer, _ = make_optimizer(model, cfg.optim, cfg.train.max_steps)
-    if cell.compile != "off":
-        torch._dynamo.reset()  # each cell compiles afresh: no recompile limit across cells
-        model = torch.compile(model, **dynamo_kwargs(cell.compile)["dynamo_plugin"].to_kwargs())
-    loss_of = synthetic_loss(cfg, model, make_batch(cfg, cell.batch, device), device)
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = loss_of()
-        loss.backward()
-        optimizer.step()
-        ema.update(model)
-
-    return step
-
-
-def time_cell(step: Callable[[], None], device: torch.device, steps: int,
-              warmup: int) -> tuple[float, float | None]:
-    """Mean ms per call of `step` over `steps` calls after `warmup` (CUDA-synchronised),
-    and the peak memory allocated while timing (CUDA only), in MiB."""
-    for _ in range(warmup):  # compilation, autotuning, CUDA-graph recording, allocator
-        step()
-    reset_peak_memory(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    peak = peak_memory_mib(device)  # CUDA: once the steps are done
-    return (time.perf_counter() - start) / steps * 1e3, peak
 
 
 def backends_for(attention: str) -> list[str]:
@@ -163,42 +86,6 @@ def plan_cells(args: argparse.Namespace, cuda: bool) -> list[Cell]:
             cells += [Cell(dataset, preset, model, backend, mode,
                            batch if cuda else SMOKE_BATCH, ckpt) for mode in args.compile]
     return cells
-
-
-def run_cell(cell: Cell, steps: int, warmup: int, device: torch.device,
-             peak: float | None, profile: bool = False) -> dict[str, Any]:
-    """One row's record: the cell, its tokens and model FLOPs, and its timings (or the
-    status "OOM", or "error" with the message); with `profile`, where the step's time goes
-    (`uvic.cli.bench_profile`)."""
-    import torch
-
-    cuda = device.type == "cuda"
-    overrides = [f"model.attention_backend={cell.backend}",
-                 f"model.grad_checkpointing={cell.grad_checkpointing}"] + ([] if cuda else SMOKE)
-    cfg = load_config(preset_path(cell.preset), overrides)
-    flops = training_flops(cfg.model)
-    record: dict[str, Any] = {**asdict(cell), "tokens": num_tokens(cfg.model),
-                              "train_flops_per_image": flops, "ms_per_step": None,
-                              "images_per_s": None, "mfu": None, "peak_mib": None}
-    try:
-        step = train_step(cfg, cell, device)
-        ms, peak_mib = time_cell(step, device, steps, warmup)
-        images_per_s = cell.batch / ms * 1e3
-        record.update(status="ok", ms_per_step=ms, images_per_s=images_per_s,
-                      mfu=mfu(flops, images_per_s, peak), peak_mib=peak_mib)
-        if profile:
-            try:  # a profiler failure keeps the timing
-                record["profile"] = profile_step(step, device)
-            except Exception as err:
-                record["profile_error"] = error_line(err)
-    except torch.cuda.OutOfMemoryError:
-        record["status"] = "OOM"
-    except Exception as err:  # a compile or kernel failure: said, and the next cell runs
-        record.update(status="error", error=error_line(err))
-    finally:
-        if cuda:
-            torch.cuda.empty_cache()
-    return record
 
 
 def markdown_table(rows: list[dict[str, Any]], header: str, timed: bool = True) -> str:

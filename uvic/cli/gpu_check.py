@@ -251,8 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from uvic.cli.bench_train import peak_tflops
     from uvic.cli.gpu_check_plan import cost_model, plan
+    from uvic.experiments.speed import peak_tflops
 
     cuda = torch.cuda.is_available() and not args.smoke
     if args.dry_run:  # the GPU plan, whatever this machine has
