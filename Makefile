@@ -42,15 +42,16 @@ quickstart: install
 	$(BIN)/python scripts/quickstart.py $(ARGS)
 
 # One pytest-xdist worker per usable core, at most 4 (each loads torch; tests/conftest.py
-# gives each one thread).
+# gives each one thread); an idle worker takes tests queued for a busy one (worksteal), so
+# the long tests at the end do not leave a core idle.
 WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n $(WORKERS) $(ARGS)
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist worksteal $(ARGS)
 
 test-fast: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n $(WORKERS) -m "not slow" $(ARGS)
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist worksteal -m "not slow" $(ARGS)
 
 bench: install
 	$(BIN)/python -m uvic_kernels.bench $(ARGS)
