@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine with Python >= 3.11 and make:
 #   make quickstart   install, then train/sample/evaluate tiny U-ViT vs U-ViC (CPU, about 4 min)
-#   make test         install, then run ruff and the test suite (about 7.5 min on 2 cores)
+#   make test         install, then run ruff and the test suite (about 7 min on 2 cores)
 #   make test-fast    the suite without the tests marked slow (the inner loop, about 1 min)
 PYTHON ?= python3
 VENV ?= .venv
