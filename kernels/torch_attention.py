@@ -164,7 +164,8 @@ class Materialised(torch.autograd.Function):
             o3 = o.flatten(0, 1)
             slices = _batch_slices(q, k.shape[2])
             if mode in ("cog", "softmax"):  # S, and cog's |S|
-                s_room, t_room = (_scores_room(slices, q, k) for _ in range(2))
+                s_room = _scores_room(slices, q, k)
+                t_room = _scores_room(slices, q, k) if mode == "cog" else None
             kept = []  # per slice: S (where the backward needs it), A, the row statistic
             for b in slices:
                 r = slice(b.start * heads, b.stop * heads)

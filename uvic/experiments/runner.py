@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from uvic.config import Config, ConfigError, apply_overrides
+from uvic.config import Config, ConfigError, apply_overrides, load_config
+from uvic.config.compare import config_diff
 from uvic.config.data import LATENT_DATASETS
 from uvic.config.validation import startup_config
 from uvic.evaluation.protocols import load_results, protocol_of
@@ -157,8 +158,6 @@ FREE_TO_CHANGE = frozenset({
 def changed_training(job: Job) -> list[str]:
     """The settings that decide what `job`'s run trains and differ from those its folder
     last trained with, "key: old -> new" each ([] for a run not started)."""
-    from uvic.config import load_config
-    from uvic.config.compare import config_diff
     from uvic.run.folder import RunFolder
 
     saved = RunFolder(job.run_dir).config

@@ -5,10 +5,10 @@ whole chain on a CPU, on tiny data in the real formats) and its renderer."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from uvic.evaluation.protocols import RELEASE_ROWS, protocol_table
-from uvic.evaluation.recipes_table import RECIPE_ROWS
+from uvic.evaluation.recipes_table import RECIPE_ROWS, recipes_table
+from uvic.evaluation.release_table import release_table
 from uvic.experiments.runner import Row, Table, twin_rows
 
 # Every smoke run of the release and recipe tables: a tiny network, a few steps, few
@@ -47,6 +47,7 @@ RECIPES_SMOKE = {
 }
 
 
+# The smoke data's writers import torch: loaded only when a smoke run starts.
 def _release_data(folder: Path) -> None:
     from uvic.experiments.smoke_data import write_smoke_data
 
@@ -57,18 +58,6 @@ def _recipes_data(folder: Path) -> None:
     from uvic.experiments.smoke_data import write_recipes_smoke_data
 
     write_recipes_smoke_data(folder)
-
-
-def _release_render(results: list[dict[str, Any]]) -> str:
-    from uvic.evaluation.release_table import release_table
-
-    return release_table(results)
-
-
-def _recipes_render(results: list[dict[str, Any]]) -> str:
-    from uvic.evaluation.recipes_table import recipes_table
-
-    return recipes_table(results)
 
 
 TABLE3 = Table(
@@ -90,7 +79,7 @@ RELEASE_TABLE = Table(
     rows=twin_rows(RELEASE_ROWS), smoke_rows=twin_rows(RELEASE_ROWS, RELEASE_SMOKE, SMOKE),
     smoke_help="tiny CPU run of the whole chain: one row per kind of data on generated "
                "CelebA, ImageNet folders and latents, stand-in features",
-    render=_release_render, prepare_smoke=_release_data,
+    render=release_table, prepare_smoke=_release_data,
 )
 RECIPES_TABLE = Table(
     name="recipes_table",
@@ -100,6 +89,5 @@ RECIPES_TABLE = Table(
     rows=twin_rows(RECIPE_ROWS), smoke_rows=twin_rows(RECIPE_ROWS, RECIPES_SMOKE, SMOKE),
     smoke_help="tiny CPU run of the whole chain: both rows on generated Shapes data and "
                "latents with a tiny random REPA encoder, stand-in features",
-    render=_recipes_render, prepare_smoke=_recipes_data,
+    render=recipes_table, prepare_smoke=_recipes_data,
 )
-TABLES = {t.name: t for t in (TABLE3, RELEASE_TABLE, RECIPES_TABLE)}
