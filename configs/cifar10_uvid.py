@@ -6,14 +6,12 @@ the block's depth. `--set model.output_gate=headwise` (or elementwise) adds the 
 gate to every block, on any preset.
 """
 
-from pathlib import Path
-
-from uvic.config import Config, load_config
+from uvic.config import Config
+from uvic.presets import derive
 
 
 def get_config() -> Config:
-    """Same recipe as cifar10_uvit; only the attention pattern, name and output differ."""
-    return load_config(
-        Path(__file__).with_name("cifar10_uvit.py"),
-        ["model.attention=uvid", "name=cifar10_uvid", "train.output_dir=runs/cifar10_uvid"],
-    )
+    """cifar10_uvit with another attention pattern; nothing else differs."""
+    cfg = derive("cifar10_uvit", __file__)
+    cfg.model.attention = "uvid"
+    return cfg

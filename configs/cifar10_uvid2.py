@@ -6,14 +6,12 @@ head's key and value, and weighs the value by softmax(S1) - sigmoid(x . w) softm
 weight per query token and head; the qkv and proj weights are U-ViT's.
 """
 
-from pathlib import Path
-
-from uvic.config import Config, load_config
+from uvic.config import Config
+from uvic.presets import derive
 
 
 def get_config() -> Config:
-    """Same recipe as cifar10_uvit; only the attention pattern, name and output differ."""
-    return load_config(
-        Path(__file__).with_name("cifar10_uvit.py"),
-        ["model.attention=uvid2", "name=cifar10_uvid2", "train.output_dir=runs/cifar10_uvid2"],
-    )
+    """cifar10_uvit with another attention pattern; nothing else differs."""
+    cfg = derive("cifar10_uvit", __file__)
+    cfg.model.attention = "uvid2"
+    return cfg

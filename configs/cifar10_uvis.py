@@ -5,14 +5,12 @@ The blocks where U-ViC has Cog attention run sigmoid attention without normalisa
 default; `--set model.sigmoid_bias_learnable=true` learns one b per head.
 """
 
-from pathlib import Path
-
-from uvic.config import Config, load_config
+from uvic.config import Config
+from uvic.presets import derive
 
 
 def get_config() -> Config:
-    """Same recipe as cifar10_uvit; only the attention pattern, name and output differ."""
-    return load_config(
-        Path(__file__).with_name("cifar10_uvit.py"),
-        ["model.attention=uvis", "name=cifar10_uvis", "train.output_dir=runs/cifar10_uvis"],
-    )
+    """cifar10_uvit with another attention pattern; nothing else differs."""
+    cfg = derive("cifar10_uvit", __file__)
+    cfg.model.attention = "uvis"
+    return cfg

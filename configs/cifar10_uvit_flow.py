@@ -13,16 +13,16 @@ linear interpolant x_t = (1 - t) x0 + t e (`uvic.diffusion.flow`).
   `flow_euler_maruyama` (the SDE, REPA's default) are the alternatives.
 """
 
-from pathlib import Path
-
-from uvic.config import Config, load_config
-
-FLOW = ["diffusion.objective=velocity", "diffusion.interpolant=linear",
-        "diffusion.timestep_sampling=uniform", "sample.scheduler=flow_heun", "sample.steps=50"]
+from uvic.config import Config
+from uvic.presets import derive
 
 
 def get_config() -> Config:
-    """cifar10_uvit with flow matching: only the objective, the sampler, name and output
-    differ."""
-    return load_config(Path(__file__).with_name("cifar10_uvit.py"),
-                       [*FLOW, "name=cifar10_uvit_flow", "train.output_dir=runs/cifar10_uvit_flow"])
+    """cifar10_uvit with flow matching: only the objective and the sampler differ."""
+    cfg = derive("cifar10_uvit", __file__)
+    cfg.diffusion.objective = "velocity"
+    cfg.diffusion.interpolant = "linear"
+    cfg.diffusion.timestep_sampling = "uniform"
+    cfg.sample.scheduler = "flow_heun"
+    cfg.sample.steps = 50
+    return cfg

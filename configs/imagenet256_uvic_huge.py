@@ -1,13 +1,11 @@
 """U-ViC twin of imagenet256_uvit_huge.py: Cog attention but in the first and last block."""
 
-from pathlib import Path
-
-from uvic.config import Config, load_config
+from uvic.config import Config
+from uvic.presets import derive
 
 
 def get_config() -> Config:
-    """Same recipe as imagenet256_uvit_huge; only the attention pattern, name and output differ."""
-    return load_config(Path(__file__).with_name("imagenet256_uvit_huge.py"), [
-        "model.attention=uvic",
-        "name=imagenet256_uvic_huge", "train.output_dir=runs/imagenet256_uvic_huge",
-    ])
+    """imagenet256_uvit_huge with another attention pattern; nothing else differs."""
+    cfg = derive("imagenet256_uvit_huge", __file__)
+    cfg.model.attention = "uvic"
+    return cfg

@@ -2,15 +2,12 @@
 block, under the same modern recipe (flow matching, REPA, guidance interval; the recipe,
 its sources and its data are that file's)."""
 
-from pathlib import Path
-
-from uvic.config import Config, load_config
+from uvic.config import Config
+from uvic.presets import derive
 
 
 def get_config() -> Config:
-    """Same recipe as imagenet256_uvit_large_flow; only the attention pattern, name and
-    output differ."""
-    return load_config(Path(__file__).with_name("imagenet256_uvit_large_flow.py"), [
-        "model.attention=uvic",
-        "name=imagenet256_uvic_large_flow", "train.output_dir=runs/imagenet256_uvic_large_flow",
-    ])
+    """imagenet256_uvit_large_flow with another attention pattern; nothing else differs."""
+    cfg = derive("imagenet256_uvit_large_flow", __file__)
+    cfg.model.attention = "uvic"
+    return cfg

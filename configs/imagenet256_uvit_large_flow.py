@@ -42,36 +42,34 @@ samples, the release's pytorch-fid port against ADM's reference statistics; REPA
 ADM's TensorFlow evaluator). `uvic-recipes-table --dry-run` states its compute.
 """
 
-from pathlib import Path
-
-from uvic.config import Config, load_config
-
-RECIPE = [
-    # flow matching: REPA's path and prediction; LightningDiT's logit-normal times
-    "diffusion.objective=velocity", "diffusion.interpolant=linear",
-    "diffusion.timestep_sampling=logit_normal",
-    "diffusion.logit_normal_mean=0.0", "diffusion.logit_normal_std=1.0",
-    "diffusion.p_uncond=0.1",  # REPA's cfg-prob (the release: 0.15)
-    # REPA: DINOv2 ViT-B/14 (timm's name; the Hugging Face cache or hub, or
-    # --set train.repa_encoder_weights=dinov2_vitb14_pretrain.pth), features stored with
-    # the latents; the sixth in-block's output (index 5 of 0..20); REPA's weight, projector
-    "train.repa_encoder=vit_base_patch14_dinov2.lvd142m", "train.repa_block=5",
-    "train.repa_weight=0.5", "train.repa_projector_dim=2048",
-    "data.root=data/imagenet256_features_repa",
-    # REPA's optimiser: constant 1e-4, no warm-up, no weight decay, clipping at 1.0
-    "optim.lr=1e-4", "optim.betas=0.9,0.999", "optim.weight_decay=0.0",
-    "optim.warmup_steps=0", "optim.grad_clip=1.0", "optim.lr_schedule=constant",
-    "train.batch_size=256", "train.max_steps=400000",  # REPA's 400k steps of 256
-    # REPA's sampler: the SDE in 250 steps, guidance 1.8 (diffusers') on t <= 0.7 only
-    "sample.scheduler=flow_euler_maruyama", "sample.steps=250", "sample.cfg_scale=0.8",
-    f"sample.guidance_interval=0,{7 / 3!r}",
-]
+from uvic.config import Config
+from uvic.presets import derive
 
 
 def get_config() -> Config:
     """imagenet256_uvit_large with flow matching, REPA and the guidance interval: only the
-    recipe (objective, times, REPA, optimiser, length, sampler), data folder, name and
-    output differ."""
-    return load_config(Path(__file__).with_name("imagenet256_uvit_large.py"), [
-        *RECIPE, "name=imagenet256_uvit_large_flow",
-        "train.output_dir=runs/imagenet256_uvit_large_flow"])
+    recipe (objective, times, REPA, optimiser, length, sampler) and data folder differ."""
+    cfg = derive("imagenet256_uvit_large", __file__)
+    # flow matching: REPA's path and prediction; LightningDiT's logit-normal times
+    d = cfg.diffusion
+    d.objective, d.interpolant = "velocity", "linear"
+    d.timestep_sampling = "logit_normal"
+    d.logit_normal_mean, d.logit_normal_std = 0.0, 1.0
+    d.p_uncond = 0.1  # REPA's cfg-prob (the release: 0.15)
+    # REPA: DINOv2 ViT-B/14 (timm's name; the Hugging Face cache or hub, or
+    # --set train.repa_encoder_weights=dinov2_vitb14_pretrain.pth), features stored with
+    # the latents; the sixth in-block's output (index 5 of 0..20); REPA's weight, projector
+    t = cfg.train
+    t.repa_encoder = "vit_base_patch14_dinov2.lvd142m"
+    t.repa_block, t.repa_weight, t.repa_projector_dim = 5, 0.5, 2048
+    cfg.data.root = "data/imagenet256_features_repa"
+    # REPA's optimiser: constant 1e-4, no warm-up, no weight decay, clipping at 1.0
+    o = cfg.optim
+    o.lr, o.betas, o.weight_decay = 1e-4, (0.9, 0.999), 0.0
+    o.warmup_steps, o.grad_clip, o.lr_schedule = 0, 1.0, "constant"
+    t.batch_size, t.max_steps = 256, 400_000  # REPA's 400k steps of 256
+    # REPA's sampler: the SDE in 250 steps, guidance 1.8 (diffusers') on t <= 0.7 only
+    s = cfg.sample
+    s.scheduler, s.steps, s.cfg_scale = "flow_euler_maruyama", 250, 0.8
+    s.guidance_interval = (0.0, 7 / 3)
+    return cfg

@@ -7,19 +7,17 @@ the reference statistics; same continuous-time training (train_ldm.py) and evalu
 (eval_ldm.py).
 """
 
-from pathlib import Path
-
-from uvic.config import Config, load_config
+from uvic.config import Config
+from uvic.presets import derive
 
 
 def get_config() -> Config:
     """U-ViT-L/4 on 4x64x64 latents of 512x512 ImageNet, 500k steps of batch 1024."""
-    return load_config(Path(__file__).with_name("imagenet256_uvit_large.py"), [
-        "model.img_size=64", "model.patch_size=4",  # U-ViT-L/4: 286.9M
-        "data.root=data/imagenet512_features",
-        "train.max_steps=500000",
-        "sample.cfg_scale=0.7",  # the release's scale; diffusers' guidance_scale = 1.7
-        "eval.ref_stats=data/fid_stats/fid_stats_imagenet512_guided_diffusion.npz",
-        "eval.ref_res=512",
-        "name=imagenet512_uvit_large", "train.output_dir=runs/imagenet512_uvit_large",
-    ])
+    cfg = derive("imagenet256_uvit_large", __file__)
+    cfg.model.img_size, cfg.model.patch_size = 64, 4  # U-ViT-L/4: 286.9M
+    cfg.data.root = "data/imagenet512_features"
+    cfg.train.max_steps = 500_000
+    cfg.sample.cfg_scale = 0.7  # the release's scale; diffusers' guidance_scale = 1.7
+    cfg.eval.ref_stats = "data/fid_stats/fid_stats_imagenet512_guided_diffusion.npz"
+    cfg.eval.ref_res = 512
+    return cfg

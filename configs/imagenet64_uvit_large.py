@@ -4,15 +4,15 @@ The release's two ImageNet 64 configs (configs/imagenet64_uvit_{mid,large}.py of
 baofff/U-ViT) differ only in the network's width, depth and heads.
 """
 
-from pathlib import Path
+from dataclasses import replace
 
-from uvic.config import Config, load_config
-from uvic.config.models import size_overrides
+from uvic.config import Config
+from uvic.config.models import uvit_size
+from uvic.presets import derive
 
 
 def get_config() -> Config:
     """U-ViT-L/4 on 64x64 ImageNet pixels, 300k steps of batch 1024."""
-    return load_config(Path(__file__).with_name("imagenet64_uvit_mid.py"), [
-        *size_overrides("large"),  # U-ViT-L: 286.8M
-        "name=imagenet64_uvit_large", "train.output_dir=runs/imagenet64_uvit_large",
-    ])
+    cfg = derive("imagenet64_uvit_mid", __file__)
+    cfg.model = replace(cfg.model, **uvit_size("large"))  # U-ViT-L: 286.8M
+    return cfg

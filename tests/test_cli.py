@@ -145,10 +145,17 @@ BROKEN_CONFIGS = [  # a config file's text, and the line its error must give
     ("from uvic.config import Config\n\n\ndef get_config():\n    return Confg()\n",
      "error: bad.py:5: NameError: name 'Confg' is not defined"),
     ('{\n  "name": "x",\n  "train": {,}\n}\n', "error: bad.json:3: not valid JSON"),
+    ("from uvic.config import Config\n\n\ndef get_config():\n    cfg = Config()\n"
+     "    cfg.model.atention = 'uvic'\n    return cfg\n",
+     "error: bad.py:6: AttributeError: 'ModelConfig' object has no attribute 'atention'"),
+    ("from uvic.config import Config\n\n\ndef get_config():\n    cfg = Config()\n"
+     "    cfg.optim.lr = '1e-4'\n    return cfg\n",
+     "error: bad.py: optim.lr must be float, got str '1e-4'"),
 ]
 
 
-@pytest.mark.parametrize("text, line", BROKEN_CONFIGS, ids=["syntax", "name", "json"])
+@pytest.mark.parametrize("text, line", BROKEN_CONFIGS,
+                         ids=["syntax", "name", "json", "misspelt field", "wrong type"])
 def test_a_broken_config_file_is_one_line_at_its_line(text: str, line: str,
                                                       tmp_path: Path) -> None:
     """A config file that does not load says `file:line: what` in one line (no traceback),

@@ -6,8 +6,10 @@ written out here independently of the config files.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,7 @@ from uvic.config import (
 from uvic.config.validation import validate
 from uvic.files import save_config
 from uvic.models.uvit import build_model, resolve_attention
+from uvic.presets import derive
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 NAMES = ["cifar10_uvit", "cifar10_uvic", "cifar10_uvis", "cifar10_uvid", "cifar10_uvid2",
@@ -217,3 +220,56 @@ def test_bad_json_and_files(tmp_path: Path) -> None:
     (tmp_path / "c.yaml").write_text("a: 1\n")
     with pytest.raises(ConfigError, match=r"must be a \.py module or a saved \.json"):
         load_config(tmp_path / "c.yaml")
+
+
+def test_a_derived_config_is_named_after_its_file(tmp_path: Path) -> None:
+    """`derive` loads the base beside the file and names the result after the file (name and
+    run folder); what the file then sets is kept, and the base is unchanged."""
+    (tmp_path / "base.py").write_text(
+        "from uvic.config import Config\n\n\ndef get_config():\n"
+        "    return Config(name='base')\n")
+    (tmp_path / "child.py").write_text(
+        "from uvic.config import Config\nfrom uvic.presets import derive\n\n\n"
+        "def get_config() -> Config:\n"
+        "    cfg = derive('base', __file__)\n    cfg.optim.lr = 1\n    return cfg\n")
+    child = load_config(tmp_path / "child.py")
+    assert (child.name, child.train.output_dir) == ("child", "runs/child")
+    assert child.optim.lr == 1.0 and type(child.optim.lr) is float  # loaded as declared
+    assert load_config(tmp_path / "base.py") == Config(name="base")
+    assert derive("base", tmp_path / "other.py").name == "other"
+    # no such file beside it: the preset of that name, else one line naming both
+    shipped = load_config(CONFIGS / "cifar10_uvic.py")
+    assert derive("cifar10_uvic", tmp_path / "mine.py") == dataclasses.replace(
+        shipped, name="mine", train=dataclasses.replace(shipped.train, output_dir="runs/mine"))
+    with pytest.raises(ConfigError, match=r"mine\.py: derive\('cifar10_uvx'\): no "
+                                          r"cifar10_uvx\.py beside it; no preset config"):
+        derive("cifar10_uvx", tmp_path / "mine.py")
+
+
+def _override_strings(path: Path) -> list[str]:
+    """The string constants of a Python file, docstrings aside, that read `key=value`."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef)
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docstrings and re.match(r"[a-z_]+(\.[a-z0-9_]+)?=", node.value)]
+
+
+def test_config_files_set_fields_in_python() -> None:
+    """One dialect: a config file builds or changes fields in Python; `section.field=value`
+    strings are the command line's."""
+    assert _override_strings(Path(__file__))  # the check finds such strings
+    found = {path.name: _override_strings(path) for path in sorted(CONFIGS.glob("*.py"))}
+    assert {name: strings for name, strings in found.items() if strings} == {}
+
+
+def test_the_documented_derived_config_loads(tmp_path: Path) -> None:
+    """docs/configs.md's example of a config of one's own runs as written."""
+    text = (CONFIGS.parent / "docs" / "configs.md").read_text()
+    (example,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "derive(" in b]
+    (tmp_path / "mine.py").write_text(example)
+    cfg = load_config(tmp_path / "mine.py")
+    assert (cfg.name, cfg.optim.lr, cfg.train.batch_size) == ("mine", 1e-4, 64)
+    assert cfg.model.attention == "uvic"

@@ -6,6 +6,7 @@ apply."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -304,7 +305,7 @@ def test_flop_count_of_the_new_designs() -> None:
     N, D = num_tokens(base), 512
 
     def flops(**changes: object) -> int:
-        return forward_flops(ModelConfig(**{**vars(base), **changes}))
+        return forward_flops(dataclasses.replace(base, **changes))
 
     assert flops(attention="uvid") - flops() == 11 * 2 * N * N * D
     # V2: a second query (D x D), its scores and weights x V, the lambda projection (h)

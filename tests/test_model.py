@@ -7,6 +7,7 @@ section 1, in float64 with plain torch.nn.functional calls; they never call the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -229,7 +230,7 @@ def test_parameter_count_and_release_keys(name: str, count: int) -> None:
     with torch.device("meta"):
         model = build_model(cfg.model)
     assert sum(p.numel() for p in model.parameters()) == count
-    expected = release_keys(**vars(cfg.model))
+    expected = release_keys(**dataclasses.asdict(cfg.model))
     assert sum(math.prod(s) for s in expected.values()) == count  # the key list itself
     got = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     assert got == expected and list(got) == list(expected)  # same names, shapes and order

@@ -957,8 +957,9 @@ def with_subcommands(parsers: list[argparse.ArgumentParser]) -> list[argparse.Ar
 def config_keys() -> set[str]:
     """Every `section.field` a `--set` can name."""
     cfg = Config()
-    return {f"{section}.{field.name}" for section, value in vars(cfg).items()
-            if dataclasses.is_dataclass(value) for field in dataclasses.fields(value)}
+    sections = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    return {f"{name}.{field.name}" for name, section in sections.items()
+            if dataclasses.is_dataclass(section) for field in dataclasses.fields(section)}
 
 
 def where_outputs_go(row: str) -> list[str]:

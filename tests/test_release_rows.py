@@ -11,6 +11,7 @@ form, checked against the U-ViT paper's model sizes (S 44M, M 131M, L 287M, H 50
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -160,7 +161,7 @@ def test_model_has_the_release_parameters_and_names(name: str) -> None:
     assert count == param_count(m.img_size, m.patch_size, m.in_chans, m.embed_dim, m.depth,
                                 m.num_classes, m.conv)
     assert round(count / 1e6) == PAPER_MILLIONS[size]
-    expected = release_keys(**vars(m))
+    expected = release_keys(**dataclasses.asdict(m))
     assert sum(math.prod(s) for s in expected.values()) == count
     got = {k: tuple(v.shape) for k, v in net.state_dict().items()}
     assert got == expected and list(got) == list(expected)
@@ -181,7 +182,8 @@ def tiny_row(name: str, **extra: str) -> Config:
 
 def release_checkpoint(cfg: Config, path: Path) -> dict[str, torch.Tensor]:
     """A `nnet_ema.pth` as the release writes it: torch.save of its state dict (random)."""
-    state = {k: v.float() for k, v in random_release_state_dict(vars(cfg.model), seed=3).items()}
+    release = random_release_state_dict(dataclasses.asdict(cfg.model), seed=3)
+    state = {k: v.float() for k, v in release.items()}
     torch.save(state, path)
     return state
 
@@ -227,7 +229,7 @@ def test_released_checkpoint_loads_strictly_and_samples(name: str, tmp_path: Pat
     with torch.no_grad():
         out = net(x, t, y=y).sample
     sd = {k: v.double() for k, v in state.items()}
-    ref = ref_uvit(sd, vars(cfg.model), ["softmax"] * 3, x.double(), t.double(), y=y)
+    ref = ref_uvit(sd, dataclasses.asdict(cfg.model), ["softmax"] * 3, x.double(), t.double(), y=y)
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-5)
 
     noise = torch.randn(2, *shape, generator=g)

@@ -1,14 +1,16 @@
 """The preset configs (`configs/*.py`) by name, in a checkout and in an installed copy (a
 wheel installs them as `uvic/configs/`). `--config` takes a path or a preset's name, and a
 `configs/NAME.py` that does not exist where the program runs is that preset. Also the
-quickstart's two models and its configs. Imports nothing of uvic: the config loader may
-call it.
+quickstart's two models and its configs, and `derive`, with which a config file starts
+from another.
 """
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+
+from uvic.config import Config, ConfigError, load_config
 
 _HERE = Path(__file__).resolve().parent
 # An installed copy: uvic/configs/; a checkout (or an editable install): configs/ beside uvic/.
@@ -58,3 +60,19 @@ def resolve_config(text: str | Path) -> Path:
         with contextlib.suppress(FileNotFoundError):
             return preset_path(path.name)
     return path
+
+
+def derive(base: str, config_file: str | Path) -> Config:
+    """The config `base`.py beside `config_file` (else the preset `base`), named after
+    `config_file` (its `name` and run folder `runs/<name>`): a config file derived from
+    another loads it so, then sets what differs."""
+    path = Path(config_file)
+    sibling = path.with_name(f"{base}.py")
+    try:
+        cfg = load_config(sibling if sibling.is_file() else preset_path(base))
+    except FileNotFoundError as err:
+        raise ConfigError(f"{path}: derive({base!r}): no {sibling.name} beside it; {err}"
+                          ) from None
+    cfg.name = path.stem
+    cfg.train.output_dir = f"runs/{path.stem}"
+    return cfg

@@ -18,7 +18,13 @@ from uvic.cli import summary
 from uvic.config import Config, ConfigError, load_config
 from uvic.config.sampling import COMPILE_MODES, PRECISIONS
 from uvic.experiments.records import environment, write_records
-from uvic.experiments.speed import SAMPLING_SMOKE, SMOKE_BATCH, bench_decode, bench_network
+from uvic.experiments.speed import (
+    SAMPLING_SMOKE_SIZE,
+    SMOKE_BATCH,
+    bench_decode,
+    bench_network,
+    smoke_model,
+)
 from uvic.presets import preset_path
 
 if TYPE_CHECKING:
@@ -72,12 +78,12 @@ def dataset_records(dataset: str, args: argparse.Namespace, device: torch.device
     for model in args.models:
         for backend in args.backends:
             try:
-                cfg = load_config(preset_path(f"{dataset}_{model}"),
-                                  [f"model.attention_backend={backend}",
-                                   *(SAMPLING_SMOKE if smoke else [])])
+                cfg = load_config(preset_path(f"{dataset}_{model}"))
             except ConfigError as err:
                 print(f"{dataset} {model} {backend}: skipped ({err})", flush=True)
                 continue
+            cfg.model.attention_backend = backend
+            cfg = smoke_model(cfg, SAMPLING_SMOKE_SIZE) if smoke else cfg
             if decode is None and is_latent(cfg):
                 decode = bench_decode(images, cfg.model.img_size, args.precision, args.repeats,
                                       device, smoke)

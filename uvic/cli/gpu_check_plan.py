@@ -109,7 +109,7 @@ def _step_s(flops: float, costs: CostModel) -> float:
 
 def train_rows(env: argparse.Namespace, costs: CostModel) -> list[Row]:
     """Groups 1 and 2, then group 5's U-ViT-H/2 rows."""
-    from uvic.experiments.speed import SMOKE_BATCH, TRAIN_SMOKE, Cell, run_cell
+    from uvic.experiments.speed import SMOKE_BATCH, TRAIN_SMOKE_SIZE, Cell, run_cell, smoke_model
 
     specs = [(g + 1, d, f"{d}_{m}", m, b, mode, batch, False)
              for g, (d, batch) in enumerate(TRAIN) for mode in TRAIN_MODES
@@ -121,7 +121,8 @@ def train_rows(env: argparse.Namespace, costs: CostModel) -> list[Row]:
         on_gpu_backend = backend if env.cuda else ("torch" if backend == "triton" else backend)
         cell = Cell(dataset, preset, model, on_gpu_backend, mode,
                     batch if env.cuda else SMOKE_BATCH, ckpt)
-        cfg = load_config(preset_path(preset), [] if env.cuda else TRAIN_SMOKE)
+        cfg = load_config(preset_path(preset))
+        cfg = cfg if env.cuda else smoke_model(cfg, TRAIN_SMOKE_SIZE)
         steps = env.steps + env.warmup + (3 if env.cuda else 0)  # + the profiled steps
         cost = (costs.model_build_s + steps * _step_s(training_flops(cfg.model) * cell.batch,
                                                         costs)
@@ -171,15 +172,15 @@ def attention_rows(env: argparse.Namespace, costs: CostModel, group: int,
 def sampling_rows(env: argparse.Namespace, costs: CostModel) -> list[Row]:
     """Group 4: the solvers' network call, eager and graphed, images / s per evaluation."""
     from uvic.config.sampling import effective_cfg_scale, passes_per_eval
-    from uvic.experiments.speed import SAMPLING_SMOKE, SMOKE_BATCH, bench_network
+    from uvic.experiments.speed import SAMPLING_SMOKE_SIZE, SMOKE_BATCH, bench_network, smoke_model
 
     rows = []
     for dataset, images in SAMPLING:
         for model in SAMPLING_MODELS:
             backend = "triton" if env.cuda else "torch"
-            cfg = load_config(preset_path(f"{dataset}_{model}"),
-                              [f"model.attention_backend={backend}"]
-                              + ([] if env.cuda else SAMPLING_SMOKE))
+            cfg = load_config(preset_path(f"{dataset}_{model}"))
+            cfg.model.attention_backend = backend
+            cfg = cfg if env.cuda else smoke_model(cfg, SAMPLING_SMOKE_SIZE)
             n = images if env.cuda else SMOKE_BATCH
             nets = n * passes_per_eval(effective_cfg_scale(cfg) != 0, autoguided=False)
             for mode in TRAIN_MODES:

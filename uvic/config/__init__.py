@@ -1,10 +1,12 @@
 """Typed run configuration: one `Config` fully describes a training, sampling or evaluation run.
 
-Config files are Python modules (`configs/*.py`, defining `get_config() -> Config`) or a
-run's saved `config.json`; `load_config(path, overrides)` applies `section.field=value`
-overrides (`--set`), parsed with the field's declared type, and a bad key or value raises
-a `ConfigError` naming it. This package is the bottom layer (docs/architecture.md): none
-of its modules imports torch.
+Config files are Python modules (`configs/*.py`, defining `get_config() -> Config`; one
+derived from another loads it, `uvic.presets.derive`, and sets fields) or a run's
+saved `config.json`. The sections have slots, so a misspelt field is an error, and a loaded
+value of the wrong type is a `ConfigError` naming the file and key. `--set
+section.field=value` strings are the command line's: `apply_overrides` parses them with the
+field's type. This package is the bottom layer (docs/architecture.md): none of its modules
+imports torch.
 """
 
 from __future__ import annotations
@@ -82,6 +84,9 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         cfg = _run_config_module(path)
         if not isinstance(cfg, Config):
             raise ConfigError(f"{path}: get_config() must return uvic.config.Config")
+        # every value of the declared type (`lr = "1e-4"` names the file and key), as JSON
+        # would give it back: tuples as tuples, whole floats as floats
+        cfg = from_dict(dataclasses.asdict(cfg), source=str(path))
     else:
         raise ConfigError(f"{path}: config must be a .py module or a saved .json")
     return apply_overrides(cfg, overrides)

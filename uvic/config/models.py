@@ -50,11 +50,6 @@ def uvit_size(name: str) -> dict[str, int]:
     return dict(UVIT_SIZES[key])
 
 
-def size_overrides(name: str) -> list[str]:
-    """`uvit_size(name)` as `--set` overrides, for configs derived from another one."""
-    return [f"model.{key}={value}" for key, value in uvit_size(name).items()]
-
-
 def check_model(model: ModelConfig) -> None:
     """The rules on `model.*` values (those `UViT` applies to its arguments)."""
     check_arch(model)

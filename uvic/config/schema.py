@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass
+@dataclass(slots=True)
 class ModelConfig:
     """U-ViT / U-ViC architecture (names follow the U-ViT release)."""
 
@@ -47,7 +47,7 @@ class ModelConfig:
     diff_lambda_init: float | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class DataConfig:
     """Which data the model learns and where it lives on disk."""
 
@@ -70,7 +70,7 @@ class DataConfig:
     clip_pretrained: str = "openai"  # open_clip tag or a local checkpoint path
 
 
-@dataclass
+@dataclass(slots=True)
 class DiffusionConfig:
     """Noise schedule and objective; the sampler is built from the same definition."""
 
@@ -98,7 +98,7 @@ class DiffusionConfig:
     logit_normal_std: float = 1.0
 
 
-@dataclass
+@dataclass(slots=True)
 class OptimConfig:
     """AdamW with linear warm-up, then a constant (or cosine-decaying) learning rate."""
 
@@ -112,7 +112,7 @@ class OptimConfig:
     lr_schedule: str = "constant"
 
 
-@dataclass
+@dataclass(slots=True)
 class TrainConfig:
     """Loop length, precision, checkpointing and logging."""
 
@@ -164,7 +164,7 @@ class TrainConfig:
     repa_projector_dim: int = 2048  # hidden width of the 3-layer SiLU MLP
 
 
-@dataclass
+@dataclass(slots=True)
 class SampleConfig:
     """DPM-Solver (or another diffusers scheduler) sampling."""
 
@@ -203,7 +203,7 @@ class SampleConfig:
     compile: str = "off"
 
 
-@dataclass
+@dataclass(slots=True)
 class EvalConfig:
     """FID protocol."""
 
@@ -230,7 +230,7 @@ class EvalConfig:
     pr_n_ref: int = 0  # reference images for precision/recall; 0: as many as samples
 
 
-@dataclass
+@dataclass(slots=True)
 class Config:
     """Everything about a run. Saved as `config.json` next to its outputs."""
 

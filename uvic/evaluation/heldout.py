@@ -12,14 +12,15 @@ import dataclasses
 
 import torch
 
-from uvic.config import Config, DiffusionConfig, apply_overrides
+from uvic.config import Config, DiffusionConfig
 from uvic.data.datasets import build_dataset
 from uvic.diffusion.schedule import Diffusion, diffusion_loss
 
 
 def real_images(cfg: Config, split: str, n: int) -> torch.Tensor:
     """The first `n` images of a split in model space, without random flips."""
-    dataset = build_dataset(apply_overrides(cfg, ["data.random_flip=false"]), split=split)
+    unflipped = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, random_flip=False))
+    dataset = build_dataset(unflipped, split=split)
     return torch.stack([dataset[i]["x"] for i in range(min(n, len(dataset)))])
 
 

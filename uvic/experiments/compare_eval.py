@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from uvic.config import Config, apply_overrides
+from uvic.config import Config
 from uvic.evaluation.fid import evaluate
 from uvic.evaluation.heldout import heldout_loss, real_images
 from uvic.evaluation.protocols import protocol_of
@@ -91,8 +91,8 @@ def _sampled_metrics(cfg: Config, ckpt: Path, folder: Path, settings: EvalSettin
     features += ["inception"] if "fid" in metrics else []
     for feature in features:
         # each run's samples seeded by its training seed: the pairs share their noise
-        scored = apply_overrides(cfg, [f"eval.features={feature}",
-                                       f"sample.seed={cfg.train.seed}"])
+        scored = replace(cfg, eval=replace(cfg.eval, features=feature),
+                         sample=replace(cfg.sample, seed=cfg.train.seed))
         result = evaluate(scored, ckpt, out_json=folder.with_name(f"{folder.name}_{feature}.json"),
                           samples_dir=samples, stats_dir=settings.out / "fid_stats",
                           num_workers=0, progress=False)

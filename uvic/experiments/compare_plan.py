@@ -266,10 +266,10 @@ def make_plan(args: Any) -> Plan:
     for variant, overrides in variants.items():
         for seed in seeds:
             name = f"{variant}_seed{seed}"
-            configs[variant, seed] = cfg = short_run_guide(load_config(config, [
-                *args.set, *overrides, f"name={name}", f"train.seed={seed}",
-                f"train.output_dir={out / 'runs' / name}",
-                f"train.keep_steps=[{','.join(map(str, keep))}]"]))[0]
+            cfg = load_config(config, [*args.set, *overrides])
+            cfg.name, cfg.train.seed = name, seed
+            cfg.train.output_dir, cfg.train.keep_steps = str(out / "runs" / name), tuple(keep)
+            configs[variant, seed] = cfg = short_run_guide(cfg)[0]
             try:
                 validate(cfg)
             except ConfigError as err:

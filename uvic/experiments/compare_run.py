@@ -13,10 +13,11 @@ import os
 import signal
 import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from uvic.config import ConfigError, apply_overrides
+from uvic.config import ConfigError
 from uvic.experiments.compare_eval import CellTime, EvalSettings, RunStopped, train_and_evaluate
 from uvic.experiments.compare_plan import SAMPLED, Plan, describe, make_plan, run_cells
 from uvic.experiments.compare_report import write_report
@@ -106,7 +107,7 @@ def prepare_references(plan: Plan) -> None:
     from uvic.evaluation.statistics import stand_in_features
 
     if any(m in SAMPLED for m in plan.metrics if m != "fid"):
-        cfg = apply_overrides(plan.base, ["eval.features=projection"])
+        cfg = replace(plan.base, eval=replace(plan.base.eval, features="projection"))
         reference_statistics(cfg, stand_in_features(cfg), stats_dir=plan.out / "fid_stats",
                              progress=False)
 

@@ -8,7 +8,6 @@ sample them, score the samples and the held-out images, draw and write the resul
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import multiprocessing
 import os
@@ -17,7 +16,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ from tqdm.auto import tqdm
 from uvic.analysis import analyze, save_figures
 from uvic.config import (
     Config,
-    apply_overrides,
     load_config,
 )
 from uvic.config.sampling import short_run_guide
@@ -232,9 +230,9 @@ def load_real_images(base: Config, args: argparse.Namespace) -> RealImages:
 
 def model_configs(base: Config, out: Path) -> dict[str, Config]:
     """Display name -> the config of that model, its run folder in `out`."""
-    return {name: apply_overrides(base, [f"model.attention={preset}",
-                                         f"name=quickstart_{preset}",
-                                         f"train.output_dir={out / preset}"])
+    return {name: replace(base, name=f"quickstart_{preset}",
+                          model=replace(base.model, attention=preset),
+                          train=replace(base.train, output_dir=str(out / preset)))
             for name, preset in MODELS.items()}
 
 
@@ -251,11 +249,11 @@ def job_count(args: argparse.Namespace, device: torch.device) -> int:
 class Scores:
     """What the scoring of the trained models found, per model (display name)."""
 
-    rows: list[dict] = dataclasses.field(default_factory=list)  # results.json's rows
-    logs: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # training logs
-    samples: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # grid images
-    timing: dict[str, dict] = dataclasses.field(default_factory=dict)
-    models: dict[str, torch.nn.Module] = dataclasses.field(default_factory=dict)  # EMA
+    rows: list[dict] = field(default_factory=list)  # results.json's rows
+    logs: dict[str, list[dict]] = field(default_factory=dict)  # training logs
+    samples: dict[str, torch.Tensor] = field(default_factory=dict)  # grid images
+    timing: dict[str, dict] = field(default_factory=dict)
+    models: dict[str, torch.nn.Module] = field(default_factory=dict)  # EMA
     fid_note: str = ""  # why FID was skipped, if it was
 
 

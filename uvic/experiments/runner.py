@@ -14,14 +14,14 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from uvic.config import Config, ConfigError, apply_overrides, load_config
 from uvic.config.compare import config_diff
 from uvic.config.data import LATENT_DATASETS
-from uvic.config.validation import startup_config
+from uvic.config.validation import validate
 from uvic.evaluation.protocols import load_results, protocol_of
 from uvic.experiments.progress import (
     EVAL,
@@ -42,25 +42,29 @@ if TYPE_CHECKING:
     import numpy as np
 
 
+# Sets a smoke run's fields on its preset's config; the Path: the smoke data folder, <out>/data.
+Adapt = Callable[[Config, Path], None]
+
+
 @dataclass(frozen=True)
 class Row:
-    """One run of a table: row name, model (uvit or uvic), preset and config overrides
-    (`{data}` in an override stands for the smoke data folder, <out>/data)."""
+    """One run of a table: row name, model (uvit or uvic), preset and, for a smoke run,
+    what it changes in the preset (`Adapt`)."""
 
     row: str
     model: str
     preset: str
-    overrides: tuple[str, ...] = ()
+    adapt: Adapt | None = None
 
 
-def twin_rows(rows: Mapping[str, Any], overrides: Mapping[str, Sequence[str]] | None = None,
-              common: Sequence[str] = ()) -> tuple[Row, ...]:
+def twin_rows(rows: Mapping[str, Any], adapt: Mapping[str, Adapt] | None = None
+              ) -> tuple[Row, ...]:
     """A U-ViT and a U-ViC run for each of `rows` (key -> a row with `uvit` and `uvic`
-    presets); with `overrides` (key -> config overrides), only the rows it names, in its
-    order, each with `common` then its own overrides."""
-    chosen = {key: () for key in rows} if overrides is None else overrides
-    return tuple(Row(key, model, getattr(rows[key], model), (*common, *extra))
-                 for key, extra in chosen.items() for model in ("uvit", "uvic"))
+    presets); with `adapt` (key -> its smoke changes), only the rows it names, in its
+    order."""
+    chosen = {key: None for key in rows} if adapt is None else adapt
+    return tuple(Row(key, model, getattr(rows[key], model), change)
+                 for key, change in chosen.items() for model in ("uvit", "uvic"))
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,7 @@ def seeds_from(base: int, n: int) -> list[int]:
 
 def make_jobs(table: Table, options: TableOptions) -> list[Job]:
     """The table's runs (its smoke runs with --smoke) that --only picks, configured and
-    checked (`startup_config`: before any heavy import); with --seeds N, N runs of each
+    checked (`validate`: before any heavy import); with --seeds N, N runs of each
     (the first keeps the row's folder and seed, run k the seed train.seed + k in
     <row>_<model>_seed<seed>)."""
     rows = selected(table.smoke_rows if options.smoke else table.rows, options.only)
@@ -207,14 +211,17 @@ def make_jobs(table: Table, options: TableOptions) -> list[Job]:
     jobs = []
     for r in rows:
         name = f"{r.row}_{r.model}"
-        extra = [o.format(data=out / "data") for o in r.overrides]
-        cfg = startup_config(str(preset_path(r.preset)), [
-            *extra, f"name={name}", f"train.output_dir={out / 'runs' / name}", *options.overrides])
+        cfg = load_config(preset_path(r.preset))
+        if r.adapt is not None:
+            r.adapt(cfg, out / "data")
+        cfg.name, cfg.train.output_dir = name, str(out / "runs" / name)
+        # the command's --set last; checked before any heavy import
+        cfg = validate(apply_overrides(cfg, options.overrides))
         seeds = seeds_from(cfg.train.seed, options.seeds)
         for seed in seeds:
             run = name if seed == seeds[0] else f"{name}_seed{seed}"
-            run_cfg = apply_overrides(cfg, [f"train.output_dir={out / 'runs' / run}",
-                                            f"train.seed={seed}"])
+            run_cfg = replace(cfg, train=replace(cfg.train, output_dir=str(out / "runs" / run),
+                                                 seed=seed))
             jobs.append(Job(r.row, r.model, run_cfg, out / "runs" / run,
                             out / "fid" / f"{run}.json", seed if len(seeds) > 1 else None))
     return jobs

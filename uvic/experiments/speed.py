@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from uvic.config import Config, load_config
@@ -20,12 +20,19 @@ from uvic.presets import preset_path
 if TYPE_CHECKING:
     import torch
 
-# The CPU smoke runs: a tiny model of each preset, SMOKE_BATCH images a step or call.
-TRAIN_SMOKE = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=8"]
-SAMPLING_SMOKE = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.img_size=4"]
+# The CPU smoke runs: a tiny model of each preset (`smoke_model`) on inputs of these sizes,
+# SMOKE_BATCH images a step or call.
+TRAIN_SMOKE_SIZE, SAMPLING_SMOKE_SIZE = 8, 4
 SMOKE_BATCH = 2
 # Dense bf16 peak (TFLOP/s, no sparsity) by device name, first match: NVIDIA's data sheets.
 PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("A100", 312.0))
+
+
+def smoke_model(cfg: Config, img_size: int) -> Config:
+    """`cfg` with the CPU smoke runs' network: width 32, 2 blocks, 2 heads, on inputs of
+    `img_size`."""
+    return replace(cfg, model=replace(cfg.model, embed_dim=32, depth=2, num_heads=2,
+                                      img_size=img_size))
 
 
 @dataclass
@@ -102,10 +109,10 @@ def run_cell(cell: Cell, steps: int, warmup: int, device: torch.device,
     import torch
 
     cuda = device.type == "cuda"
-    overrides = [f"model.attention_backend={cell.backend}",
-                 f"model.grad_checkpointing={cell.grad_checkpointing}",
-                 *([] if cuda else TRAIN_SMOKE)]
-    cfg = load_config(preset_path(cell.preset), overrides)
+    cfg = load_config(preset_path(cell.preset))
+    cfg.model.attention_backend = cell.backend
+    cfg.model.grad_checkpointing = cell.grad_checkpointing
+    cfg = cfg if cuda else smoke_model(cfg, TRAIN_SMOKE_SIZE)
     flops = training_flops(cfg.model)
     record: dict[str, Any] = {**asdict(cell), "tokens": num_tokens(cfg.model),
                               "train_flops_per_image": flops, "ms_per_step": None,

@@ -6,45 +6,81 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from uvic.config import Config
 from uvic.evaluation.protocols import RELEASE_ROWS, protocol_table
 from uvic.evaluation.recipes_table import RECIPE_ROWS, recipes_table
 from uvic.evaluation.release_table import release_table
-from uvic.experiments.runner import Row, Table, twin_rows
+from uvic.experiments.runner import Adapt, Row, Table, twin_rows
 
-# Every smoke run of the release and recipe tables: a tiny network, a few steps, few
-# samples, stand-in features.
-SMOKE = ("model.embed_dim=32", "model.depth=2", "model.num_heads=2", "model.mlp_ratio=2",
-         "model.attention_backend=torch", "data.num_workers=0", "optim.warmup_steps=5",
-         "optim.lr=1e-3", "train.batch_size=8", "train.max_steps=30", "train.ema_decay=0.9",
-         "train.mixed_precision=no", "train.log_every=10", "train.sample_every=0",
-         "train.ckpt_every=15", "train.keep_last=1", "train.n_grid=4", "sample.steps=10",
-         "sample.batch_size=16", "sample.decode_batch_size=16", "eval.n_samples=16",
-         "eval.features=projection")
-PIXELS = ("model.img_size=16", "model.patch_size=4", "eval.ref_res=16")
-LATENTS = ("model.img_size=8", "model.patch_size=2", "eval.ref_res=64",
-           "model.num_classes=4",  # 3 classes + the null class
-           "data.root={data}/imagenet_features", "data.vae={data}/vae",
-           "eval.ref_images={data}/imagenet/train")
+
+def _tiny(cfg: Config) -> None:
+    """Every smoke run of the release and recipe tables: a tiny network, a few steps, few
+    samples, stand-in features."""
+    m, t, s = cfg.model, cfg.train, cfg.sample
+    m.embed_dim, m.depth, m.num_heads, m.mlp_ratio = 32, 2, 2, 2.0
+    m.attention_backend = "torch"
+    cfg.data.num_workers = 0
+    cfg.optim.warmup_steps, cfg.optim.lr = 5, 1e-3
+    t.batch_size, t.max_steps, t.ema_decay, t.mixed_precision = 8, 30, 0.9, "no"
+    t.log_every, t.sample_every, t.ckpt_every, t.keep_last, t.n_grid = 10, 0, 15, 1, 4
+    s.steps, s.batch_size, s.decode_batch_size = 10, 16, 16
+    cfg.eval.n_samples, cfg.eval.features = 16, "projection"
+
+
+def _pixels(cfg: Config) -> None:
+    """A tiny run on 16x16 pixels."""
+    _tiny(cfg)
+    cfg.model.img_size, cfg.model.patch_size, cfg.eval.ref_res = 16, 4, 16
+
+
+def _latents(cfg: Config, data: Path) -> None:
+    """A tiny run on 8x8 latents of the smoke ImageNet (3 classes + the null class)."""
+    _tiny(cfg)
+    cfg.model.img_size, cfg.model.patch_size, cfg.eval.ref_res = 8, 2, 64
+    cfg.model.num_classes = 4
+    cfg.data.root, cfg.data.vae = str(data / "imagenet_features"), str(data / "vae")
+    cfg.eval.ref_images = str(data / "imagenet" / "train")
+
+
+def _celeba(cfg: Config, data: Path) -> None:
+    _pixels(cfg)
+    cfg.data.root = str(data / "celeba")
+    cfg.eval.ref_images = str(data / "celeba" / "img_align_celeba")
+
+
+def _imagenet64(cfg: Config, data: Path) -> None:
+    _pixels(cfg)
+    cfg.model.num_classes = 3
+    cfg.data.root = str(data / "imagenet")
+    cfg.eval.ref_images = str(data / "imagenet" / "train")
+
+
+def _shapes_flow(cfg: Config, data: Path) -> None:
+    _pixels(cfg)
+    cfg.data.name, cfg.data.root, cfg.data.num_images = "shapes", "", 64
+    cfg.eval.ref_stats = "shapes"
+    # post-hoc EMA: both of EDM2's profiles, a snapshot every 10 steps
+    cfg.train.posthoc_ema_stds, cfg.train.posthoc_ema_every = (0.05, 0.1), 10
+
+
+def _latents_repa(cfg: Config, data: Path) -> None:
+    _latents(cfg, data)
+    # the tiny encoder's features were stored with the latents; 3 blocks: the first
+    t = cfg.train
+    t.repa_encoder, t.repa_block, t.repa_projector_dim = str(data / "repa_encoder"), 0, 16
+
+
+def _attention(model: str) -> Adapt:
+    """Table 3's smoke run of `model` (uvit or uvic) on the table3_smoke preset."""
+    def adapt(cfg: Config, data: Path) -> None:
+        cfg.model.attention = model
+    return adapt
+
 
 # One release row per kind of data, its data (and reference images) in <out>/data.
-RELEASE_SMOKE = {
-    "celeba64_small": (*PIXELS, "data.root={data}/celeba",
-                       "eval.ref_images={data}/celeba/img_align_celeba"),
-    "imagenet64_mid": (*PIXELS, "model.num_classes=3", "data.root={data}/imagenet",
-                       "eval.ref_images={data}/imagenet/train"),
-    "imagenet256_huge": LATENTS,
-}
-RECIPES_SMOKE = {
-    "cifar10_flow": (*PIXELS, "data.name=shapes", "data.root=", "data.num_images=64",
-                     "eval.ref_stats=shapes",
-                     # post-hoc EMA: both of EDM2's profiles, a snapshot every 10 steps
-                     "train.posthoc_ema_stds=0.05,0.1", "train.posthoc_ema_every=10"),
-    "imagenet256_large_flow": (
-        *LATENTS,
-        # the tiny encoder's features were stored with the latents; 3 blocks: the first
-        "train.repa_encoder={data}/repa_encoder", "train.repa_block=0",
-        "train.repa_projector_dim=16"),
-}
+RELEASE_SMOKE = {"celeba64_small": _celeba, "imagenet64_mid": _imagenet64,
+                 "imagenet256_huge": _latents}
+RECIPES_SMOKE = {"cifar10_flow": _shapes_flow, "imagenet256_large_flow": _latents_repa}
 
 
 # The smoke data's writers import torch: loaded only when a smoke run starts.
@@ -66,8 +102,7 @@ TABLE3 = Table(
                 "model) pair: CIFAR-10 and MS-COCO, each with U-ViT and U-ViC, trained to "
                 "the paper's length and scored under the release's FID protocol.",
     rows=tuple(Row(d, m, f"{d}_{m}") for d in ("cifar10", "mscoco") for m in ("uvit", "uvic")),
-    smoke_rows=tuple(Row("shapes", m, "table3_smoke", (f"model.attention={m}",))
-                     for m in ("uvit", "uvic")),
+    smoke_rows=tuple(Row("shapes", m, "table3_smoke", _attention(m)) for m in ("uvit", "uvic")),
     smoke_help="tiny CPU run of the whole chain (Shapes, test feature extractor)",
     render=protocol_table,
 )
@@ -76,7 +111,7 @@ RELEASE_TABLE = Table(
     description="The U-ViT release's table end to end: train, then FID, then the table, for "
                 "every release row (CelebA 64, ImageNet 64, 256 and 512) with U-ViT and its "
                 "U-ViC twin, and Table 3's CIFAR-10 and MS-COCO rows.",
-    rows=twin_rows(RELEASE_ROWS), smoke_rows=twin_rows(RELEASE_ROWS, RELEASE_SMOKE, SMOKE),
+    rows=twin_rows(RELEASE_ROWS), smoke_rows=twin_rows(RELEASE_ROWS, RELEASE_SMOKE),
     smoke_help="tiny CPU run of the whole chain: one row per kind of data on generated "
                "CelebA, ImageNet folders and latents, stand-in features",
     render=release_table, prepare_smoke=_release_data,
@@ -86,7 +121,7 @@ RECIPES_TABLE = Table(
     description="The modern-recipe table end to end: train, then FID, then the table, for "
                 "every recipe row (CIFAR-10 with flow matching; ImageNet 256 U-ViT-L/2 with "
                 "flow matching, REPA and the guidance interval), U-ViT and its U-ViC twin.",
-    rows=twin_rows(RECIPE_ROWS), smoke_rows=twin_rows(RECIPE_ROWS, RECIPES_SMOKE, SMOKE),
+    rows=twin_rows(RECIPE_ROWS), smoke_rows=twin_rows(RECIPE_ROWS, RECIPES_SMOKE),
     smoke_help="tiny CPU run of the whole chain: both rows on generated Shapes data and "
                "latents with a tiny random REPA encoder, stand-in features",
     render=recipes_table, prepare_smoke=_recipes_data,
