@@ -388,8 +388,8 @@ def test_velocity_models_are_noised_by_their_interpolant(interpolant):
     images = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(1)) * 2 - 1
     steps = [99, 499, 899]
     for (x_vp, _, rec_vp), (x_fm, net_t, rec_fm), k in zip(
-            noised_inputs(eps_cfg, images, steps, seed=5),
-            noised_inputs(flow_cfg, images, steps, seed=5), steps):
+            noised_inputs(eps_cfg.diffusion, images, steps, seed=5),
+            noised_inputs(flow_cfg.diffusion, images, steps, seed=5), steps):
         ab = torch.tensor(rec_vp["alpha_bar"], dtype=torch.float64)
         noise = (x_vp.double() - ab.sqrt() * images.double()) / (1 - ab).sqrt()
         t = (k + 1) / 1000

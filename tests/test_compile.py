@@ -127,12 +127,13 @@ def test_accelerate_checkpoints_plain_names_of_a_compiled_model(tmp_path: Path) 
 def test_accelerator_notes_and_refuses(tmp_path: Path, capsys) -> None:
     """No CUDA graphs on a CPU: said once at start. A process whose Accelerate state was set
     up for another compile setting (Accelerate keeps the first) is refused in one line."""
-    make_accelerator(shapes_config(tmp_path, "train.compile=reduce-overhead"), RunFolder(tmp_path))
+    graphs = shapes_config(tmp_path, "train.compile=reduce-overhead")
+    make_accelerator(graphs.train, RunFolder(tmp_path))
     out = capsys.readouterr().out
     assert out.count("note: train.compile=reduce-overhead: CUDA graphs need a CUDA") == 1
     with pytest.raises(TrainError, match=r"^train.compile=off but this process's Accelerate "
                        r"state, set up by an earlier Accelerator, compiles reduce-overhead"):
-        make_accelerator(shapes_config(tmp_path, "train.compile=false"), RunFolder(tmp_path))
+        make_accelerator(shapes_config(tmp_path, "train.compile=false").train, RunFolder(tmp_path))
 
 
 # --------------------------------------------------------------------------- compiled runs

@@ -501,8 +501,8 @@ def test_build_dataset_mscoco_and_contexts(coco) -> None:
                    "model.img_size=8", "model.clip_dim=32")
     assert isinstance(build_dataset(cfg, "train"), MSCOCOFeatures)
     assert len(build_dataset(cfg, "val")) == 3
-    assert load_empty_context(cfg).shape == (77, 32)
-    prompts, contexts = load_sample_prompts(cfg)
+    assert load_empty_context(cfg.data).shape == (77, 32)
+    prompts, contexts = load_sample_prompts(cfg.data)
     assert prompts == extraction.SAMPLE_PROMPTS and contexts.shape == (8, 77, 32)
     with pytest.raises(ConfigError, match=r"model\.clip_dim"):
         build_dataset(apply_overrides(cfg, ["model.clip_dim=768"]))

@@ -328,10 +328,10 @@ def test_missing_inception_weights(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists()  # nothing sampled
     legacy = apply_overrides(cfg, ["eval.mode=legacy_pytorch"])
     with pytest.raises(fid_stats.InceptionWeightsMissing, match="pt_inception-2015-12-05"):
-        fid_stats.build_inception(legacy, device="cpu")
+        fid_stats.build_inception(legacy.eval, device="cpu")
     # the default file name is clean-fid's own (its folder: the user cache, below)
     default = apply_overrides(cfg, ["eval.inception_path="])
-    assert fid_stats.inception_weights_path(default)[0].name == fid_stats.INCEPTION_FILE
+    assert fid_stats.inception_weights_path(default.eval)[0].name == fid_stats.INCEPTION_FILE
 
 
 def test_inception_weights_default_to_the_user_cache(tmp_path: Path, monkeypatch) -> None:
@@ -341,14 +341,14 @@ def test_inception_weights_default_to_the_user_cache(tmp_path: Path, monkeypatch
     monkeypatch.delenv("UVIC_FID_STATS", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     expected = tmp_path / "home" / ".cache" / "uvic" / fid_stats.INCEPTION_FILE
-    assert fid_stats.inception_weights_path(Config())[0] == expected
+    assert fid_stats.inception_weights_path(Config().eval)[0] == expected
     assert fid_ref.default_stats_dir() == tmp_path / "home" / ".cache" / "uvic" / "fid_stats"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     expected = tmp_path / "xdg" / "uvic" / fid_stats.INCEPTION_FILE
-    assert fid_stats.inception_weights_path(Config())[0] == expected
+    assert fid_stats.inception_weights_path(Config().eval)[0] == expected
     assert fid_ref.default_stats_dir() == tmp_path / "xdg" / "uvic" / "fid_stats"
     with pytest.raises(fid_stats.InceptionWeightsMissing) as info:
-        fid_stats.check_inception(Config())
+        fid_stats.check_inception(Config().eval)
     message = str(info.value)
     assert len(message.splitlines()) == 1
     assert message.startswith(f"FID Inception weights not found at {expected}: download "
@@ -382,8 +382,8 @@ def test_download_goes_to_the_user_cache(tmp_path: Path, monkeypatch) -> None:
         return io.BytesIO(payload.getvalue())
 
     monkeypatch.setattr(urllib.request, "urlopen", urlopen)
-    extractor = fid_stats.build_inception(Config(), device="cpu", allow_download=True)
-    assert urls == [fid_stats.inception_weights_path(Config())[1]]
+    extractor = fid_stats.build_inception(Config().eval, device="cpu", allow_download=True)
+    assert urls == [fid_stats.inception_weights_path(Config().eval)[1]]
     assert (tmp_path / "xdg" / "uvic" / fid_stats.INCEPTION_FILE).is_file()
     assert extractor.base is not None
 
@@ -405,7 +405,7 @@ def test_inception_from_configured_path(tmp_path: Path) -> None:
     path = tmp_path / "my_weights.pt"
     torch.jit.script(Base()).save(str(path))
     cfg = Config(eval=EvalConfig(inception_path=str(path)))
-    extractor = fid_stats.build_inception(cfg, device="cpu")
+    extractor = fid_stats.build_inception(cfg.eval, device="cpu")
     feats = extractor(torch.full((2, 3, 299, 299), 128.0))
     assert feats.shape == (2, 2048)
 

@@ -356,7 +356,7 @@ def test_docs_state_the_disk_use_and_the_fit_of_bounded_snapshots():
     for keep in (0, 32):
         cfg = load_config(REPO / "configs" / "cifar10_uvic.py",
                           [*on, f"train.posthoc_ema_keep={keep}"])
-        line = describe_plan(cfg, snapshot_bytes(build_model(cfg.model)))
+        line = describe_plan(cfg.train, snapshot_bytes(build_model(cfg.model)))
         assert f"    {line}\n" in text, line
     steps, every = 500_000, 4096
     gammas = [sigma_to_gamma(0.05), sigma_to_gamma(0.1)]

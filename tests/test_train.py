@@ -649,10 +649,10 @@ def test_a_users_own_master_addr_is_no_launch_of_several(tmp_path, monkeypatch):
             wait_for_exec(parent.pid, b"sleep\x0060\x00")  # its own environment, not ours
             monkeypatch.setattr(os, "getppid", lambda pid=parent.pid: pid)
             if parent_has_it:
-                assert make_accelerator(cfg, RunFolder(tmp_path)).num_processes == 1
+                assert make_accelerator(cfg.train, RunFolder(tmp_path)).num_processes == 1
             else:
                 with pytest.raises(TrainError, match="asked for several processes"):
-                    make_accelerator(cfg, RunFolder(tmp_path))
+                    make_accelerator(cfg.train, RunFolder(tmp_path))
         finally:
             parent.kill()
             parent.wait()
@@ -680,12 +680,14 @@ def test_precision_follows_the_launcher_unless_the_config_sets_it(tmp_path, monk
     """train.mixed_precision empty: the launcher's (ACCELERATE_MIXED_PRECISION); set: the
     config's, and a launcher setting it overrides is named."""
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
-    acc = make_accelerator(shapes_config(tmp_path, "train.mixed_precision="), RunFolder(tmp_path))
+    launcher = shapes_config(tmp_path, "train.mixed_precision=")
+    acc = make_accelerator(launcher.train, RunFolder(tmp_path))
     assert acc.mixed_precision == "bf16"
     assert "overrides the launcher" not in capsys.readouterr().out
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
-    acc = make_accelerator(shapes_config(tmp_path, "train.mixed_precision=no"), RunFolder(tmp_path))
+    config_no = shapes_config(tmp_path, "train.mixed_precision=no")
+    acc = make_accelerator(config_no.train, RunFolder(tmp_path))
     assert acc.mixed_precision == "no"
     assert "train.mixed_precision=no overrides the launcher's --mixed_precision bf16" in (
         capsys.readouterr().out)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from uvic.analysis.capture import HEAD_METRICS, BlockRecorder, TokenLayout, token_layout
 from uvic.analysis.metrics import sink_share
-from uvic.config import Config
+from uvic.config import Config, DiffusionConfig
 from uvic.diffusion.flow import NET_TIME_SCALE, Interpolant
 from uvic.diffusion.schedule import Diffusion
 from uvic.run.architecture import ModelChoice, resolve_model
@@ -86,31 +86,31 @@ def background_image(x0: Tensor) -> list:
     return rgb.permute(1, 2, 0).tolist()
 
 
-def noised_inputs(cfg: Config, images: Tensor, timesteps: list[int],
+def noised_inputs(diffusion: DiffusionConfig, images: Tensor, timesteps: list[int],
                   seed: int) -> list[tuple[Tensor, Tensor, dict]]:
     """Per level: (x_t (B, C, H, W), network time (B,), level record), fixed noise.
 
     Timestep k is the schedule's grid point; a velocity model (`diffusion.objective`) is
     noised by its interpolant at t = (k + 1) / T, its "alpha_bar" the VP value of the same
     signal-to-noise ratio, alpha^2 / (alpha^2 + sigma^2)."""
-    diffusion = Diffusion(cfg.diffusion)
-    alpha_bars = diffusion.alphas_cumprod()
-    velocity = cfg.diffusion.objective == "velocity"
+    schedule = Diffusion(diffusion)
+    alpha_bars = schedule.alphas_cumprod()
+    velocity = diffusion.objective == "velocity"
     generator = torch.Generator().manual_seed(seed)
     levels = []
     for k in timesteps:
-        if not 0 <= k < diffusion.num_timesteps:
-            raise ValueError(f"timestep {k} is outside [0, {diffusion.num_timesteps})")
+        if not 0 <= k < schedule.num_timesteps:
+            raise ValueError(f"timestep {k} is outside [0, {schedule.num_timesteps})")
         noise = torch.randn(images.shape, generator=generator, dtype=torch.float32)
         if velocity:
-            t = torch.tensor((k + 1) / diffusion.num_timesteps, dtype=torch.float64)
-            a, s = (float(c) for c in Interpolant(cfg.diffusion.interpolant).coefficients(t)[:2])
+            t = torch.tensor((k + 1) / schedule.num_timesteps, dtype=torch.float64)
+            a, s = (float(c) for c in Interpolant(diffusion.interpolant).coefficients(t)[:2])
             ab = a * a / (a * a + s * s)
             net_t = torch.full((images.shape[0],), NET_TIME_SCALE * float(t))
         else:
             ab = float(alpha_bars[k])
             a, s = ab**0.5, (1 - ab) ** 0.5
-            net_t = diffusion.net_time(torch.full((images.shape[0],), k))
+            net_t = schedule.net_time(torch.full((images.shape[0],), k))
         x_t = a * images.float().cpu() + s * noise
         levels.append((x_t, net_t, {"timestep": k, "net_time": float(net_t[0]),
                                     "alpha_bar": ab}))
@@ -197,7 +197,7 @@ def analyze(
         if not (0 <= r < layout.grid[0] and 0 <= c < layout.grid[1]):
             raise ValueError(f"query patch ({r}, {c}) is outside the {layout.grid} patch grid")
     timesteps = timesteps or spread_timesteps(num_levels, cfg.diffusion.num_train_timesteps)
-    levels = noised_inputs(cfg, images, timesteps, seed)
+    levels = noised_inputs(cfg.diffusion, images, timesteps, seed)
     return {
         "schema_version": SCHEMA_VERSION, "config_name": cfg.name,
         "num_images": int(images.shape[0]), "seed": seed, "sink_threshold": sink_threshold,

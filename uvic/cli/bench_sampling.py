@@ -84,7 +84,7 @@ def dataset_records(dataset: str, args: argparse.Namespace, device: torch.device
                 continue
             cfg.model.attention_backend = backend
             cfg = smoke_model(cfg, SAMPLING_SMOKE_SIZE) if smoke else cfg
-            if decode is None and is_latent(cfg):
+            if decode is None and is_latent(cfg.data):
                 decode = bench_decode(images, cfg.model.img_size, args.precision, args.repeats,
                                       device, smoke)
             for mode in args.compile:

@@ -326,7 +326,7 @@ def _distil(args: argparse.Namespace, out: Path) -> dict:
                         choice=choice, say=print)["model"].eval()
     module = uvit_block(model, args.block)
     images, contexts = load_inputs(cfg, args.num_images, "test", args.seed)
-    [(x_t, net_t, _)] = noised_inputs(cfg, images, [args.timestep], args.seed)
+    [(x_t, net_t, _)] = noised_inputs(cfg.diffusion, images, [args.timestep], args.seed)
     dev = args.device
     labels = torch.zeros(len(x_t), dtype=torch.long, device=dev) if model.num_classes > 0 else None
     inputs, outputs = capture(module, lambda: model(

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from uvic.cli.config_options import add_config_options
 from uvic.cli.errors import run_reported
 from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
-from uvic.config import Config, ConfigError
+from uvic.config import ConfigError, TrainConfig
 from uvic.config.validation import startup_config
 
 if TYPE_CHECKING:
@@ -85,13 +85,13 @@ def _train(args: argparse.Namespace) -> None:
     main_process = int(os.environ.get("RANK", "0")) == 0
     if main_process:
         print(threads.line(), flush=True)
-    with step_watcher(cfg, threads.threads) if main_process else contextlib.nullcontext():
+    with step_watcher(cfg.train, threads.threads) if main_process else contextlib.nullcontext():
         run_dir = train(cfg, resume=args.resume, overwrite=args.overwrite)
     if main_process:  # once, not per process
         print(f"done: {run_dir}")
 
 
-def step_watcher(cfg: Config, threads: int) -> LogWatcher:
+def step_watcher(train: TrainConfig, threads: int) -> LogWatcher:
     """The run's seconds per step, read from its log as it trains, and the hint when its
     steps turn far slower than its first ones (`uvic.experiments.progress.StepClock`)."""
     from tqdm.auto import tqdm
@@ -101,5 +101,5 @@ def step_watcher(cfg: Config, threads: int) -> LogWatcher:
 
     clock = StepClock(threads, change="" if threads == 1 else "--threads N or config key "
                       "train.threads; continue the run with --resume latest")
-    return LogWatcher(RunFolder(cfg.train.output_dir).log, clock, cfg.train.batch_size,
+    return LogWatcher(RunFolder(train.output_dir).log, clock, train.batch_size,
                       say=tqdm.write)

@@ -20,7 +20,7 @@ from PIL import Image, ImageDraw
 from torch.utils.data import Dataset
 from torchvision import datasets, transforms
 
-from uvic.config import Config, ConfigError
+from uvic.config import Config, ConfigError, DataConfig
 from uvic.config.data import check_data
 from uvic.data.base import DatasetError, to_signed
 from uvic.data.celeba import CelebAImages
@@ -300,19 +300,15 @@ class MSCOCOFeatures(Dataset):
         return {"x": x, "context": context}
 
 
-def _features_root(cfg: Config) -> Path:
-    return Path(cfg.data.root)
-
-
-def load_empty_context(cfg: Config) -> torch.Tensor:
+def load_empty_context(data: DataConfig) -> torch.Tensor:
     """Context of the empty prompt "" (77, D) float32: the classifier-free 'unconditional'."""
-    root = _features_root(cfg)
+    root = Path(data.root)
     return torch.from_numpy(np.load(_require(root / EMPTY_CONTEXT_FILE, root)).astype(np.float32))
 
 
-def load_sample_prompts(cfg: Config) -> tuple[list[str], torch.Tensor]:
+def load_sample_prompts(data: DataConfig) -> tuple[list[str], torch.Tensor]:
     """The fixed prompts for sample grids and their contexts (P, 77, D) float32."""
-    root = _features_root(cfg)
+    root = Path(data.root)
     prompts = json.loads(_require(root / SAMPLE_PROMPTS_FILE, root).read_text())
     contexts = np.load(_require(root / SAMPLE_CONTEXTS_FILE, root)).astype(np.float32)
     if len(prompts) != len(contexts):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from uvic.config import Config, to_dict
+from uvic.config import Config, ModelConfig, to_dict
 from uvic.config.sampling import check_guidance, effective_cfg_scale, fid_label_draw
 from uvic.config.validation import validate
 from uvic.data.datasets import MSCOCOFeatures, build_dataset
@@ -138,10 +138,10 @@ def caption_context_fn(cfg: Config, seed: int) -> Callable[[list[int]], torch.Te
 # --------------------------------------------------------------------------- evaluation
 
 
-def model_label(cfg: Config) -> str:
+def model_label(model: ModelConfig) -> str:
     """Row label of a result: U-ViT / U-ViC for the presets, else the attention spec."""
-    return {"uvit": "U-ViT", "uvic": "U-ViC"}.get(cfg.model.attention.strip().lower(),
-                                                 cfg.model.attention)
+    return {"uvit": "U-ViT", "uvic": "U-ViC"}.get(model.attention.strip().lower(),
+                                                 model.attention)
 
 
 def versions() -> dict[str, str]:
@@ -190,7 +190,7 @@ def evaluate(
     t_start = time.perf_counter()
     validate(cfg)
     if feat_extractor is None:
-        feat_extractor = stand_in_features(cfg)  # None: Inception
+        feat_extractor = stand_in_features(cfg.eval)  # None: Inception
     state = distributed_state()
     say = say if state.is_main_process else None
     job = _job(cfg, ckpt_path, out_json, samples_dir, stats_dir, choice, say)
@@ -279,19 +279,19 @@ def _check_protocol(job: _Job, feat_extractor: Callable | None, allow_download: 
     """Fail fast (before hours of sampling) on a wrong resolution, missing Inception
     weights or missing statistics; the feature extractor to score the samples with."""
     cfg, mode = job.cfg, job.cfg.eval.mode
-    res = cfg.model.img_size * (VAE_FACTOR if is_latent(cfg) else 1)
+    res = cfg.model.img_size * (VAE_FACTOR if is_latent(cfg.data) else 1)
     if cfg.eval.ref_res != res:
         raise ValueError(f"eval.ref_res={cfg.eval.ref_res} but the samples are {res}x{res} "
                          "pixels; the reference must have the samples' resolution")
     if feat_extractor is None and not allow_download:
-        check_inception(cfg, mode)
+        check_inception(cfg.eval, mode)
     stats_plan(cfg, mode, feat_extractor, job.stats_dir, allow_download)
     job.metrics = MetricsPlan.check(cfg, job.stats_dir, feat_extractor, allow_download, state)
     # Load the Inception network now, not after sampling: a corrupt weights file must
     # stop the evaluation before hours of sampling (InceptionWeightsCorrupt).
     extractor = feat_extractor
     if extractor is None and (state.is_main_process or not allow_download):
-        extractor = build_inception(cfg, mode, state.device, allow_download)
+        extractor = build_inception(cfg.eval, mode, state.device, allow_download)
     return extractor
 
 
@@ -350,7 +350,7 @@ def _describe(job: _Job, ckpt_sha: str, config_path: str | Path | None, features
     cfg = job.cfg
     return {
         "name": cfg.name,
-        "model": model_label(cfg),
+        "model": model_label(cfg.model),
         "attention": cfg.model.attention,
         "model_source": job.resolved.source,
         "dataset": cfg.data.name,

@@ -17,7 +17,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from uvic.config import Config, inf_to_null, load_config, null_to_inf
+from uvic.config import Config, EvalConfig, inf_to_null, load_config, null_to_inf
 from uvic.config.diffusion import objective_label
 from uvic.config.sampling import (
     effective_cfg_scale,
@@ -107,9 +107,8 @@ def sampler_name(cfg: Config) -> str:
     return name + objective_label(cfg.diffusion)
 
 
-def reference_name(cfg: Config) -> str:
+def reference_name(ev: EvalConfig) -> str:
     """The reference statistics as `name/split/resolution` (a file: its stem)."""
-    ev = cfg.eval
     stats = ev.ref_stats
     if stats.endswith(".npz") or "/" in stats:
         stats = Path(stats).stem
@@ -125,7 +124,7 @@ def protocol_of(
         sampler=sampler_name(cfg), steps=cfg.sample.steps,
         guidance=effective_cfg_scale(cfg),
         n_samples=int(n if n is not None else cfg.eval.n_samples), fid_mode=cfg.eval.mode,
-        reference=reference_name(cfg),
+        reference=reference_name(cfg.eval),
         features=features if features is not None else cfg.eval.features,
         labels=fid_label_draw(cfg), guidance_interval=guidance_interval(cfg),
         autoguidance=cfg.sample.autoguidance_scale,

@@ -27,7 +27,7 @@ from cleanfid.resize import build_resizer
 from PIL import Image
 from tqdm import tqdm
 
-from uvic.config import Config
+from uvic.config import Config, EvalConfig
 from uvic.config.evaluation import check_mode
 from uvic.data.datasets import SHAPES_SEEDS, CIFAR10Images, save_shapes_folder
 from uvic.evaluation import fingerprint as fp
@@ -183,15 +183,15 @@ class StatsPlan(NamedTuple):
     fingerprint: dict[str, Any] | None = None
 
 
-def _fingerprint(cfg: Config, images: ReferenceImages, feat_extractor: Callable | None,
+def _fingerprint(ev: EvalConfig, images: ReferenceImages, feat_extractor: Callable | None,
                  mode: str) -> dict[str, Any]:
     """What statistics built from `images` depend on: their source, the feature extractor
     (Inception: its weights file), the mode and the resolution."""
-    weights = inception_weights_path(cfg, mode)[0] if feat_extractor is None else None
+    weights = inception_weights_path(ev, mode)[0] if feat_extractor is None else None
     return {"version": fp.VERSION, "source": images.source(), "mode": mode,
             "features": fp.extractor_identity(feat_extractor, extractor_tag(feat_extractor),
                                               weights),
-            "res": cfg.eval.ref_res}
+            "res": ev.ref_res}
 
 
 def _cached(path: Path, images: ReferenceImages, fingerprint: dict[str, Any]) -> StatsPlan:
@@ -229,14 +229,14 @@ def stats_plan(
         path = Path(ev.ref_stats).expanduser()
         if path.is_file():
             if check_stats_file(path) == "images":
-                check_inception(cfg, mode)  # the file's images are scored with Inception
+                check_inception(cfg.eval, mode)  # the file's images are scored with Inception
             if images is None or fp.stored(path) is None:  # the user's file: used as is
                 return StatsPlan("file", path, None)
-            return _cached(path, images, _fingerprint(cfg, images, feat_extractor, mode))
+            return _cached(path, images, _fingerprint(cfg.eval, images, feat_extractor, mode))
         if images is not None:
             images.check()
             return StatsPlan("build", path, images,
-                             fingerprint=_fingerprint(cfg, images, feat_extractor, mode))
+                             fingerprint=_fingerprint(cfg.eval, images, feat_extractor, mode))
         raise ReferenceStatsMissing(
             f"FID reference statistics not found at {path} (eval.ref_stats, e.g. --set "
             f"eval.ref_stats=PATH): put the statistics file there (the U-ViT release's "
@@ -246,7 +246,7 @@ def stats_plan(
         return StatsPlan("file", named, None)
     if images is not None:
         path = stats_dir / f"{images.key}_{mode}_{tag}_{ev.ref_res}.npz"
-        return _cached(path, images, _fingerprint(cfg, images, feat_extractor, mode))
+        return _cached(path, images, _fingerprint(cfg.eval, images, feat_extractor, mode))
     if feat_extractor is None and allow_download:
         return StatsPlan("download", named, None)
     hint = "set eval.ref_images to a folder of reference images to build them"
@@ -285,7 +285,7 @@ def reference_statistics(
                               fp.file_digest(path))
     if kind == "file":
         if check_stats_file(path, INCEPTION_DIM if feat_extractor is None else None) == "images":
-            extractor = feat_extractor or build_inception(cfg, mode, device)
+            extractor = feat_extractor or build_inception(cfg.eval, mode, device)
             return _images_stats(path, extractor, mode, device, batch_size, progress)
         return _load_stats(path)
     if plan.reason:
@@ -294,7 +294,7 @@ def reference_statistics(
     files = list_images(folder)
     if len(files) < 2:
         raise ReferenceStatsMissing(f"reference images {folder}: found {len(files)} images")
-    extractor = feat_extractor or build_inception(cfg, mode, device)
+    extractor = feat_extractor or build_inception(cfg.eval, mode, device)
     feats = files_features(
         files, extractor, mode=mode, device=device, batch_size=batch_size,
         num_workers=num_workers, description=f"reference {Path(folder).name}",

@@ -27,7 +27,7 @@ from cleanfid.utils import EXTENSIONS
 from PIL import Image
 from scipy import linalg
 
-from uvic.config import Config
+from uvic.config import EvalConfig
 from uvic.config.evaluation import check_mode
 from uvic.data.datasets import center_crop_resize
 
@@ -61,10 +61,10 @@ class ProjectionFeatures(torch.nn.Module):
         return pooled @ self.proj.to(x.device, pooled.dtype)
 
 
-def stand_in_features(cfg: Config) -> ProjectionFeatures | None:
+def stand_in_features(ev: EvalConfig) -> ProjectionFeatures | None:
     """The feature extractor eval.features asks for when it is not Inception, else None
     (None means Inception throughout this module and `uvic.evaluation.fid`)."""
-    return ProjectionFeatures("projection") if cfg.eval.features == "projection" else None
+    return ProjectionFeatures("projection") if ev.features == "projection" else None
 
 
 class InceptionWeightsMissing(FileNotFoundError):
@@ -84,27 +84,27 @@ def cache_dir() -> Path:
     return Path(base).expanduser() / "uvic"
 
 
-def inception_weights_path(cfg: Config, mode: str | None = None) -> tuple[Path, str]:
+def inception_weights_path(ev: EvalConfig, mode: str | None = None) -> tuple[Path, str]:
     """Where the Inception weights for `mode` are expected, and clean-fid's URL for them.
 
     clean / legacy_tensorflow: clean-fid's TorchScript file in `cache_dir()` (clean-fid's
     own default, /tmp, is emptied on reboot); legacy_pytorch: pytorch-fid's state dict in
-    torch.hub's checkpoint folder (~/.cache/torch). `cfg.eval.inception_path` overrides.
+    torch.hub's checkpoint folder (~/.cache/torch). `ev.inception_path` overrides.
     """
-    mode = check_mode(mode or cfg.eval.mode)
+    mode = check_mode(mode or ev.mode)
     if mode == "legacy_pytorch":
         url = FID_WEIGHTS_URL
         default = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
     else:
         url = inception_url
         default = cache_dir() / INCEPTION_FILE
-    path = Path(cfg.eval.inception_path).expanduser() if cfg.eval.inception_path else default
+    path = Path(ev.inception_path).expanduser() if ev.inception_path else default
     return path, url
 
 
-def check_inception(cfg: Config, mode: str | None = None) -> Path:
+def check_inception(ev: EvalConfig, mode: str | None = None) -> Path:
     """The Inception weights file, or InceptionWeightsMissing saying how to get it."""
-    path, url = inception_weights_path(cfg, mode)
+    path, url = inception_weights_path(ev, mode)
     if not path.is_file():
         raise InceptionWeightsMissing(
             f"FID Inception weights not found at {path}: download {url} there "
@@ -115,15 +115,15 @@ def check_inception(cfg: Config, mode: str | None = None) -> Path:
 
 
 def build_inception(
-    cfg: Config, mode: str | None = None, device: torch.device | str = "cpu",
+    ev: EvalConfig, mode: str | None = None, device: torch.device | str = "cpu",
     allow_download: bool = False,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """clean-fid's Inception feature extractor for `mode`, from the local weights file
     (`check_inception`); images (B, 3, 299, 299) in [0, 255] -> features (B, 2048)."""
-    mode = check_mode(mode or cfg.eval.mode)
-    path, _ = inception_weights_path(cfg, mode)
-    if not (allow_download and not cfg.eval.inception_path):
-        path = check_inception(cfg, mode)
+    mode = check_mode(mode or ev.mode)
+    path, _ = inception_weights_path(ev, mode)
+    if not (allow_download and not ev.inception_path):
+        path = check_inception(ev, mode)
     try:
         return _build_inception(path, mode, torch.device(device), allow_download)
     except Exception as err:  # torch.jit / torch.load report a bad file with many types
@@ -134,7 +134,7 @@ def build_inception(
 
 def _corrupt_message(path: Path, mode: str, err: BaseException) -> str:
     detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    _, url = inception_weights_path(Config(), mode)
+    _, url = inception_weights_path(EvalConfig(), mode)
     return (f"FID Inception weights at {path} cannot be loaded ({detail}); download them "
             f"again ({url}) or set eval.inception_path to a good copy")
 

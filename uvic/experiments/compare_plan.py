@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from uvic.config import Config, ConfigError, load_config
+from uvic.config import Config, ConfigError, DataConfig, DiffusionConfig, SampleConfig, load_config
 from uvic.config.models import ATTENTION_PRESETS
 from uvic.config.sampling import short_run_guide
 from uvic.config.validation import validate
@@ -49,23 +49,23 @@ SAMPLED = ("standin_fid", "fid", *QUALITY)  # metrics of generated samples
 BETTER_TEXT = {"lower": "lower is better", "higher": "higher is better", "one": "1 is ideal"}
 
 
-def metric_what(metric: str, cfg: Config) -> str:
-    """What `metric` is for runs of `cfg`: the held-out MSE is the error of the objective the
-    runs trained on (noise, or under flow matching the velocity of the interpolant, on fixed
-    draws of its times and noise), so it is named by it: a velocity MSE never reads as a
-    noise MSE."""
-    d = cfg.diffusion
+def metric_what(metric: str, diffusion: DiffusionConfig) -> str:
+    """What `metric` is for runs of these diffusion settings: the held-out MSE is the error of
+    the objective the runs trained on (noise, or under flow matching the velocity of the
+    interpolant, on fixed draws of its times and noise), so it is named by it: a velocity
+    MSE never reads as a noise MSE."""
+    d = diffusion
     if metric == "heldout_mse" and d.objective == "velocity":
         return (f"held-out velocity MSE of the EMA weights ({d.interpolant} interpolant, "
                 f"{d.timestep_sampling.replace('_', '-')} times; NOT comparable with a noise MSE)")
     return METRICS[metric][0]
 
 
-def heldout_draws(cfg: Config) -> dict[str, Any]:
+def heldout_draws(diffusion: DiffusionConfig) -> dict[str, Any]:
     """What the held-out MSE's draws and target depend on: the diffusion settings but its
     loss weighting (`uvic.evaluation.heldout` scores the plain MSE) and condition dropping
     (the held-out MSE drops none)."""
-    d = asdict(cfg.diffusion)
+    d = asdict(diffusion)
     for key in ("min_snr_gamma", "p_uncond"):
         d.pop(key)
     return d
@@ -76,8 +76,8 @@ def check_heldout_comparable(configs: dict[tuple[str, int], Config]) -> None:
     velocity MSE, or two interpolants): their numbers do not compare."""
     first = next(iter(configs.values()))
     for (variant, _), cfg in configs.items():
-        differ = sorted(k for k, v in heldout_draws(cfg).items()
-                        if heldout_draws(first)[k] != v)
+        differ = sorted(k for k, v in heldout_draws(cfg.diffusion).items()
+                        if heldout_draws(first.diffusion)[k] != v)
         if differ:
             key = differ[0]
             raise ConfigError(
@@ -165,11 +165,11 @@ def table_steps(grid: list[int], asked: list[int]) -> list[int]:
     return sorted(set(asked)) or [grid[-1]]
 
 
-def guide_step(cfg: Config) -> int | None:
+def guide_step(sample: SampleConfig) -> int | None:
     """The training step of the run's own autoguidance checkpoint, if it samples with one."""
-    if cfg.sample.autoguidance_scale == 0:
+    if sample.autoguidance_scale == 0:
         return None
-    found = re.fullmatch(r"checkpoints/step_(\d+)/ema\.safetensors", cfg.sample.autoguidance_ckpt)
+    found = re.fullmatch(r"checkpoints/step_(\d+)/ema\.safetensors", sample.autoguidance_ckpt)
     return int(found.group(1)) if found else None
 
 
@@ -196,7 +196,7 @@ class Plan:
     def what(self, metric: str) -> str:
         """What `metric` is in this comparison (`metric_what`: the held-out MSE names the
         objective, which every run shares: `check_heldout_comparable`)."""
-        return metric_what(metric, next(iter(self.configs.values()), self.base))
+        return metric_what(metric, next(iter(self.configs.values()), self.base).diffusion)
 
 
 def metric_names(text: str) -> list[str]:
@@ -235,12 +235,12 @@ def metric_values(flags: list[str], option: str, metrics: list[str] | None = Non
     return out
 
 
-def metric_list(text: str, cfg: Config) -> list[str]:
+def metric_list(text: str, data: DataConfig) -> list[str]:
     """`--metrics`: comma-separated metric names, `quality` for the three quality figures."""
     out = metric_names(text)
-    if any(m in QUALITY for m in out) and cfg.data.name != "shapes":
+    if any(m in QUALITY for m in out) and data.name != "shapes":
         raise ConfigError(f"--metrics quality: the quality figures are for the Shapes data, "
-                          f"not data.name={cfg.data.name!r}")
+                          f"not data.name={data.name!r}")
     return out
 
 
@@ -253,8 +253,8 @@ def make_plan(args: Any) -> Plan:
     variants = variant_list(args.variants, parse_variants(args.variant, args.variant_file))
     seeds = seed_list(base.train.seed, args.seeds)
     grid = step_grid(base.train.max_steps, args.every, args.steps)
-    metrics = metric_list(args.metrics, base)
-    guide = guide_step(base)
+    metrics = metric_list(args.metrics, base.data)
+    guide = guide_step(base.sample)
     if guide is not None and any(m in SAMPLED for m in metrics) and grid[0] <= guide:
         raise ConfigError(f"evaluation step {grid[0]}: its samples would be guided by the "
                           f"run's own step-{guide} weights (sample.autoguidance_ckpt), not an "
@@ -287,7 +287,7 @@ def run_cells(cfg: Config, steps_done: int, grid: Sequence[int], metrics: Sequen
     `grid` (sampling as the run's protocol, the held-out images' forwards)."""
     sampled = any(m in SAMPLED for m in metrics)
     per_eval = sampling_cost(cfg, cfg.eval.n_samples) if sampled else 0.0
-    per_eval += forward_cost(cfg, heldout) if "heldout_mse" in metrics else 0.0
+    per_eval += forward_cost(cfg.model, heldout) if "heldout_mse" in metrics else 0.0
     return [Cell(f"{cfg.name}: train", TRAIN, train_cost(cfg, steps_done)),
             *[Cell(f"{cfg.name}: step {step}", EVAL, per_eval) for step in grid]]
 

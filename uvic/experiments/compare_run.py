@@ -108,7 +108,7 @@ def prepare_references(plan: Plan) -> None:
 
     if any(m in SAMPLED for m in plan.metrics if m != "fid"):
         cfg = replace(plan.base, eval=replace(plan.base.eval, features="projection"))
-        reference_statistics(cfg, stand_in_features(cfg), stats_dir=plan.out / "fid_stats",
+        reference_statistics(cfg, stand_in_features(cfg.eval), stats_dir=plan.out / "fid_stats",
                              progress=False)
 
 
@@ -202,7 +202,7 @@ def run(args: argparse.Namespace, plan: Plan | None = None) -> None:
     if "fid" in plan.metrics:  # before any training, not hours later
         from uvic.evaluation.statistics import check_inception
 
-        check_inception(plan.base, plan.base.eval.mode)
+        check_inception(plan.base.eval, plan.base.eval.mode)
     if args.dry_run:
         return
     settings = EvalSettings(tuple(plan.metrics), tuple(plan.grid), plan.heldout, plan.out)

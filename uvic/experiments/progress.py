@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from uvic.config import Config
+from uvic.config import Config, ModelConfig
 from uvic.models.flops import forward_flops, training_flops
 
 if TYPE_CHECKING:
@@ -63,10 +63,10 @@ def train_cost(cfg: Config, steps_done: int = 0) -> float:
     return float(left * cfg.train.batch_size * training_flops(cfg.model))
 
 
-def forward_cost(cfg: Config, images: int) -> float:
-    """Model FLOPs of `images` forward passes of `cfg`'s network (a sampler's network calls
+def forward_cost(model: ModelConfig, images: int) -> float:
+    """Model FLOPs of `images` forward passes of the network `model` (a sampler's network calls
     per image x images, the held-out MSE's images)."""
-    return float(images * forward_flops(cfg.model))
+    return float(images * forward_flops(model))
 
 
 def sampling_cost(cfg: Config, samples: int) -> float:
@@ -74,7 +74,7 @@ def sampling_cost(cfg: Config, samples: int) -> float:
     network passes per image, guidance included: `sampling_passes`)."""
     from uvic.diffusion.guidance_interval import sampling_passes
 
-    return forward_cost(cfg, samples * sampling_passes(cfg))
+    return forward_cost(cfg.model, samples * sampling_passes(cfg))
 
 
 @dataclass(frozen=True)
@@ -179,11 +179,11 @@ class Clock:
                 f"{cell.label}, {how}), {duration(self.now() - self.start)} so far; {when}")
 
 
-def make_batch(cfg: Config, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
+def make_batch(model: ModelConfig, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
     """Random images (or latents) and, for conditional models, CLIP contexts or labels."""
     import torch
 
-    m = cfg.model
+    m = model
     out = {"x": torch.randn(batch, m.in_chans, m.img_size, m.img_size, device=device)}
     if m.clip_dim > 0:
         out["context"] = torch.randn(batch, m.num_clip_token, m.clip_dim, device=device)
@@ -246,7 +246,7 @@ def calibrate(cfg: Config, label: str, threads: int | None = None,
         torch.manual_seed(0)
         model = build_model(m).to(device).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        batch = make_batch(cfg, images, device)
+        batch = make_batch(cfg.model, images, device)
         loss_of = synthetic_loss(cfg, model, batch, device)
 
         def step() -> None:

@@ -25,10 +25,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from uvic.analysis import analyze, save_figures
-from uvic.config import (
-    Config,
-    load_config,
-)
+from uvic.config import Config, TrainConfig, load_config
 from uvic.config.sampling import short_run_guide
 from uvic.evaluation.heldout import heldout_loss, real_images
 from uvic.evaluation.quality import quality_figures
@@ -128,7 +125,7 @@ def train_models(configs: dict[str, Config], n_samples: int, threads: int,
         results = {}
         for name, cfg in configs.items():
             print(f"\n=== {name}: training ({cfg.train.max_steps} steps) ===", flush=True)
-            with step_log(cfg, threads, tqdm.write, threads):  # a hint if steps slow down
+            with step_log(cfg.train, threads, tqdm.write, threads):  # a hint if steps slow down
                 results[name] = train_and_sample(cfg, n_samples, threads)
         return results
 
@@ -151,7 +148,7 @@ def train_models(configs: dict[str, Config], n_samples: int, threads: int,
     return results
 
 
-def step_log(cfg: Config, threads: int, say: Callable[[str], Any],
+def step_log(train: TrainConfig, threads: int, say: Callable[[str], Any],
              total: int = 1) -> LogWatcher:
     """The run's log.jsonl as it trains: its seconds per step, and the hint (to `say`) when
     its steps turn far slower than its first ones (`uvic.experiments.progress.StepClock`);
@@ -159,7 +156,7 @@ def step_log(cfg: Config, threads: int, say: Callable[[str], Any],
     clock = StepClock(threads, change="" if total == 1 else "make quickstart ARGS=\"--threads "
                       "1\" trains the models one after the other on one thread, into the "
                       "same weights")
-    return LogWatcher(RunFolder(cfg.train.output_dir).log, clock, cfg.train.batch_size,
+    return LogWatcher(RunFolder(train.output_dir).log, clock, train.batch_size,
                       say=say, every=1.0)
 
 
@@ -170,7 +167,7 @@ def show_progress(configs: dict[str, Config], futures: dict[str, Future],
     `total`: the quickstart's in all."""
     bars = {name: tqdm(total=cfg.train.max_steps, desc=name, position=i, dynamic_ncols=True)
             for i, (name, cfg) in enumerate(configs.items())}
-    logs = {name: step_log(cfg, threads, tqdm.write, total) for name, cfg in configs.items()}
+    logs = {name: step_log(cfg.train, threads, tqdm.write, total) for name, cfg in configs.items()}
     while not all(f.done() for f in futures.values()):
         time.sleep(1.0)
         for name, log in logs.items():
@@ -191,7 +188,7 @@ def try_fid(cfg: Config, ckpt: Path, out_dir: Path, name: str) -> tuple[float | 
     what = "FID" if cfg.eval.features == "inception" else f"stand-in FID ({cfg.eval.features})"
     try:
         if cfg.eval.features == "inception":
-            check_inception(cfg, cfg.eval.mode)  # before the samples: none made for nothing
+            check_inception(cfg.eval, cfg.eval.mode)  # before the samples: none made for nothing
     except fid.InceptionWeightsMissing as err:
         print(f"=== {name}: FID skipped (no Inception weights: results.md says how to get "
               "them) ===", flush=True)

@@ -74,7 +74,7 @@ def train_step(cfg: Config, cell: Cell, device: torch.device) -> Callable[[], No
     if cell.compile != "off":
         torch._dynamo.reset()  # each cell compiles afresh: no recompile limit across cells
         model = torch.compile(model, **dynamo_kwargs(cell.compile)["dynamo_plugin"].to_kwargs())
-    loss_of = synthetic_loss(cfg, model, make_batch(cfg, cell.batch, device), device)
+    loss_of = synthetic_loss(cfg, model, make_batch(cfg.model, cell.batch, device), device)
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)

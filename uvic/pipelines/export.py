@@ -96,13 +96,13 @@ def build_pipeline(cfg: Config, model: UViT, vae=None, null_class: int | None = 
         how = f"dpm_solver++ order {s.order}" if saved == "dpm_solver++" else saved
         note += (f", saved as {how}: sample with "
                  f"pipe(..., sampler={s.scheduler!r}) for the config's protocol")
-    if is_latent(cfg) and vae is None:
+    if is_latent(cfg.data) and vae is None:
         vae = load_vae(cfg.data.vae)
     text = cfg.model.clip_dim > 0
     pipe = UViTPipeline(
-        transformer=model, scheduler=scheduler, vae=vae if is_latent(cfg) else None,
+        transformer=model, scheduler=scheduler, vae=vae if is_latent(cfg.data) else None,
         diffusion=schedule_settings(cfg.diffusion),
-        scale_factor=cfg.data.scale_factor if is_latent(cfg) else None,
+        scale_factor=cfg.data.scale_factor if is_latent(cfg.data) else None,
         clip_model=_portable(cfg.data.clip_model) if text else None,
         clip_pretrained=_portable(cfg.data.clip_pretrained) if text else None,
         cfg_scale=effective_cfg_scale(cfg), null_class=null_class,

@@ -11,15 +11,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from uvic.config import Config
+from uvic.config import Config, DataConfig
 from uvic.config.data import LATENT_DATASETS
 from uvic.data.datasets import EMPTY_CONTEXT_FILE, load_empty_context, load_sample_prompts
 from uvic.models.autoencoder import decode_latents, load_vae
 
 
-def is_latent(cfg: Config) -> bool:
+def is_latent(data: DataConfig) -> bool:
     """Whether the model works on VAE latents (decoded before viewing)."""
-    return cfg.data.name in LATENT_DATASETS
+    return data.name in LATENT_DATASETS
 
 
 def to_pixels(cfg: Config, x0: torch.Tensor, vae: nn.Module | None = None) -> torch.Tensor:
@@ -29,7 +29,7 @@ def to_pixels(cfg: Config, x0: torch.Tensor, vae: nn.Module | None = None) -> to
     Stable Diffusion VAE (scale factor cfg.data.scale_factor) in chunks of
     cfg.sample.decode_batch_size.
     """
-    if is_latent(cfg):
+    if is_latent(cfg.data):
         if vae is None:
             raise ValueError(
                 f"data.name={cfg.data.name!r} samples are VAE latents: pass the VAE "
@@ -60,32 +60,33 @@ def read_prompts(path: str | Path) -> list[str]:
     return prompts
 
 
-def text_encoder(cfg: Config, device: torch.device | str):
-    """The CLIP text encoder of the config (open_clip, the release's padding)."""
+def text_encoder(data: DataConfig, device: torch.device | str):
+    """The CLIP text encoder the data was encoded with (open_clip, the release's padding)."""
     from uvic.models.text_encoder import ClipTextEncoder
 
-    return ClipTextEncoder(cfg.data.clip_model, cfg.data.clip_pretrained, device)
+    return ClipTextEncoder(data.clip_model, data.clip_pretrained, device)
 
 
-def empty_context(cfg: Config, device: torch.device | str = "cpu", encoder=None) -> torch.Tensor:
+def empty_context(data: DataConfig, device: torch.device | str = "cpu",
+                  encoder=None) -> torch.Tensor:
     """The empty-prompt context (L, D) used for guidance: the feature folder's
     `empty_context.npy` when present (exactly what training dropped captions to),
     otherwise the text encoder's encoding of ""."""
-    if (Path(cfg.data.root) / EMPTY_CONTEXT_FILE).is_file() or encoder is None:
-        return load_empty_context(cfg).to(device)
+    if (Path(data.root) / EMPTY_CONTEXT_FILE).is_file() or encoder is None:
+        return load_empty_context(data).to(device)
     return encoder.encode([""])[0].to(device)
 
 
-def prompt_contexts(cfg: Config, prompts_file: str | Path | None,
+def prompt_contexts(data: DataConfig, prompts_file: str | Path | None,
                     encoder=None) -> tuple[list[str], torch.Tensor]:
     """Prompts and their contexts (n, L, D) on the CPU for a text-to-image config: from a
-    prompts file (encoded with `encoder`, by default `text_encoder(cfg)`) or, without one,
+    prompts file (encoded with `encoder`, by default `text_encoder(data)`) or, without one,
     the feature folder's sample prompts (`uvic.data.datasets.load_sample_prompts`)."""
     if prompts_file is None:
-        prompts, contexts = load_sample_prompts(cfg)
+        prompts, contexts = load_sample_prompts(data)
         return list(prompts), contexts.cpu()
     prompts = read_prompts(prompts_file)
-    encoder = encoder or text_encoder(cfg, "cpu")
+    encoder = encoder or text_encoder(data, "cpu")
     return prompts, encoder.encode(prompts).cpu()
 
 
@@ -105,8 +106,8 @@ class SamplingAssets:
                     encoder=None) -> SamplingAssets:
         """Load what `cfg` needs; `encoder` encodes "" when the feature folder has no
         empty context."""
-        vae = load_vae(cfg.data.vae, device) if is_latent(cfg) else None
-        uncond = empty_context(cfg, device, encoder) if cfg.model.clip_dim > 0 else None
+        vae = load_vae(cfg.data.vae, device) if is_latent(cfg.data) else None
+        uncond = empty_context(cfg.data, device, encoder) if cfg.model.clip_dim > 0 else None
         return cls(cfg, vae, uncond)
 
     def to_pixels(self, x0: torch.Tensor) -> torch.Tensor:

@@ -109,11 +109,11 @@ def _assets(cfg: Config, n: int, nrow: int | None, prompts_file: str | Path | No
     encoder = None
     if prompts_file is not None:
         read_prompts(prompts_file)  # a bad file fails before CLIP loads
-        encoder = text_encoder(cfg, device)
+        encoder = text_encoder(cfg.data, device)
     assets = SamplingAssets.from_config(cfg, device, encoder)
     if cfg.model.clip_dim <= 0:
         return assets, classes or _Prompts(n, nrow)
-    prompts, contexts = prompt_contexts(cfg, prompts_file, encoder)
+    prompts, contexts = prompt_contexts(cfg.data, prompts_file, encoder)
     per_prompt = max(1, n // len(prompts))
     total = per_prompt * len(prompts)
     prompt_of = torch.arange(total) // per_prompt  # image i shows prompt i // per_prompt

@@ -206,7 +206,7 @@ class SampleGrid:
         m = cfg.model
         self.cfg, self.captions, self.context = cfg, None, None
         if m.clip_dim > 0:
-            prompts, contexts = load_sample_prompts(cfg)
+            prompts, contexts = load_sample_prompts(cfg.data)
             n = min(n, len(prompts))
             self.captions, self.context = list(prompts[:n]), contexts[:n].to(device)
         self.assets = SamplingAssets.from_config(cfg, device)

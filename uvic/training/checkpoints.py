@@ -78,7 +78,8 @@ def find_start(run: RunFolder, cfg: Config, resume: str | None, overwrite: bool,
     saved, resumes = read_run_config(resume_config_path(start))
     resumes = [r for r in resumes if r["step"] <= step]  # a run folder's, past `start`
     changes = check_resume_config(start, saved, cfg)
-    check_repa_resume(start, saved, cfg)  # REPA's projector is in the checkpoint (or not)
+    # REPA's projector is in the checkpoint (or not)
+    check_repa_resume(start, saved.train, cfg.train)
     if max_steps == step:  # nothing runs: no change takes effect, nothing is rewritten
         ignored = f" (ignored: {', '.join(changes)})" if changes else ""
         say(f"note: the run is at step {step} = train.max_steps: nothing to "

@@ -24,7 +24,7 @@ from accelerate.utils import (
 )
 from tqdm.auto import tqdm
 
-from uvic.config import Config
+from uvic.config import TrainConfig
 from uvic.config.training import compile_mode
 from uvic.run.folder import RunFolder
 from uvic.run.lock import RunLock, RunLockError
@@ -40,7 +40,7 @@ class TrainError(RuntimeError):
 CPU_LAUNCH = "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N"
 
 
-def make_accelerator(cfg: Config, run: RunFolder) -> Accelerator:
+def make_accelerator(t: TrainConfig, run: RunFolder) -> Accelerator:
     """Accelerate for this run: processes, precision, accumulation, trackers, folders.
 
     Precision: train.mixed_precision when set (a launcher setting that disagrees is named
@@ -55,7 +55,6 @@ def make_accelerator(cfg: Config, run: RunFolder) -> Accelerator:
     it sets MASTER_ADDR for N > 1 but starts one process). Refused rather than run: the
     run would not be the launched one (N times the per-process batch and the time).
     """
-    t = cfg.train
     launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")
     acc = Accelerator(
         mixed_precision=t.mixed_precision or None,
@@ -112,7 +111,7 @@ def _set_by_launcher(name: str) -> bool:
     return not any(entry.startswith(f"{name}=".encode()) for entry in parent)
 
 
-def launch_facts(acc: Accelerator, cfg: Config) -> dict[str, Any]:
+def launch_facts(acc: Accelerator, t: TrainConfig) -> dict[str, Any]:
     """How this run runs: processes, distributed type and backend, every process's device
     (gathered, in rank order) and the precision with where it came from."""
     device = str(acc.device) if acc.device.type != "cpu" else "cpu"  # gloo: all "cpu:0"
@@ -124,7 +123,7 @@ def launch_facts(acc: Accelerator, cfg: Config) -> dict[str, Any]:
         "backend": acc.state.backend,
         "devices": gather_object([device]),
         "mixed_precision": acc.mixed_precision,
-        "precision_from": "train.mixed_precision" if cfg.train.mixed_precision else "launcher",
+        "precision_from": "train.mixed_precision" if t.mixed_precision else "launcher",
         "compile": compile_settings(acc),
     }
 

@@ -20,7 +20,7 @@ import torch
 from accelerate import Accelerator
 from torch import Tensor, nn
 
-from uvic.config import Config, ConfigError
+from uvic.config import Config, ConfigError, TrainConfig
 from uvic.config.training import check_sigma_rel, snapshot_tag
 from uvic.run.architecture import model_metadata
 from uvic.run.folder import RunFolder, resume_config_path
@@ -138,10 +138,9 @@ def snapshot_bytes(model: nn.Module) -> int:
     return sum(4 * v.numel() for v in unwrap_model(model).state_dict().values())
 
 
-def describe_plan(cfg: Config, nbytes: int) -> str:
+def describe_plan(t: TrainConfig, nbytes: int) -> str:
     """One line on the profiles and the disk their snapshots take (said at the start), for
     snapshots of `nbytes` each (`snapshot_bytes`)."""
-    t = cfg.train
     profiles = ", ".join(f"{s:g} (gamma {sigma_to_gamma(s):.2f})" for s in t.posthoc_ema_stds)
     per_save = len(t.posthoc_ema_stds) * nbytes
     saves = snapshot_count(t.max_steps, t.posthoc_ema_every)
@@ -276,5 +275,5 @@ def posthoc_ema_for(cfg: Config, model: nn.Module, run: RunFolder, resume_from: 
         tracker.metadata = model_metadata(cfg.model, cfg.diffusion)
         if resume_from is None:  # a start from step 0 (latest-or-new after an early kill)
             tracker.forget_after(0)
-    say(describe_plan(cfg, snapshot_bytes(model)))
+    say(describe_plan(cfg.train, snapshot_bytes(model)))
     return tracker

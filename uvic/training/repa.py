@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import Tensor, nn
 
-from uvic.config import Config, ConfigError
+from uvic.config import Config, ConfigError, TrainConfig
 from uvic.models.repa_encoder import RepaEncoder, encoder_id, load_encoder
 from uvic.run.weights import unwrap_model
 
@@ -184,11 +184,10 @@ def stored_features(cfg: Config, grid: int) -> int:
     return int(repa["dim"])
 
 
-def check_resume(checkpoint: Path, saved: Config, cfg: Config) -> None:
+def check_resume(checkpoint: Path, old: TrainConfig, new: TrainConfig) -> None:
     """A resume keeps REPA on or off, and the projector's width: the checkpoint holds the
     projector's weights and optimizer state of its own shape (or none). Another encoder
     of the same width, block or weight are changes the resume applies and records."""
-    old, new = saved.train, cfg.train
     key = None
     if bool(old.repa_encoder) != bool(new.repa_encoder):
         key = "repa_encoder"

@@ -87,9 +87,9 @@ class Trainer:
                               "it: pass one of them")
         self.overwrite = overwrite
         self.run = RunFolder(Path(cfg.train.output_dir).resolve())
-        self.accelerator = make_accelerator(cfg, self.run)
+        self.accelerator = make_accelerator(cfg.train, self.run)
         self.is_main, self.device = self.accelerator.is_main_process, self.accelerator.device
-        self.launch = launch_facts(self.accelerator, cfg)
+        self.launch = launch_facts(self.accelerator, cfg.train)
         self._print(describe_launch(self.launch))
         if guide_note is not None:
             self._print(f"note: {guide_note}")
@@ -116,7 +116,7 @@ class Trainer:
         self.diffusion = Diffusion(cfg.diffusion)
         self.empty_context = None
         if cfg.model.clip_dim > 0 and cfg.diffusion.p_uncond > 0:
-            self.empty_context = load_empty_context(cfg).to(self.device)
+            self.empty_context = load_empty_context(cfg.data).to(self.device)
         self.null_class = cfg.model.num_classes - 1 if cfg.model.num_classes > 0 else None
         set_seed(t.seed)  # the initial weights depend on the seed only
         try:
