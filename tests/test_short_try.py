@@ -18,12 +18,11 @@ from uvic.cli import compare, errors
 from uvic.cli import train as train_cli
 from uvic.config import load_config
 from uvic.config.sampling import own_guide_step
-from uvic.config.validation import startup_config
+from uvic.config.validation import start_config, startup_config
 from uvic.evaluation.protocols import protocol_of
 from uvic.models.uvit import build_model
 from uvic.sampling.generate import sample_checkpoint
 from uvic.training.optim import make_optimizer
-from uvic.training.trainer import start_config
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "configs").glob("*.py"))

@@ -993,7 +993,8 @@ def test_a_guide_the_run_will_not_write_is_refused_before_training(tmp_path, cap
                                                                    needle):
     """The quickstart preset guides its samples with the step-1000 checkpoint; a
     run that does not keep it would train, then fail when sampled. uvic-train says so
-    before any step, with the rule of uvic-quickstart (one rule: uvic.run.prepare.check_guide)."""
+    before any step, with the rule of uvic-quickstart (one rule:
+    uvic.config.sampling.check_guide)."""
     out = tmp_path / "run"
     err = cli_error(capsys, out, "train.max_steps=6", "sample.autoguidance_scale=1.0", *extra)
     assert err.startswith("error: sample.autoguidance_ckpt='checkpoints/step_001000/ema."

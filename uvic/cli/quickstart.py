@@ -44,7 +44,7 @@ from uvic.cli.errors import EXPECTED, run_reported
 from uvic.cli.threads import choose_threads, usable_cores
 from uvic.config import ConfigError
 from uvic.config.training import threads_value
-from uvic.config.validation import startup_config
+from uvic.config.validation import start_config, startup_config
 from uvic.presets import QUICKSTART_MODELS, QUICKSTART_PRESETS, preset_path
 
 
@@ -90,8 +90,8 @@ def _quickstart(args: argparse.Namespace) -> None:
     presets = ["cpu", "gpu"] if args.preset == "auto" else [args.preset]
     for preset in presets:
         for attention in QUICKSTART_MODELS.values():
-            startup_config(str(preset_path(QUICKSTART_PRESETS[preset])),
-                           [*args.set, f"model.attention={attention}"])
+            start_config(startup_config(str(preset_path(QUICKSTART_PRESETS[preset])),
+                                        [*args.set, f"model.attention={attention}"]))
     from uvic.experiments.quickstart_steps import run  # torch, the training loop: after the checks
 
     run(args)

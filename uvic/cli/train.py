@@ -38,7 +38,7 @@ from uvic.cli.config_options import add_config_options
 from uvic.cli.errors import run_reported
 from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
 from uvic.config import ConfigError, TrainConfig
-from uvic.config.validation import startup_config
+from uvic.config.validation import start_config, startup_config
 
 if TYPE_CHECKING:
     from uvic.experiments.progress import LogWatcher
@@ -78,6 +78,7 @@ def _train(args: argparse.Namespace) -> None:
     if args.output_dir is not None:
         overrides.append(f"train.output_dir={args.output_dir}")
     cfg = startup_config(args.config, [*overrides, *threads_overrides(args)])
+    start_config(cfg)  # the trainer's own start check (its note is said by the trainer)
     threads = choose_threads(cfg.train.threads)
     apply_threads(threads)  # torch, Accelerate: once the config is checked
     from uvic.training.trainer import train

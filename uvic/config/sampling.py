@@ -1,5 +1,6 @@
 """The rules on `sample.*` values, the precisions and compile modes sampling runs in,
-and what a model's conditioning allows: guidance, and the class labels it may be given.
+what a model's conditioning allows (guidance, and the class labels it may be given), and
+the autoguidance guide a training run's samples will need.
 
 Read by `uvic.sampling.generate`, `uvic.sampling.labels`, `uvic.evaluation.protocols`, by
 `uvic.config.validation` and by the CLI (`--precision` choices); no torch here.
@@ -10,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
-from uvic.config import Config, SampleConfig, require
+from uvic.config import Config, ConfigError, SampleConfig, require
 from uvic.config.diffusion import check_scheduler
 
 PRECISIONS = ("fp32", "fp16", "bf16")  # `--precision`: autocast dtype on CUDA (fp32: none)
@@ -124,6 +126,35 @@ def short_run_guide(cfg: Config) -> tuple[Config, str | None]:
     return dropped, (f"train.max_steps={t.max_steps} ends {when} step {step}, whose EMA is "
                      f"the autoguidance guide (sample.autoguidance_ckpt): sampling unguided "
                      f"(sample.autoguidance_scale=0{interval}); to keep autoguidance, {keep}")
+
+
+def check_guide(cfg: Config) -> None:
+    """The autoguidance model a run's samples will need must come to exist, and be an
+    earlier model than the sampled one (guided by itself, a model's eps does not change:
+    twice the sampling time for nothing). Checked before training, not hours later when
+    the run is sampled: a checkpoint of the run (`checkpoints/step_N/ema.safetensors`,
+    relative to the run folder) must be one it keeps (N in train.keep_steps), below
+    train.max_steps; any other file must exist now. (A run that ends at or before its own
+    guide drops it first, with a note: `short_run_guide`.)"""
+    s, t = cfg.sample, cfg.train
+    if s.autoguidance_scale == 0:
+        return
+    step = own_guide_step(cfg)
+    fix = ("point it at checkpoints/step_N/ema.safetensors for a step N in train.keep_steps "
+           "below train.max_steps, or set sample.autoguidance_scale=0")
+    if step is None:
+        if (Path(t.output_dir) / s.autoguidance_ckpt).is_file():  # absolute, or in the run
+            return
+        raise ConfigError(
+            f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r} is neither a checkpoint this "
+            f"run keeps (train.keep_steps={list(t.keep_steps)}, train.max_steps="
+            f"{t.max_steps}) nor an existing file; " + fix)
+    if step >= t.max_steps:
+        final = "is the final model" if step == t.max_steps else "would never be written"
+        raise ConfigError(
+            f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r} (step {step}) {final} with "
+            f"train.max_steps={t.max_steps}: a model guided by itself samples as unguided, "
+            "at twice the cost; " + fix)
 
 
 def interval_text(interval: Sequence[float]) -> str:

@@ -5,7 +5,9 @@ values (each domain's `checks` module: `uvic.config.data`, `uvic.config.diffusio
 `uvic.config.training`, `uvic.config.evaluation`, `uvic.config.sampling`,
 `uvic.config.models`). The trainer, the FID evaluator and the sampling CLI call it on
 their config; `Diffusion`, `build_dataset` and `UViT` apply the rules of their own
-section. Loading this module imports no torch.
+section. `start_config` is a training run's start check (the rules, and the autoguidance
+guide its samples will need), run by the trainer and, before torch loads, by the commands
+that train. Loading this module imports no torch.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ from uvic.config.data import check_data
 from uvic.config.diffusion import check_diffusion, check_sampler_objective
 from uvic.config.evaluation import check_eval
 from uvic.config.models import check_model
-from uvic.config.sampling import check_guidance_interval, check_sample
+from uvic.config.sampling import (
+    check_guidance_interval,
+    check_guide,
+    check_sample,
+    short_run_guide,
+)
 from uvic.config.training import check_optim, check_train
 
 
@@ -34,6 +41,17 @@ def validate(cfg: Config) -> Config:
     check_guidance_interval(cfg)  # needs the model's conditioning
     check_model(cfg.model)
     return cfg
+
+
+def start_config(cfg: Config) -> tuple[Config, str | None]:
+    """The config a training run starts with, checked, and the note of what it changed: a
+    run that ends at or before its own autoguidance guide samples unguided
+    (`short_run_guide`), and the guide its samples will need is one the run keeps
+    (`check_guide`). The trainer runs it; so do the commands, before torch loads."""
+    cfg, note = short_run_guide(cfg)
+    validate(cfg)
+    check_guide(cfg)
+    return cfg, note
 
 
 def startup_config(path: str | None, overrides: Sequence[str], *,

@@ -16,8 +16,7 @@ from typing import Any
 
 from uvic.config import Config, ConfigError, DataConfig, DiffusionConfig, SampleConfig, load_config
 from uvic.config.models import ATTENTION_PRESETS
-from uvic.config.sampling import short_run_guide
-from uvic.config.validation import validate
+from uvic.config.validation import start_config
 from uvic.experiments.progress import (
     EVAL,
     TRAIN,
@@ -246,10 +245,11 @@ def metric_list(text: str, data: DataConfig) -> list[str]:
 
 def make_plan(args: Any) -> Plan:
     """The comparison that `uvic-compare`'s arguments ask for, checked (every run's config
-    by the rules of `validate` too): no torch, so that a mistake answers at once."""
+    by a training run's start check, `start_config`): no torch, so that a mistake answers
+    at once."""
     config = args.config or preset_path("quickstart")
     # a comparison of runs that end before their own autoguidance guide samples unguided
-    base, guide_note = short_run_guide(validate(load_config(config, list(args.set))))
+    base, guide_note = start_config(load_config(config, list(args.set)))
     variants = variant_list(args.variants, parse_variants(args.variant, args.variant_file))
     seeds = seed_list(base.train.seed, args.seeds)
     grid = step_grid(base.train.max_steps, args.every, args.steps)
@@ -269,9 +269,8 @@ def make_plan(args: Any) -> Plan:
             cfg = load_config(config, [*args.set, *overrides])
             cfg.name, cfg.train.seed = name, seed
             cfg.train.output_dir, cfg.train.keep_steps = str(out / "runs" / name), tuple(keep)
-            configs[variant, seed] = cfg = short_run_guide(cfg)[0]
             try:
-                validate(cfg)
+                configs[variant, seed] = start_config(cfg)[0]
             except ConfigError as err:
                 raise ConfigError(f"variant {variant!r}: {err}") from err
     if "heldout_mse" in metrics:

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from uvic.analysis import analyze, save_figures
 from uvic.config import Config, TrainConfig, load_config
-from uvic.config.sampling import short_run_guide
+from uvic.config.validation import start_config
 from uvic.evaluation.heldout import heldout_loss, real_images
 from uvic.evaluation.quality import quality_figures
 from uvic.experiments.progress import LogWatcher, StepClock
@@ -41,7 +41,6 @@ from uvic.files import save_config, write_json
 from uvic.presets import QUICKSTART_MODELS as MODELS
 from uvic.presets import QUICKSTART_PRESETS, preset_path
 from uvic.run.folder import RunFolder
-from uvic.run.prepare import check_guide
 from uvic.sampling.assets import to_pixels
 from uvic.sampling.generate import sample_checkpoint
 from uvic.sampling.images import save_comparison_grid
@@ -55,11 +54,10 @@ def build_config(args: argparse.Namespace) -> Config:
     preset = args.preset
     if preset == "auto":
         preset = "gpu" if torch.cuda.is_available() else "cpu"
-    cfg, note = short_run_guide(load_config(preset_path(QUICKSTART_PRESETS[preset]),
-                                            list(args.set)))
+    cfg, note = start_config(load_config(preset_path(QUICKSTART_PRESETS[preset]),
+                                         list(args.set)))
     if note is not None:  # a short try of the quickstart
         print(f"note: {note}", flush=True)
-    check_guide(cfg)
     return cfg
 
 

@@ -29,7 +29,6 @@ from uvic.config import (
     to_dict,
 )
 from uvic.config.compare import config_changes, config_diff
-from uvic.config.sampling import own_guide_step
 from uvic.files import truncate_log, write_json
 from uvic.run.folder import RunFolder
 
@@ -164,32 +163,3 @@ def write_failure(err: Exception, tmp: Path, run: RunFolder, needed: int) -> str
         message += f" (a checkpoint needs about {needed / 2**20:.0f} MiB)"
     latest = run.latest_checkpoint()
     return message + (f"; the last good checkpoint {latest} is kept" if latest else "")
-
-
-def check_guide(cfg: Config) -> None:
-    """The autoguidance model a run's samples will need must come to exist, and be an
-    earlier model than the sampled one (guided by itself, a model's eps does not change:
-    twice the sampling time for nothing). Checked before training, not hours later when
-    the run is sampled: a checkpoint of the run (`checkpoints/step_N/ema.safetensors`,
-    relative to the run folder) must be one it keeps (N in train.keep_steps), below
-    train.max_steps; any other file must exist now. (A run that ends at or before its own
-    guide drops it first, with a note: `uvic.config.sampling.short_run_guide`.)"""
-    s, t = cfg.sample, cfg.train
-    if s.autoguidance_scale == 0:
-        return
-    step = own_guide_step(cfg)
-    fix = ("point it at checkpoints/step_N/ema.safetensors for a step N in train.keep_steps "
-           "below train.max_steps, or set sample.autoguidance_scale=0")
-    if step is None:
-        if (Path(t.output_dir) / s.autoguidance_ckpt).is_file():  # absolute, or in the run
-            return
-        raise ConfigError(
-            f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r} is neither a checkpoint this "
-            f"run keeps (train.keep_steps={list(t.keep_steps)}, train.max_steps="
-            f"{t.max_steps}) nor an existing file; " + fix)
-    if step >= t.max_steps:
-        final = "is the final model" if step == t.max_steps else "would never be written"
-        raise ConfigError(
-            f"sample.autoguidance_ckpt={s.autoguidance_ckpt!r} (step {step}) {final} with "
-            f"train.max_steps={t.max_steps}: a model guided by itself samples as unguided, "
-            "at twice the cost; " + fix)

@@ -26,15 +26,14 @@ from tqdm.auto import tqdm
 from uvic.config import Config, ConfigError
 from uvic.config.compare import flat_dict
 from uvic.config.diffusion import check_scheduler_loads
-from uvic.config.sampling import short_run_guide
 from uvic.config.training import warmup_warning
-from uvic.config.validation import validate
+from uvic.config.validation import start_config
 from uvic.data.datasets import build_dataset, load_empty_context
 from uvic.data.order import seeded_loader
 from uvic.diffusion.schedule import Diffusion, diffusion_loss
 from uvic.models.uvit import build_model
 from uvic.run.folder import RunFolder
-from uvic.run.prepare import check_guide, prepare_run_dir
+from uvic.run.prepare import prepare_run_dir
 from uvic.sampling.images import save_grid
 from uvic.seeds import noise_seed
 from uvic.training.checkpoints import Position, find_start, restore, save_checkpoint
@@ -65,22 +64,12 @@ def train(cfg: Config, resume: str | None = None, overwrite: bool = False) -> Pa
 # --------------------------------------------------------------------------- trainer
 
 
-def start_config(cfg: Config) -> tuple[Config, str | None]:
-    """The config a run trains under, checked before anything is built, and the note of
-    what it changed: a run that ends at or before its own autoguidance guide samples
-    unguided (`short_run_guide`). The checks a short try of any config meets first."""
-    cfg, note = short_run_guide(cfg)
-    validate(cfg)
-    check_scheduler_loads(cfg.sample.scheduler)  # its sample grids need it hours in
-    check_guide(cfg)  # the guide its samples will need: a checkpoint the run keeps
-    return cfg, note
-
-
 class Trainer:
     """State of one training run; `fit()` runs the loop."""
 
     def __init__(self, cfg: Config, resume: str | None = None, overwrite: bool = False) -> None:
         cfg, guide_note = start_config(cfg)
+        check_scheduler_loads(cfg.sample.scheduler)  # its sample grids need it hours in
         self.cfg = cfg
         if overwrite and resume is not None:
             raise ConfigError(f"--overwrite replaces a run and --resume {resume} continues "
