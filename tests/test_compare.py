@@ -189,6 +189,16 @@ def test_guided_steps_before_the_guide_are_refused(tmp_path: Path, capsys) -> No
         capsys.readouterr().err)
 
 
+def test_the_runs_keep_their_guide_though_the_base_config_does_not(tmp_path: Path) -> None:
+    """The comparison's runs keep the evaluated steps (the guide's among them) in folders of
+    their own: the guide is checked on each run's config, not on the base's."""
+    plan = compare_plan.make_plan(compare.parse_args([
+        "--set", "train.keep_steps=[]", "--steps", "1000,2700", "--metrics", "heldout_mse",
+        "--out", str(tmp_path)]))
+    assert all(1000 in cfg.train.keep_steps and cfg.sample.autoguidance_scale > 0
+               for cfg in plan.configs.values())
+
+
 def test_attention_variants_must_keep_the_parameters(tmp_path: Path, capsys,
                                                      monkeypatch) -> None:
     """Presets start from the same weights (the end-to-end test); a variant whose model

@@ -244,6 +244,14 @@ def test_a_derived_config_is_named_after_its_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"mine\.py: derive\('cifar10_uvx'\): no "
                                           r"cifar10_uvx\.py beside it; no preset config"):
         derive("cifar10_uvx", tmp_path / "mine.py")
+    # a file named as its base starts from the preset; a preset naming itself is refused
+    (tmp_path / "cifar10_uvic.py").write_text(
+        "from uvic.presets import derive\n\n\ndef get_config():\n"
+        "    cfg = derive('cifar10_uvic', __file__)\n    cfg.optim.lr = 1e-5\n    return cfg\n")
+    mine = load_config(tmp_path / "cifar10_uvic.py")
+    assert (mine.optim.lr, mine.model.attention) == (1e-5, "uvic")
+    with pytest.raises(ConfigError, match=r"derive\('cifar10_uvic'\) names this file itself"):
+        derive("cifar10_uvic", CONFIGS / "cifar10_uvic.py")
 
 
 def _override_strings(path: Path) -> list[str]:

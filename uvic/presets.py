@@ -63,16 +63,21 @@ def resolve_config(text: str | Path) -> Path:
 
 
 def derive(base: str, config_file: str | Path) -> Config:
-    """The config `base`.py beside `config_file` (else the preset `base`), named after
-    `config_file` (its `name` and run folder `runs/<name>`): a config file derived from
-    another loads it so, then sets what differs."""
+    """The config `base`.py beside `config_file`, else the preset `base` (so a file named as
+    its base, `my/cifar10_uvit.py` deriving from `cifar10_uvit`, starts from the preset),
+    named after `config_file` (its `name` and run folder `runs/<name>`): a config file
+    derived from another loads it so, then sets what differs."""
     path = Path(config_file)
     sibling = path.with_name(f"{base}.py")
     try:
-        cfg = load_config(sibling if sibling.is_file() else preset_path(base))
+        source = (sibling if sibling.is_file() and sibling.resolve() != path.resolve()
+                  else preset_path(base))
     except FileNotFoundError as err:
         raise ConfigError(f"{path}: derive({base!r}): no {sibling.name} beside it; {err}"
                           ) from None
+    if source.resolve() == path.resolve():
+        raise ConfigError(f"{path}: derive({base!r}) names this file itself")
+    cfg = load_config(source)
     cfg.name = path.stem
     cfg.train.output_dir = f"runs/{path.stem}"
     return cfg

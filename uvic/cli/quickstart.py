@@ -91,7 +91,8 @@ def _quickstart(args: argparse.Namespace) -> None:
     for preset in presets:
         for attention in QUICKSTART_MODELS.values():
             start_config(startup_config(str(preset_path(QUICKSTART_PRESETS[preset])),
-                                        [*args.set, f"model.attention={attention}"]))
+                                        [*args.set, f"model.attention={attention}"],
+                                        rules=False))
     from uvic.experiments.quickstart_steps import run  # torch, the training loop: after the checks
 
     run(args)

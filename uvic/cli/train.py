@@ -77,8 +77,8 @@ def _train(args: argparse.Namespace) -> None:
     overrides = list(args.set)
     if args.output_dir is not None:
         overrides.append(f"train.output_dir={args.output_dir}")
-    cfg = startup_config(args.config, [*overrides, *threads_overrides(args)])
-    start_config(cfg)  # the trainer's own start check (its note is said by the trainer)
+    cfg = startup_config(args.config, [*overrides, *threads_overrides(args)], rules=False)
+    start_config(cfg)  # the rules and the trainer's own start check (its note: the trainer's)
     threads = choose_threads(cfg.train.threads)
     apply_threads(threads)  # torch, Accelerate: once the config is checked
     from uvic.training.trainer import train

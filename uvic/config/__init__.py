@@ -67,8 +67,9 @@ JSON_INF_AS_NULL = ("sample.guidance_interval",)
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load a `configs/*.py` module (calls its `get_config()`) or a saved `config.json`,
-    then apply `section.field=value` overrides."""
+    """Load a `configs/*.py` module (calls its `get_config()`; its values are type-checked
+    as a saved config's are) or a saved `config.json`, then apply `section.field=value`
+    overrides."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")

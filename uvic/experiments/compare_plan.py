@@ -16,7 +16,8 @@ from typing import Any
 
 from uvic.config import Config, ConfigError, DataConfig, DiffusionConfig, SampleConfig, load_config
 from uvic.config.models import ATTENTION_PRESETS
-from uvic.config.validation import start_config
+from uvic.config.sampling import short_run_guide
+from uvic.config.validation import start_config, validate
 from uvic.experiments.progress import (
     EVAL,
     TRAIN,
@@ -249,7 +250,7 @@ def make_plan(args: Any) -> Plan:
     at once."""
     config = args.config or preset_path("quickstart")
     # a comparison of runs that end before their own autoguidance guide samples unguided
-    base, guide_note = start_config(load_config(config, list(args.set)))
+    base, guide_note = short_run_guide(validate(load_config(config, list(args.set))))
     variants = variant_list(args.variants, parse_variants(args.variant, args.variant_file))
     seeds = seed_list(base.train.seed, args.seeds)
     grid = step_grid(base.train.max_steps, args.every, args.steps)

@@ -43,12 +43,14 @@ def _latents(cfg: Config, data: Path) -> None:
 
 
 def _celeba(cfg: Config, data: Path) -> None:
+    """The CelebA 64 row on the smoke CelebA folder."""
     _pixels(cfg)
     cfg.data.root = str(data / "celeba")
     cfg.eval.ref_images = str(data / "celeba" / "img_align_celeba")
 
 
 def _imagenet64(cfg: Config, data: Path) -> None:
+    """The ImageNet 64 row on the smoke ImageNet folders (3 classes)."""
     _pixels(cfg)
     cfg.model.num_classes = 3
     cfg.data.root = str(data / "imagenet")
@@ -56,6 +58,7 @@ def _imagenet64(cfg: Config, data: Path) -> None:
 
 
 def _shapes_flow(cfg: Config, data: Path) -> None:
+    """The CIFAR-10 flow-matching row on Shapes, with post-hoc EMA."""
     _pixels(cfg)
     cfg.data.name, cfg.data.root, cfg.data.num_images = "shapes", "", 64
     cfg.eval.ref_stats = "shapes"
@@ -64,6 +67,7 @@ def _shapes_flow(cfg: Config, data: Path) -> None:
 
 
 def _latents_repa(cfg: Config, data: Path) -> None:
+    """The ImageNet 256 recipe row on the smoke latents, with the tiny REPA encoder."""
     _latents(cfg, data)
     # the tiny encoder's features were stored with the latents; 3 blocks: the first
     t = cfg.train
