@@ -51,7 +51,6 @@ def _parse_methods(text: str) -> list[str]:
     return names
 
 
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (no torch imported: ``--help`` answers at once)."""
     parser = argparse.ArgumentParser(

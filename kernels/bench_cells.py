@@ -33,7 +33,6 @@ COLUMNS = [  # (JSON key, table title)
 ]
 
 
-
 def forward_flop(shape: tuple[int, int, int, int]) -> float:
     """FLOPs of the two forward matrix products, ``4 * B * H * N^2 * D``."""
     b, h, n, d = shape

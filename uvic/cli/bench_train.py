@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from uvic.cli import summary
 from uvic.cli.threads import add_threads_option, apply_threads, choose_threads, threads_overrides
@@ -46,14 +46,8 @@ from uvic.config import ConfigError
 from uvic.config.models import ATTENTION_PRESETS
 from uvic.config.training import TRAIN_COMPILE_MODES
 from uvic.experiments.profile import profile_lines
-from uvic.experiments.records import (
-    environment,
-    write_records,
-)
+from uvic.experiments.records import environment, write_records
 from uvic.experiments.speed import SMOKE_BATCH, Cell, peak_tflops, run_cell
-
-if TYPE_CHECKING:
-    pass
 
 SETTINGS = {"cifar10": 128, "mscoco": 64}  # training batch per GPU
 HUGE = ("imagenet256", "imagenet256_uvit_huge", 128)  # dataset, preset, batch

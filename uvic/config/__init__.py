@@ -62,7 +62,6 @@ RESUMES_KEY = "resumes"
 JSON_INF_AS_NULL = ("sample.guidance_interval",)
 
 
-
 # --------------------------------------------------------------------------- loading
 
 

@@ -194,11 +194,10 @@ def evaluate(
     state = distributed_state()
     say = say if state.is_main_process else None
     job = _job(cfg, ckpt_path, out_json, samples_dir, stats_dir, choice, say)
-    seed, precision = cfg.sample.seed, cfg.sample.precision
     check_guidance(job.cfg, guidance_option)
     extractor = _check_protocol(job, feat_extractor, allow_download, state)
     ckpt_sha = file_sha256(job.ckpt)
-    generated, t_sampling = _generate(job, ckpt_sha, seed, precision, progress, choice, say,
+    generated, t_sampling = _generate(job, ckpt_sha, progress, choice, say,
                                       state)
     state.wait_for_everyone()
     if not state.is_main_process:
@@ -209,11 +208,11 @@ def evaluate(
     ref, feats = _features(job, feat_extractor, extractor, allow_download, feature_batch_size,
                            workers, progress, state.device)
     fid = frechet_distance(*feature_statistics(feats), ref.mu, ref.sigma)
-    kid = kernel_distance(ref.feats, feats, seed=seed) if ref.feats is not None else None
+    kid = kernel_distance(ref.feats, feats, seed=cfg.sample.seed) if ref.feats is not None else None
     times = {"total": time.perf_counter() - t_start, "sampling": t_sampling,
              "features": time.perf_counter() - t0}
     result = {
-        **_describe(job, ckpt_sha, config_path, extractor_tag(feat_extractor), precision, seed),
+        **_describe(job, ckpt_sha, config_path, extractor_tag(feat_extractor)),
         "n": job.n,
         "fid": fid,
         "kid": kid,
@@ -231,7 +230,7 @@ def evaluate(
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": to_dict(job.cfg),
     }
-    job.metrics.add_to(result, job, feats, ref, seed, feature_batch_size, workers, progress)
+    job.metrics.add_to(result, job, feats, ref, feature_batch_size, workers, progress)
     write_json(job.out_json, result)
     return result
 
@@ -295,12 +294,12 @@ def _check_protocol(job: _Job, feat_extractor: Callable | None, allow_download: 
     return extractor
 
 
-def _generate(job: _Job, ckpt_sha: str, seed: int, precision: str, progress: bool,
-              choice: ModelChoice | None, say: Callable[[str], None] | None,
-              state: PartialState) -> tuple[int, float]:
+def _generate(job: _Job, ckpt_sha: str, progress: bool, choice: ModelChoice | None,
+              say: Callable[[str], None] | None, state: PartialState) -> tuple[int, float]:
     """Sample what the sample folder lacks (each process every num_processes-th missing
     index) after checking that its samples were made with the same settings; returns the
     number of samples that were missing (made by all processes) and the sampling time."""
+    seed, precision = job.cfg.sample.seed, job.cfg.sample.precision
     labels = fid_labels(job.cfg, seed)  # class-conditional models
     meta = _samples_meta(job.cfg, ckpt_sha, seed, precision, labels)
     if state.is_main_process:
@@ -343,8 +342,8 @@ def _features(job: _Job, feat_extractor: Callable | None, extractor: Callable | 
     return ref, feats
 
 
-def _describe(job: _Job, ckpt_sha: str, config_path: str | Path | None, features: str,
-              precision: str, seed: int) -> dict[str, Any]:
+def _describe(job: _Job, ckpt_sha: str, config_path: str | Path | None,
+              features: str) -> dict[str, Any]:
     """The result's account of what was evaluated: model, data, checkpoint, protocol,
     sampler."""
     cfg = job.cfg
@@ -361,7 +360,7 @@ def _describe(job: _Job, ckpt_sha: str, config_path: str | Path | None, features
         "protocol": protocol_of(cfg, job.n, features).as_dict(),
         "sampler": {"scheduler": cfg.sample.scheduler, "steps": cfg.sample.steps,
                     "order": cfg.sample.order, "scheduler_kwargs": cfg.sample.scheduler_kwargs,
-                    "precision": precision, "seed": seed},
+                    "precision": cfg.sample.precision, "seed": cfg.sample.seed},
         "guidance": effective_cfg_scale(cfg),
     }
 

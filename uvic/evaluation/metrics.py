@@ -88,7 +88,7 @@ class MetricsPlan:
             "precision_recall" in self.extra and self.cfg.eval.pr_features == "dinov2")
 
     def add_to(self, result: dict[str, Any], job: Any, feats: np.ndarray,
-               ref: ReferenceStats, seed: int, batch_size: int, workers: int,
+               ref: ReferenceStats, batch_size: int, workers: int,
                progress: bool) -> None:
         """Compute the metrics on the `result["n"]` samples in `job.samples_dir` (FID's
         `feats` and reference `ref` for Inception precision/recall) and record them in
@@ -115,7 +115,7 @@ class MetricsPlan:
             on_dinov2 = self.cfg.eval.pr_features == "dinov2"
             reals, fakes = (real.feats, fake) if on_dinov2 else (ref.feats, feats)
             records["precision_recall"] = self._precision_recall(
-                result, reals, fakes, seed, device,
+                result, reals, fakes, self.cfg.sample.seed, device,
                 self._encoder_record() if on_dinov2 else {"features": self.features})
         result["protocol"]["metrics"] = records
         result["wall_time_s"]["metrics"] = time.perf_counter() - t0

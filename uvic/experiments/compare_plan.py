@@ -341,7 +341,6 @@ def describe(plan: Plan, step_times: dict[tuple[str, int], float | None],
     return "\n".join(lines)
 
 
-
 def pilot_file(plan_arg: str, out: str) -> Path:
     """The compare.json that `--plan [FILE]` reads: FILE, FILE/compare.json for a folder,
     or <--out>/compare.json."""

@@ -39,11 +39,6 @@ def jobs_of(plan: Plan) -> list[Job]:
             for (variant, seed), cfg in plan.configs.items()]
 
 
-def trained_steps(job: Job) -> int:
-    """Steps a run has done: its summary's, or its newest checkpoint's (a stopped run)."""
-    return job.steps_done()
-
-
 def worker_count(args: argparse.Namespace, runs: int) -> int:
     """Runs at once: one under a multi-process launch, else `--jobs` (default `--threads`),
     at most `--threads` and the number of runs."""
@@ -119,7 +114,7 @@ def run_all(jobs: list[Job], settings: EvalSettings, args: argparse.Namespace) -
     workers = worker_count(args, len(jobs))
     main_process = int(os.environ.get("RANK", "0")) == 0
     cells = {job.cfg.name: dict(zip([None, *settings.grid], run_cells(
-        job.cfg, trained_steps(job), settings.grid, settings.metrics, settings.heldout)))
+        job.cfg, job.steps_done(), settings.grid, settings.metrics, settings.heldout)))
         for job in jobs}
     clock = Clock([c for run in cells.values() for c in run.values()], workers)
 
@@ -195,7 +190,7 @@ def run(args: argparse.Namespace, plan: Plan | None = None) -> None:
     check_unchanged(jobs)
     # the dry run times one run's model here: every cell's time, before any run exists
     print(describe(plan, {(j.row, j.seed): j.step_time() for j in jobs},
-                   {(j.row, j.seed): trained_steps(j) for j in jobs},
+                   {(j.row, j.seed): j.steps_done() for j in jobs},
                    dry_run_calibration(plan, args) if args.dry_run else None,
                    worker_count(args, len(jobs))), flush=True)
     pairing = pairing_check(plan)

@@ -200,7 +200,6 @@ def try_fid(cfg: Config, ckpt: Path, out_dir: Path, name: str) -> tuple[float | 
     return float(result["fid"]), ""
 
 
-
 # --------------------------------------------------------------------------- the run
 
 
